@@ -1,0 +1,101 @@
+"""Per-op and per-training-step cost of the emulated device against plain CPU PyTorch, in one run.
+
+    python bench/device_overhead.py [--iters 10000] [--steps 500]
+
+Prints microseconds per `t * 2 + 1` on 64x64 (two ops), per training step of a small MLP (Linear 10->2,
+CrossEntropy, Adam, batch 64), for plain CPU, the device (default asynchronous mode) and the device in
+NATIVELAB_SYNC mode, and the device/CPU ratios. Medians of 5 interleaved repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+import nativelab
+from nativelab.device import queue
+
+
+def elementwise(device: str, iters: int) -> float:
+    x = torch.randn(64, 64).to(device)
+    for _ in range(100):
+        y = x * 2 + 1
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        y = x * 2 + 1
+    sync(device)
+    del y
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def train_step(device: str, steps: int) -> float:
+    torch.manual_seed(0)
+    model = nn.Linear(10, 2).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    X = torch.randn(64, 10).to(device)
+    y = torch.randint(0, 2, (64,), dtype=torch.int32 if device != "cpu" else torch.int64).to(device)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        loss = loss_fn(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for _ in range(20):
+        step()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def sync(device: str) -> None:
+    if device != "cpu":
+        torch.neuron.synchronize()
+
+
+def measure(fn, n: int, repeats: int) -> dict[str, list[float]]:
+    results = {"cpu": [], "neuron (async)": [], "neuron (sync)": []}
+    for _ in range(repeats):  # interleaved, so machine noise hits every variant alike
+        results["cpu"].append(fn("cpu", n))
+        queue.sync_mode = False
+        results["neuron (async)"].append(fn("neuron", n))
+        queue.sync_mode = True
+        results["neuron (sync)"].append(fn("neuron", n))
+        queue.sync_mode = False
+    return results
+
+
+def report(title: str, results: dict[str, list[float]]) -> None:
+    cpu = statistics.median(results["cpu"])
+    print(f"\n{title}")
+    print(f"  {'variant':<16} {'median us':>10} {'min':>9} {'max':>9} {'vs cpu':>8}")
+    for name, xs in results.items():
+        med = statistics.median(xs)
+        print(f"  {name:<16} {med:>10.1f} {min(xs):>9.1f} {max(xs):>9.1f} {med / cpu:>7.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=10_000)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, nativelab {nativelab.__version__}, 1 thread")
+    report(f"t * 2 + 1 on 64x64 ({args.iters} iterations, 2 ops each): us per iteration",
+           measure(elementwise, args.iters, args.repeats))
+    report(f"training step, Linear(10->2) + CrossEntropy + Adam, batch 64 ({args.steps} steps): us per step",
+           measure(train_step, args.steps, args.repeats))
+
+
+if __name__ == "__main__":
+    main()

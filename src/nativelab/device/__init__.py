@@ -1,0 +1,118 @@
+"""The emulated `neuron` device: PyTorch's PrivateUse1 backend, implemented in Python on host memory.
+
+`register()` is what `import torch` runs through the `torch.backends` entry point. It does nothing when
+the real Neuron stack (`torch_neuronx`) is installed: then the real device serves `neuron`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+
+import torch
+
+from . import _private, autocast, config, guard, int32_targets, memory, module, ops, queue, runtime_ops, tracking
+from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
+
+__all__ = [
+    "register", "is_registered", "real_neuron_installed",
+    "get_fallback_ops", "get_executed_ops", "get_op_counts", "clear_op_tracking",
+]
+
+_state = {"registered": False, "noticed": False}
+_libs: list = []  # torch.library registrations live as long as these objects
+
+
+def real_neuron_installed() -> bool:
+    return importlib.util.find_spec("torch_neuronx") is not None
+
+
+def is_registered() -> bool:
+    return _state["registered"]
+
+
+def register() -> bool:
+    """Register the emulator as `neuron`; False (and nothing done) when the real stack is present."""
+    if _state["registered"]:
+        return True
+    if real_neuron_installed():
+        return False
+    current = torch._C._get_privateuse1_backend_name()
+    if current != "privateuseone":
+        raise RuntimeError(f"PrivateUse1 is already taken by the '{current}' backend; nativelab cannot register")
+    cfg = config.load()
+    guard.init(cfg.num_cores)
+    queue.sync_mode = cfg.sync
+    runtime_ops.quiet = cfg.quiet
+    ops.dtype_policy = cfg.dtype_policy
+
+    _private.register_python_backend("neuron", _device_module(cfg), guard.Hooks(), guard.Guard())
+    memory.init(cfg)
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(ops.device_kernel, "PrivateUse1")
+    aten_lib = torch.library.Library("aten", "IMPL")
+    for op, kernel in ops.direct_kernels().items():
+        aten_lib.impl(op, kernel, "PrivateUse1")
+    runtime_ops.install(aten_lib)
+    autocast.install(lib, aten_lib)
+    int32_targets.install(aten_lib)
+    # Lazy conjugate/negative bits: let `_copy_from` see them (host views keep them) instead of PyTorch's
+    # math-bit fallback cloning the source, which re-enters `_copy_from` forever for a device.
+    for key in ("Conjugate", "Negative"):
+        aten_lib.impl("aten::_copy_from", torch.library.fallthrough_kernel, key)
+    _libs.extend((lib, aten_lib))
+    _private.patch_accelerator_hooks(_accelerator_hooks())
+    _private.patch_tensor_repr("neuron")
+    _private.patch_storage_constructor(
+        "neuron", lambda nbytes, index: memory.alloc_storage(nbytes, guard.current_index() if index is None else index)
+    )
+    guard.set_index(0)  # also makes backward run in this thread (see _private)
+    _state["registered"] = True
+    return True
+
+
+def _device_module(cfg: config.Config) -> types.ModuleType:
+    mod = types.ModuleType("torch.neuron", "nativelab's emulated neuron device")
+    for name in dir(module):
+        if not name.startswith("__"):
+            setattr(mod, name, getattr(module, name))
+    sys.modules["torch.neuron"] = mod
+    return mod
+
+
+def _accelerator_hooks() -> dict:
+    def exchange(i):
+        prev = guard.current_index()
+        if i >= 0:
+            guard.set_index(i)
+        return prev
+
+    def device_stats(i):
+        s = memory.stats(i)
+        return {
+            "allocated_bytes.all.current": s.allocated,
+            "allocated_bytes.all.peak": s.peak,
+            "allocation.all.current": s.num_allocs - s.num_frees,
+            "reserved_bytes.all.current": s.allocated,
+            "reserved_bytes.all.peak": s.peak,
+        }
+
+    def reset_peak(i):
+        s = memory.stats(i)
+        s.peak = s.allocated
+
+    return {
+        "_accelerator_getDeviceIndex": guard.current_index,
+        "_accelerator_setDeviceIndex": lambda i: guard.set_index(i) if i >= 0 else None,
+        "_accelerator_exchangeDevice": exchange,
+        "_accelerator_maybeExchangeDevice": exchange,
+        "_accelerator_synchronizeDevice": lambda i: module.synchronize(i if i >= 0 else None),
+        "_accelerator_isAllocatorInitialized": lambda: True,
+        "_accelerator_emptyCache": lambda: None,
+        "_accelerator_getDeviceStats": device_stats,
+        "_accelerator_resetAccumulatedStats": lambda i: None,
+        "_accelerator_resetPeakStats": reset_peak,
+        "_accelerator_getMemoryInfo": lambda i: module.mem_get_info(i),
+    }

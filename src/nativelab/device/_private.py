@@ -1,0 +1,156 @@
+"""Every private PyTorch API the emulated device relies on, each behind one named function.
+
+PyTorch gives out-of-tree Python backends only part of what a C++ backend gets. Each call below reaches
+past the public API; `tests/test_private_apis.py` exercises every one of them so that a PyTorch upgrade
+that changes one fails loudly there, not deep inside an op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+_DL_EXT_DEV = 12  # DLDeviceType::kDLExtDev: from_dlpack maps it to PrivateUse1
+
+# Op handles, called below the Python OpOverload layer: these two run for every device allocation.
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
+_alias = torch.ops.aten.alias.default._handle.redispatch_boxed
+
+
+def register_python_backend(name: str, module, hooks, guard) -> None:
+    """Rename PrivateUse1, install the device module, Python hooks and a Python device guard."""
+    torch.utils.rename_privateuse1_backend(name)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+    torch._register_device_module(name, module)
+    torch._C._acc.register_python_privateuseone_hook(hooks)
+    torch._C._acc.register_python_privateuseone_device_guard(guard)
+
+
+def hooks_base() -> type:
+    return torch._C._acc.PrivateUse1Hooks
+
+
+def guard_base() -> type:
+    return torch._C._acc.DeviceGuard
+
+
+def device_storage(host_ptr: int, device: torch.device, nbytes: int) -> torch.UntypedStorage:
+    """A device storage whose memory is `nbytes` of host memory at `host_ptr` (not owned)."""
+    return torch._C._construct_storage_from_data_pointer(host_ptr, device, nbytes)
+
+
+def empty_on_index(index: int, dtype: torch.dtype) -> torch.Tensor:
+    """A 0-element device tensor on `neuron:index`.
+
+    The Python device guard always answers index 0, so no factory can make a tensor on another index.
+    DLPack can: a CPU tensor's capsule, relabelled as an extension device with our index.
+    """
+    cap = torch._C._to_dlpack(torch.empty(0, dtype=dtype))
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    ptr = get(cap, b"dltensor")
+    # DLManagedTensor starts with DLTensor{void* data; DLDevice{int32 type; int32 id}; ...}
+    ctypes.c_int32.from_address(ptr + 8).value = _DL_EXT_DEV
+    ctypes.c_int32.from_address(ptr + 12).value = index
+    return torch._C._from_dlpack(cap)
+
+
+def new_tensor_like(template: torch.Tensor) -> torch.Tensor:
+    """A fresh TensorImpl with the template's device and dtype (its storage is replaced right after)."""
+    return _alias(_COMPOSITE_KEYS, template)
+
+
+def set_tensor_storage(t: torch.Tensor, storage, offset: int, size, stride) -> torch.Tensor:
+    """Point a device tensor at (storage, offset, size, stride) without running our own kernels."""
+    return _set_storage(_CPU_KEYS, t, storage, offset, size, stride)
+
+
+_ACCELERATOR_HOOKS = (
+    "_accelerator_getDeviceIndex",
+    "_accelerator_setDeviceIndex",
+    "_accelerator_exchangeDevice",
+    "_accelerator_maybeExchangeDevice",
+    "_accelerator_synchronizeDevice",
+    "_accelerator_isAllocatorInitialized",
+    "_accelerator_emptyCache",
+    "_accelerator_getDeviceStats",
+    "_accelerator_resetAccumulatedStats",
+    "_accelerator_resetPeakStats",
+    "_accelerator_getMemoryInfo",
+)
+
+
+def patch_accelerator_hooks(replacements: dict) -> None:
+    """`torch.accelerator` looks these C functions up at call time; the Python guard cannot serve them."""
+    for name, fn in replacements.items():
+        if name not in _ACCELERATOR_HOOKS or not hasattr(torch._C, name):
+            raise RuntimeError(f"torch._C.{name} is not an accelerator hook this PyTorch has")
+        original = getattr(torch._C, name)
+        setattr(torch._C, name, _dispatch_by_accelerator(fn, original))
+
+
+def _dispatch_by_accelerator(fn, original):
+    """Use ours only while `neuron` is the current accelerator (CUDA, when present, wins)."""
+
+    def hook(*args):
+        acc = torch._C._accelerator_getAccelerator()
+        if acc is not None and acc.type == torch._C._get_privateuse1_backend_name():
+            return fn(*args)
+        return original(*args)
+
+    hook.__wrapped__ = original
+    return hook
+
+
+def run_backward_in_caller_thread() -> None:
+    """Autograd sizes its device threads from the guard's device count (1 for a Python guard);
+    running backward in the calling thread avoids those threads for `neuron:1..3`. Per OS thread."""
+    torch._C._set_multithreading_enabled(False)
+
+
+def patch_tensor_repr(device_type: str) -> None:
+    """Print device tensors from a host copy: PyTorch formats with slicing/min/max ops that would otherwise
+    run (and be reported as fallbacks) on the device. Same idea as PyTorch's own rule for xla/lazy/mtia."""
+    import torch._tensor_str as ts
+
+    original = ts._str_intern
+
+    def _str_intern(inp, *, tensor_contents=None):
+        if (
+            tensor_contents is None
+            and inp.device.type == device_type
+            and inp.layout == torch.strided
+            and inp.numel() > 0
+        ):
+            prefix = "tensor(" if type(inp) in (torch.Tensor, torch.nn.Parameter) else f"{type(inp).__name__}("
+            with torch.no_grad():
+                host = inp.detach().cpu()
+            tensor_contents = ts._tensor_str(host, len(prefix))
+        return original(inp, tensor_contents=tensor_contents)
+
+    ts._str_intern = _str_intern
+
+
+def patch_storage_constructor(device_type: str, allocate) -> None:
+    """`torch.UntypedStorage(n, device='neuron')` would use PyTorch's C++ allocator for PrivateUse1, which a
+    Python backend cannot register (it dereferences a null allocator). Route device requests to `allocate`."""
+    cls = torch.UntypedStorage
+    c_new = torch._C.StorageBase.__new__
+
+    def __new__(klass, *args, device=None, **kwargs):
+        if device is not None:
+            dev = torch.device(device)
+            if dev.type == device_type:
+                if kwargs or len(args) > 1 or (args and not isinstance(args[0], int)):
+                    raise TypeError(f"UntypedStorage on {device_type}: only UntypedStorage(nbytes, device=...)")
+                return allocate(args[0] if args else 0, dev.index)
+            return c_new(klass, *args, device=device, **kwargs)
+        return c_new(klass, *args, **kwargs)
+
+    cls.__new__ = __new__

@@ -1,0 +1,207 @@
+"""Device memory: host buffers behind device storages, accounted per logical core.
+
+A device storage is made from the data pointer of a CPU storage that we keep on the storage's Python
+object (PyTorch keeps that object alive exactly as long as the C++ storage). When the device storage
+dies, the block dies with it and its bytes are returned to the core's account.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _private, config as _config
+
+DEVICE = _config.DEVICE_NAME
+
+
+class CoreStats:
+    __slots__ = ("allocated", "peak", "num_allocs", "num_frees", "capacity")
+
+    def __init__(self, capacity: int):
+        self.allocated = 0
+        self.peak = 0
+        self.num_allocs = 0
+        self.num_frees = 0
+        self.capacity = capacity
+
+
+_stats: list[CoreStats] = []
+_templates: dict[tuple[int, torch.dtype, bool], torch.Tensor] = {}
+_inference_mode = torch.is_inference_mode_enabled
+_devices: list[torch.device] = []
+
+
+def init(cfg: _config.Config) -> None:
+    _stats[:] = [CoreStats(cfg.core_memory_bytes) for _ in range(cfg.num_cores)]
+    _devices[:] = [torch.device(DEVICE, i) for i in range(cfg.num_cores)]
+
+
+def stats(index: int) -> CoreStats:
+    return _stats[index]
+
+
+class _Block:
+    """Owns the host buffer of one device storage and its place in the core's account."""
+
+    __slots__ = ("host", "index", "nbytes", "__weakref__")
+
+    def __init__(self, host: torch.UntypedStorage, index: int, nbytes: int):
+        self.host = host
+        self.index = index
+        self.nbytes = nbytes
+
+    def __del__(self):
+        s = _stats[self.index]
+        s.allocated -= self.nbytes
+        s.num_frees += 1
+
+
+def _check_capacity(index: int, nbytes: int) -> None:
+    s = _stats[index]
+    if s.allocated + nbytes > s.capacity:
+        gib = 1 << 30
+        raise torch.OutOfMemoryError(
+            f"neuron:{index} out of memory: tried to allocate {nbytes} bytes ({nbytes / gib:.2f} GiB); "
+            f"{s.allocated} bytes ({s.allocated / gib:.2f} GiB) already allocated of a capacity of "
+            f"{s.capacity} bytes ({s.capacity / gib:.2f} GiB). Set NATIVELAB_CORE_MEMORY_GB to change it."
+        )
+
+
+def _reserve(index: int, nbytes: int) -> None:
+    _check_capacity(index, nbytes)
+    s = _stats[index]
+    s.allocated += nbytes
+    s.num_allocs += 1
+    if s.allocated > s.peak:
+        s.peak = s.allocated
+
+
+def adopt(host: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
+    """Make a device storage on `neuron:index` backed by (and keeping alive) a CPU storage."""
+    nbytes = host.nbytes()
+    _reserve(index, nbytes)
+    block = _Block(host, index, nbytes)
+    st = _private.device_storage(host.data_ptr(), _devices[index], nbytes)
+    st._nl_block = block
+    return st
+
+
+def alloc_storage(nbytes: int, index: int) -> torch.UntypedStorage:
+    _check_capacity(index, nbytes)  # before touching host memory, so an OOM leaves nothing behind
+    return adopt(torch.UntypedStorage(nbytes), index)
+
+
+def host_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
+    try:
+        return st._nl_block.host
+    except AttributeError:
+        raise RuntimeError("neuron: this storage was not allocated by the nativelab device") from None
+
+
+def _template(index: int, dtype: torch.dtype, inference: bool = False) -> torch.Tensor:
+    """A 0-element tensor whose aliases become new device tensors. An alias of a normal tensor is never an
+    inference tensor, so inference mode has templates of its own."""
+    key = (index, dtype, inference)
+    t = _templates.get(key)
+    if t is None:
+        with torch.inference_mode(inference):
+            t = _templates[key] = _private.empty_on_index(index, dtype)
+    return t
+
+
+def wrap(storage, index: int, dtype, size, stride, offset: int = 0, inference: bool | None = None) -> torch.Tensor:
+    """A device tensor viewing `storage` (a device storage on `neuron:index`). A view of a normal tensor
+    stays normal in inference mode (`inference=False`), as PyTorch requires of views."""
+    if inference is None:
+        inference = _inference_mode()
+    t = _private.new_tensor_like(_template(index, dtype, inference))
+    return _private.set_tensor_storage(t, storage, offset, size, stride)
+
+
+def _nbytes_for(size, stride, itemsize: int) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(size, stride))) * itemsize
+
+
+def empty_strided(size, stride, dtype, index: int) -> torch.Tensor:
+    try:
+        host = torch.empty_strided(size, stride, dtype=dtype)
+    except RuntimeError:  # the host itself could not provide it: report it against the core's capacity
+        _check_capacity(index, _nbytes_for(size, stride, dtype.itemsize))
+        raise
+    return from_host(host, index)
+
+
+def contiguous_strides(size) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def empty(size, dtype, index: int, memory_format=None) -> torch.Tensor:
+    size = tuple(size)
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        stride = contiguous_strides(size)
+    else:  # channels_last & co: let CPU work out the strides
+        stride = torch.empty(size, dtype=dtype, device="meta", memory_format=memory_format).stride()
+    return empty_strided(size, stride, dtype, index)
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A zero-copy CPU tensor over a device tensor's memory (keeping its lazy conjugate/negative bits).
+
+    Cached on the tensor (`_nl_hv`) and checked against its current pointer, sizes and strides, because
+    in-place metadata ops (`resize_`, `set_`, `t_`) can change a tensor after the view was made.
+    """
+    hv = getattr(t, "_nl_hv", None)
+    if hv is None or hv.data_ptr() != t.data_ptr() or hv.shape != t.shape or hv.stride() != t.stride():
+        host = t.untyped_storage()._nl_block.host
+        hv = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
+        t._nl_hv = hv
+    if t.dtype.is_complex:
+        if t.is_conj():
+            hv = hv.conj()
+        if t.is_neg():
+            hv = hv._neg_view()
+    return hv
+
+
+def from_host(result: torch.Tensor, index: int) -> torch.Tensor:
+    """Move a CPU result onto `neuron:index` without copying: the device adopts its storage.
+
+    The hot path of every device allocation, so `adopt` and `wrap` are written out inline here.
+    """
+    host = result.untyped_storage()
+    nbytes = host.nbytes()
+    _reserve(index, nbytes)  # raises OutOfMemoryError; `result` is then freed by the caller's unwinding
+    st = _device_storage(host.data_ptr(), _devices[index], nbytes)
+    st._nl_block = _Block(host, index, nbytes)
+    inference = _inference_mode()
+    tpl = _templates.get((index, result.dtype, inference))
+    if tpl is None:
+        tpl = _template(index, result.dtype, inference)
+    t = _set_storage(_new_tensor_like(tpl), st, result.storage_offset(), result.size(), result.stride())
+    t._nl_hv = result
+    return t
+
+
+def copy_bytes(dst: torch.UntypedStorage, src: torch.UntypedStorage) -> None:
+    n = min(dst.nbytes(), src.nbytes())
+    if n:
+        u8 = torch.uint8
+        torch.empty(0, dtype=u8).set_(dst, 0, (n,), (1,)).copy_(torch.empty(0, dtype=u8).set_(src, 0, (n,), (1,)))
+
+
+def set_storage(t: torch.Tensor, st, offset: int, size, stride) -> torch.Tensor:
+    """Re-point a device tensor (its old host view is dropped with it)."""
+    t._nl_hv = None
+    return _set_storage(t, st, offset, tuple(size), tuple(stride))
+
+
+_device_storage = _private.device_storage
+_new_tensor_like = _private.new_tensor_like
+_set_storage = _private.set_tensor_storage

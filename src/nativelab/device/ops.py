@@ -1,0 +1,561 @@
+"""ATen ops on the device: one boxed kernel for every op that reaches the PrivateUse1 key.
+
+Three routes, chosen once per op overload:
+- views (`view`, `transpose`, `split`, ...): metadata only, answered at once on the same device storage;
+- ops the real device implements (`native_ops.txt`): output metadata from meta kernels (cached), outputs
+  allocated, the CPU kernel queued to run later on host memory (asynchronous, in program order);
+- everything else: a CPU fallback, as on the real device: drain the queue, run the CPU kernel, record the
+  op and warn once.
+A few ops the device runtime must answer itself (allocation, copies, `.item()`, `resize_`, `set_`) have
+their own kernels in `runtime_ops.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from importlib import resources
+
+import torch
+
+from . import guard, memory, queue, tracking
+
+DEVICE = memory.DEVICE
+_Tensor = torch.Tensor
+_meta = torch.device("meta")
+_cpu = torch.device("cpu")
+
+log = logging.getLogger("nativelab.device.dtype_policy")
+dtype_policy = True  # set from config at registration
+
+# CPU kernels that insist on int64 indices; the device takes int32 (the guide's int32 labels).
+_INT64_INDEX_ARGS = {
+    "nll_loss_forward": ("target",),
+    "nll_loss_backward": ("target",),
+    "nll_loss2d_forward": ("target",),
+    "nll_loss2d_backward": ("target",),
+    "gather": ("index",),
+    "scatter": ("index",),
+    "scatter_add": ("index",),
+    "scatter_add_": ("index",),
+    "scatter_": ("index",),
+    "scatter_reduce": ("index",),
+    "scatter_reduce_": ("index",),
+    "index_copy": ("index",),
+    "index_copy_": ("index",),
+    "take": ("index",),
+    "put_": ("index",),
+    "put": ("index",),
+    "multi_margin_loss": ("target",),
+    "multilabel_margin_loss_forward": ("target",),
+    "multilabel_margin_loss_backward": ("target",),
+}
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+def _load_native_names() -> frozenset[str]:
+    text = resources.files(__package__).joinpath("native_ops.txt").read_text()
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+NATIVE_OPS = _load_native_names()
+
+
+class OpRecord:
+    """What the device needs to know about one op overload, worked out once from its schema."""
+
+    __slots__ = (
+        "op", "name", "route", "arg_pos", "mutable", "returns_alias", "int64_args", "gen_pos", "meta_cache",
+        "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos",
+    )
+
+    def __init__(self, op: torch._ops.OpOverload):
+        schema = op._schema
+        self.op = op
+        base = schema.name  # 'aten::add'
+        self.name = base if schema.overload_name == "" else f"{base}.{schema.overload_name}"
+        args = schema.arguments
+        self.arg_pos = {a.name: i for i, a in enumerate(args)}
+        self.mutable = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+        # For each return: the argument it aliases, if any.
+        sets = {}
+        for i, a in enumerate(args):
+            if a.alias_info is not None:
+                for s in a.alias_info.before_set:
+                    sets.setdefault(s, i)
+        self.returns_alias = tuple(
+            (sets.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None)
+            for r in schema.returns
+        )
+        is_view = any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        ) and not self.mutable
+        short = base.split("::", 1)[1]
+        self.int64_args = tuple(self.arg_pos[n] for n in _INT64_INDEX_ARGS.get(short, ()) if n in self.arg_pos)
+        self.gen_pos = self.arg_pos.get("generator")
+        # Tensor arguments the dispatcher may hand us as Python numbers (wrapped scalars)
+        self.tensor_pos = tuple(i for i, a in enumerate(args) if str(a.type) == "Tensor")
+        self.npos = sum(1 for a in args if not a.kwarg_only)
+        self.kwnames = tuple(a.name for a in args if a.kwarg_only)
+        self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
+        native = self.name in NATIVE_OPS or (base in NATIVE_OPS and self.name != base) or base in NATIVE_OPS
+        if is_view:
+            self.route = "view"
+        elif native and not op.is_view and schema.returns and all(
+            str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns
+        ):
+            self.route = "native"
+        else:
+            self.route = "fallback"
+        self.meta_cache: dict = {}
+        self.out_op, self.out_names = _out_variant(op) if self.route == "native" else (None, ())
+
+
+def _out_variant(op):
+    """The `out=` overload of a functional op (mul.Tensor -> mul.out), so queued work writes its result
+    straight into the device output instead of into a temporary that is then copied."""
+    schema = op._schema
+    want = [(a.name, str(a.type)) for a in schema.arguments]
+    for name in op.overloadpacket.overloads():
+        cand = getattr(op.overloadpacket, name)._schema
+        outs = [a for a in cand.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if not outs or len(outs) != len(schema.returns) or not all(a.kwarg_only for a in outs):
+            continue
+        rest = [(a.name, str(a.type)) for a in cand.arguments if not (a.alias_info and a.alias_info.is_write)]
+        if rest == want:
+            return getattr(op.overloadpacket, name), tuple(a.name for a in outs)
+    return None, ()
+
+
+_records: dict = {}
+_MISSING = object()
+
+
+def record_for(op) -> OpRecord:
+    rec = _records.get(op)
+    if rec is None:
+        rec = _records[op] = OpRecord(op)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Argument walking. Schema arguments arrive positionally in `args` and by name in `kwargs`; we normalise to
+# one positional list so schema positions (mutable args, index args, generator) can be used directly.
+
+
+def _normalise(rec: OpRecord, args: tuple, kwargs: dict) -> list:
+    if not kwargs and (rec.gen_pos is None or len(args) > rec.gen_pos):
+        return list(args)
+    full = list(args) + list(rec.defaults[len(args):])
+    for k, v in kwargs.items():
+        full[rec.arg_pos[k]] = v
+    return full
+
+
+def _call(rec: OpRecord, full: list):
+    """Call the op with schema-ordered arguments (keyword-only ones by name)."""
+    if len(full) <= rec.npos:
+        return rec.op(*full)
+    return rec.op(*full[: rec.npos], **dict(zip(rec.kwnames, full[rec.npos:])))
+
+
+def _device_index(args) -> int:
+    """The device all tensor arguments live on; CUDA's rules: CPU tensors only as 0-d scalars."""
+    index = -1
+    cpu_bad = None
+    for a in args:
+        if type(a) is _Tensor or isinstance(a, _Tensor):
+            items = (a,)
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], (_Tensor, type(None))):
+            items = a
+        else:
+            continue
+        for t in items:
+            if t is None:
+                continue
+            d = t.device
+            if d.type == DEVICE:
+                if index < 0:
+                    index = d.index
+                elif d.index != index:
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{DEVICE}:{index} and {d}!"
+                    )
+            elif t.dim() != 0 and cpu_bad is None:
+                cpu_bad = d
+    if cpu_bad is not None and index >= 0:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{DEVICE}:{index} and {cpu_bad}!"
+        )
+    return index
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype)
+_NUMBERS = (int, float, bool, complex)
+
+
+def _to_host(x):
+    """Device tensors -> zero-copy CPU views; `device=neuron` arguments -> cpu."""
+    tx = type(x)
+    if tx in _PLAIN:
+        return x
+    if isinstance(x, _Tensor):
+        return memory.host_view(x) if x.device.type == DEVICE else x
+    if isinstance(x, (list, tuple)):
+        if x and isinstance(x[0], (_Tensor, type(None))):
+            return [_to_host(t) if t is not None else None for t in x]
+        return x
+    if isinstance(x, torch.device) and x.type == DEVICE:
+        return _cpu
+    return x
+
+
+def _to_meta(x):
+    if isinstance(x, _Tensor):
+        if x.device.type == DEVICE:
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_meta)
+        return x
+    if isinstance(x, (list, tuple)):
+        if x and isinstance(x[0], (_Tensor, type(None))):
+            return [_to_meta(t) if t is not None else None for t in x]
+        return x
+    if isinstance(x, torch.device) and x.type == DEVICE:
+        return _meta
+    return x
+
+
+def _sig(x):
+    """A hashable key of everything about an argument that can change an op's output metadata."""
+    tx = type(x)
+    if tx is _Tensor or tx is torch.nn.Parameter:
+        return (x.dtype, x.shape, x.stride(), x.device.type)
+    if tx in _PLAIN:
+        return x
+    if isinstance(x, _Tensor):
+        return (x.dtype, x.shape, x.stride(), x.device.type)
+    if isinstance(x, (list, tuple)):
+        return tuple(_sig(y) for y in x)
+    if isinstance(x, torch.Generator):
+        return "gen"
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dtype policy (the real device's): int64 -> int32 and float64 -> float32 for inputs that are not 0-d.
+
+_policy_warned: set = set()
+
+
+def _narrow_inputs(rec: OpRecord, hargs: list) -> bool:
+    narrowed = False
+    for i, a in enumerate(hargs):
+        if i in rec.mutable or i in rec.int64_args:
+            continue
+        if isinstance(a, _Tensor):
+            nd = _NARROW.get(a.dtype)
+            if nd is not None and a.dim() != 0:
+                _warn_policy(a.dtype)
+                hargs[i] = a.to(nd)
+                narrowed = True
+        elif isinstance(a, list) and a and isinstance(a[0], _Tensor):
+            if any(t is not None and t.dtype in _NARROW and t.dim() != 0 for t in a):
+                hargs[i] = [
+                    (t.to(_NARROW[t.dtype]) if t is not None and t.dtype in _NARROW and t.dim() != 0 else t)
+                    for t in a
+                ]
+                for t in a:
+                    if t is not None and t.dtype in _NARROW:
+                        _warn_policy(t.dtype)
+                narrowed = True
+    return narrowed
+
+
+def _warn_policy(dtype) -> None:
+    if dtype in _policy_warned:
+        return
+    _policy_warned.add(dtype)
+    wide, narrow = ("int64", "int32") if dtype == torch.int64 else ("float64", "float32")
+    log.warning(
+        "Neuron backend does not support %s. Automatically casting to %s. Consider using %s directly for "
+        "better performance until native %s support is added.", wide, narrow, narrow, wide,
+    )
+
+
+def _widen_indices(rec: OpRecord, hargs: list) -> None:
+    for i in rec.int64_args:
+        a = hargs[i]
+        if isinstance(a, _Tensor) and a.dtype == torch.int32:
+            hargs[i] = a.long()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The three routes.
+
+
+def _view(rec: OpRecord, args: list, index: int):
+    hargs = [_to_host(a) for a in args]
+    out = _call(rec, hargs)
+    sources = [a for a in args if isinstance(a, _Tensor) and a.device.type == DEVICE]
+
+    def back(r):
+        ptr = r.untyped_storage().data_ptr()
+        for s in sources:
+            if memory.host_storage(s.untyped_storage()).data_ptr() == ptr:
+                return memory.wrap(
+                    s.untyped_storage(), index, r.dtype, r.size(), r.stride(), r.storage_offset(), s.is_inference()
+                )
+        return memory.from_host(r, index)  # not a view after all (e.g. a CPU scalar input)
+
+    if isinstance(out, _Tensor):
+        return back(out)
+    return type(out)(back(r) for r in out) if isinstance(out, (list, tuple)) else out
+
+
+def _native(rec: OpRecord, args: list, index: int):
+    gp = rec.gen_pos
+    if gp is not None and args[gp] is None:
+        args[gp] = guard.generator(index)
+    key = tuple(_sig(a) for a in args)
+    spec = rec.meta_cache.get(key, _MISSING)
+    if spec is _MISSING:
+        try:
+            spec = _meta_spec(rec, args)
+        except Exception:  # noqa: BLE001 - no usable meta kernel; the host run reports real errors
+            spec = None
+        rec.meta_cache[key] = spec
+    if spec is None:  # output metadata unknown without running: run it now, still "on the device"
+        return run_on_host(rec.name, rec, args, index, fallback=False)
+    kind, outs_spec, resizes = spec
+    for i, shape in resizes:  # out= arguments the op resizes
+        t = args[i]
+        if t.shape != shape:
+            resize_(t, shape)
+    if kind == "mutating":
+        queue.submit(rec.name, _run_mutating, (rec, [_to_host(a) for a in args]))
+        tracking.executed[rec.name] += 1
+        return _alias_returns(rec, args)
+    outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
+    hargs = [_to_host(a) for a in args]
+    queue.submit(rec.name, _run_functional, (rec, hargs, [memory.host_view(o) for o in outs]))
+    tracking.executed[rec.name] += 1
+    if kind == "tensor":
+        return outs[0]
+    if kind == "list":
+        return outs
+    return tuple(outs)
+
+
+def _finish_policy(rec: OpRecord, hargs: list) -> bool:
+    """Apply the dtype policy to host arguments; True when an input was narrowed."""
+    narrowed = dtype_policy and _narrow_inputs(rec, hargs)
+    if rec.int64_args:
+        _widen_indices(rec, hargs)
+    return narrowed
+
+
+# Queued work. The dtype policy reads values, so it is applied here, when the op runs, not when it is queued.
+
+
+def _run_mutating(rec, hargs):
+    _finish_policy(rec, hargs)
+    _call(rec, hargs)
+
+
+def _run_functional(rec, hargs, houts):
+    # Narrowed inputs compute in the narrow dtype; the copy into the outputs casts back (the policy).
+    if _finish_policy(rec, hargs):
+        _run_functional_copy(rec, hargs, houts)
+    elif rec.out_op is not None:
+        kw = dict(zip(rec.kwnames, hargs[rec.npos:])) if len(hargs) > rec.npos else {}
+        kw.update(zip(rec.out_names, houts))
+        rec.out_op(*hargs[: rec.npos], **kw)
+    else:
+        _run_functional_copy(rec, hargs, houts)
+
+
+def _run_functional_copy(rec, hargs, houts):
+    res = _call(rec, hargs)
+    if isinstance(res, _Tensor):
+        houts[0].copy_(res)
+    else:
+        for h, r in zip(houts, res):
+            h.copy_(r)
+
+
+def _meta_spec(rec: OpRecord, args: list):
+    margs = [_to_meta(a) for a in args]
+    res = _call(rec, margs)
+    if rec.mutable:
+        resizes = tuple(
+            (i, margs[i].shape) for i in rec.mutable
+            if isinstance(args[i], _Tensor) and margs[i].shape != args[i].shape
+        )
+        return ("mutating", (), resizes)
+    if isinstance(res, _Tensor):
+        return ("tensor", ((res.shape, res.stride(), res.dtype),), ())
+    kind = "list" if isinstance(res, list) else "tuple"
+    return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), ())
+
+
+def _alias_returns(rec: OpRecord, args: list):
+    rets = [args[i] for i in rec.returns_alias]
+    return rets[0] if len(rets) == 1 else tuple(rets)
+
+
+def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool = True):
+    """Run an op now: drain the queue, run the CPU kernel on host views, bring the results back.
+
+    A CPU fallback (recorded and warned about once), or a device op whose outputs cannot be known before it
+    runs (no meta kernel, data-dependent shapes), which the real device would also have to wait for.
+    """
+    queue.drain()
+    if not fallback:
+        tracking.executed[name] += 1
+    elif tracking.record_fallback(name):
+        warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=4)
+    if rec.gen_pos is not None and args[rec.gen_pos] is None and index >= 0:
+        args[rec.gen_pos] = guard.generator(index)
+    hargs = [_to_host(a) for a in args]
+    for i in rec.mutable:  # an empty out= argument is for the CPU kernel to size: give it a fresh tensor
+        a = args[i]
+        if isinstance(a, _Tensor) and a.device.type == DEVICE and a.numel() == 0:
+            hargs[i] = torch.empty(0, dtype=a.dtype)
+    narrowed = False
+    if not fallback:
+        narrowed = _finish_policy(rec, hargs)
+    elif rec.int64_args:
+        _widen_indices(rec, hargs)
+    res = _call(rec, hargs)
+    if narrowed:
+        res = _widen_results(res, args)
+    if index < 0:
+        index = guard.current_index()
+    for i in rec.mutable:  # the CPU kernel may have resized an out= argument
+        _follow_host_resize(args[i], hargs[i])
+    if not rec.returns_alias:
+        return None
+    if rec.mutable and all(i is not None for i in rec.returns_alias):
+        return _alias_returns(rec, args)
+    return _results_to_device(rec, res, args, index)
+
+
+def _widen_results(res, args):
+    """The policy's second half: results come back int64/float64 when an input had that dtype."""
+    wide = {t.dtype for t in _tensors(args) if t.dtype in _NARROW}
+    back = {_NARROW[w]: w for w in wide}
+    if isinstance(res, _Tensor):
+        return res.to(back[res.dtype]) if res.dtype in back else res
+    if isinstance(res, (list, tuple)):
+        out = [r.to(back[r.dtype]) if isinstance(r, _Tensor) and r.dtype in back else r for r in res]
+        return type(res)(out) if isinstance(res, list) else tuple(out)
+    return res
+
+
+def _tensors(args):
+    for a in args:
+        if isinstance(a, _Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, _Tensor))
+
+
+def _follow_host_resize(dev, host) -> None:
+    if not isinstance(dev, _Tensor) or dev.device.type != DEVICE or not isinstance(host, _Tensor):
+        return
+    if host.shape == dev.shape and host.stride() == dev.stride() and host.data_ptr() == dev.data_ptr():
+        return
+    if host.untyped_storage().data_ptr() == memory.host_storage(dev.untyped_storage()).data_ptr():
+        st = dev.untyped_storage()
+    else:  # the CPU kernel grew the buffer: the device adopts the new one
+        st = memory.adopt(host.untyped_storage(), dev.device.index)
+    memory.set_storage(dev, st, host.storage_offset(), host.shape, host.stride())
+
+
+def _results_to_device(rec: OpRecord, res, args, index: int):
+    if isinstance(res, _Tensor):
+        return _one_to_device(rec, 0, res, args, index)
+    if isinstance(res, (tuple, list)):
+        out = [
+            _one_to_device(rec, i, r, args, index) if isinstance(r, _Tensor) else r for i, r in enumerate(res)
+        ]
+        return type(res)(out) if isinstance(res, tuple) else out
+    return res
+
+
+def _one_to_device(rec, i, r, args, index):
+    alias = rec.returns_alias[i] if i < len(rec.returns_alias) else None
+    if alias is not None:
+        return args[alias]
+    if r.device.type != "cpu":
+        return r
+    return memory.from_host(r, index)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The boxed kernel behind every op on the device.
+
+
+def direct_kernels() -> dict:
+    """Native ops whose functional form PyTorch would otherwise route through `empty` + the `.out` op
+    (structured kernels): registering them directly saves an allocation, a resize and a dispatch."""
+    found = {}
+    for name in NATIVE_OPS:
+        base, _, overload = name.partition(".")
+        packet = getattr(torch.ops.aten, base.split("::", 1)[1], None)
+        if packet is None:
+            continue
+        for ov in ([overload] if overload else [o for o in packet.overloads()]):
+            op = getattr(packet, ov or "default", None)
+            if op is None or op.is_view:
+                continue
+            try:
+                structured = torch._C._dispatch_has_kernel_for_dispatch_key(
+                    op.name(), "CompositeExplicitAutogradNonFunctional"
+                )
+            except RuntimeError:  # a TorchScript-only overload such as aten::le.int
+                continue
+            if structured:
+                found[op] = _bind(op)
+    return found
+
+
+def _bind(op):
+    def kernel(*args, **kwargs):
+        return device_kernel(op, *args, **kwargs)
+
+    return kernel
+
+def device_kernel(op, *args, **kwargs):
+    rec = _records.get(op) or record_for(op)
+    full = _normalise(rec, args, kwargs)
+    for i in rec.tensor_pos:
+        if i < len(full) and type(full[i]) in _NUMBERS:
+            full[i] = torch.tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
+    index = _device_index(full)
+    route = rec.route
+    if route == "native":
+        if index < 0:
+            index = guard.current_index()
+        return _native(rec, full, index)
+    if route == "view":
+        return _view(rec, full, index)
+    return run_on_host(rec.name, rec, full, index)
+
+
+def resize_(t: torch.Tensor, shape) -> torch.Tensor:
+    """Resize a device tensor in place: same storage when it fits, else a bigger one with the old bytes."""
+    shape = tuple(shape)
+    stride = memory.contiguous_strides(shape)
+    need = memory._nbytes_for(shape, stride, t.dtype.itemsize) + t.storage_offset() * t.dtype.itemsize
+    st = t.untyped_storage()
+    if need > st.nbytes():
+        index = t.device.index
+        new = memory.alloc_storage(need, index)
+        queue.drain()
+        old = memory.host_storage(st)
+        memory.copy_bytes(memory.host_storage(new), old)
+        st = new
+    memory.set_storage(t, st, t.storage_offset(), shape, stride)
+    return t

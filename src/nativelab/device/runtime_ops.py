@@ -1,0 +1,187 @@
+"""The ops the device runtime answers itself: allocation, copies between host and device, reading a
+scalar, resizing, and re-pointing tensors at storages."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from . import guard, memory, ops, queue, tracking
+
+aten = torch.ops.aten
+DEVICE = memory.DEVICE
+
+
+quiet = False
+_noticed = False
+
+
+def _notice() -> None:
+    """One line on first use, so nobody mistakes the emulator for a real chip."""
+    global _noticed
+    _noticed = True
+    if not quiet:
+        print(
+            "nativelab: the 'neuron' device is emulated on the host CPU (NATIVELAB_QUIET=1 hides this line)",
+            file=sys.stderr,
+        )
+
+
+def _index_for(device) -> int:
+    if not _noticed:
+        _notice()
+    if device is None:
+        return guard.current_index()
+    device = torch.device(device)
+    return guard.current_index() if device.index is None else guard.check_index(device.index)
+
+
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_layout(layout)
+    dtype = dtype or torch.get_default_dtype()
+    return memory.empty(size, dtype, _index_for(device), memory_format)
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_layout(layout)
+    dtype = dtype or torch.get_default_dtype()
+    return memory.empty_strided(tuple(size), tuple(stride), dtype, _index_for(device))
+
+
+def _check_layout(layout) -> None:
+    if layout not in (None, torch.strided):
+        raise RuntimeError(f"neuron: only strided tensors are supported, got layout={layout}")
+
+
+def copy_(dst, src, non_blocking=False):
+    if dst.device.type == DEVICE and src.device.type == DEVICE:  # device to device (any two cores)
+        hd, hs = memory.host_view(dst), memory.host_view(src)
+        queue.submit("aten::copy_", hd.copy_, (hs,))
+    elif dst.device.type == DEVICE:  # host to device
+        if src.dim() != 0 and dst.dim() == 0 and src.numel() != 1:
+            raise RuntimeError(f"copy_: cannot copy a tensor of shape {tuple(src.shape)} into a 0-d tensor")
+        hd = memory.host_view(dst)
+        if queue.idle():
+            hd.copy_(src)
+        else:  # earlier queued ops may still read dst: copy in program order, from a snapshot of src
+            queue.submit("aten::copy_", hd.copy_, (src.clone(),))
+    else:  # device to host: the host needs the value now
+        queue.drain()
+        dst.copy_(memory.host_view(src))
+    tracking.executed["aten::copy_"] += 1
+    return dst
+
+
+def copy_from(src, dst, non_blocking=False):
+    copy_(dst, src, non_blocking)
+    return dst
+
+
+def copy_from_and_resize(src, dst):
+    if dst.shape != src.shape:
+        if dst.device.type == DEVICE:
+            ops.resize_(dst, src.shape)
+        else:
+            dst.resize_(src.shape)
+    return copy_(dst, src)
+
+
+def local_scalar_dense(t):
+    queue.drain()
+    return memory.host_view(t).item()
+
+
+def resize_(t, size, memory_format=None):
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        raise RuntimeError(f"neuron: resize_ with memory_format={memory_format} is not supported")
+    return ops.resize_(t, size)
+
+
+def set_source_storage_offset(t, source, storage_offset, size, stride=()):
+    if source.device.type != DEVICE:
+        raise RuntimeError(f"set_: expected a storage on {t.device}, got one on {source.device}")
+    if not stride:
+        stride = memory.contiguous_strides(size)
+    return memory.set_storage(t, source, storage_offset, size, stride)
+
+
+def set_source_storage(t, source):
+    n = source.nbytes() // t.dtype.itemsize
+    return memory.set_storage(t, source, 0, (n,), (1,))
+
+
+def set_source_tensor(t, source):
+    return memory.set_storage(t, source.untyped_storage(), source.storage_offset(), source.shape, source.stride())
+
+
+def set_empty(t):
+    st = memory.alloc_storage(0, t.device.index)
+    return memory.set_storage(t, st, 0, (0,), (1,))
+
+
+def record_stream(t, stream):
+    return None  # one in-order queue per process: nothing to record
+
+
+def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    """`.to()`: PyTorch's own kernel, made blocking: a non-blocking copy to the host would pin memory,
+    which a Python backend cannot provide, and the host must wait for the value anyway."""
+    return _to_copy_composite(
+        _COMPOSITE, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+        non_blocking=False, memory_format=memory_format,
+    )
+
+
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+_to_copy_composite = aten._to_copy.default.redispatch
+
+
+def convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """Convolutions reach a non-CPU/CUDA device as `convolution_overrideable`: a CPU fallback."""
+    return _host_fallback(
+        "aten::convolution_overrideable", aten.convolution.default,
+        (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups),
+    )
+
+
+def convolution_backward_overrideable(grad_output, input, weight, stride, padding, dilation, transposed,
+                                      output_padding, groups, output_mask):
+    bias_sizes = [weight.shape[1] * groups] if transposed else [weight.shape[0]]
+    return _host_fallback(
+        "aten::convolution_backward_overrideable", aten.convolution_backward.default,
+        (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+         output_mask),
+    )
+
+
+def _host_fallback(name: str, cpu_op, args: tuple):
+    index = ops._device_index(args)
+    rec = ops.record_for(cpu_op)
+    return ops.run_on_host(name, rec, list(args), index)
+
+
+KERNELS = {
+    "empty.memory_format": empty_memory_format,
+    "empty_strided": empty_strided,
+    "copy_": copy_,
+    "_copy_from": copy_from,
+    "_copy_from_and_resize": copy_from_and_resize,
+    "_local_scalar_dense": local_scalar_dense,
+    "resize_": resize_,
+    "set_.source_Storage_storage_offset": set_source_storage_offset,
+    "set_.source_Storage": set_source_storage,
+    "set_.source_Tensor": set_source_tensor,
+    "set_": set_empty,
+    "record_stream": record_stream,
+    "_to_copy": to_copy,
+    "convolution_overrideable": convolution_overrideable,
+    "convolution_backward_overrideable": convolution_backward_overrideable,
+}
+
+
+def install(lib: torch.library.Library) -> None:
+    """Register the runtime's own kernels for the device (they take precedence over the boxed fallback)."""
+    for name, kernel in KERNELS.items():
+        lib.impl(name, kernel, "PrivateUse1")

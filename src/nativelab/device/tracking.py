@@ -1,0 +1,41 @@
+"""Which ATen ops ran on the device and which fell back to the CPU (the real backend's tracking API)."""
+
+from __future__ import annotations
+
+import collections
+
+executed: collections.Counter = collections.Counter()  # op name -> calls run on the device
+fallback: collections.Counter = collections.Counter()  # op name -> calls that fell back to the CPU
+_fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
+_warned: set[str] = set()
+
+
+def get_fallback_ops() -> list[str]:
+    """De-duplicated names of the ops that fell back to the CPU, in first-seen order."""
+    return list(_fallback_order)
+
+
+def get_executed_ops() -> list[str]:
+    """De-duplicated names of the ops that ran on the device."""
+    return list(executed)
+
+
+def get_op_counts() -> dict[str, dict[str, int]]:
+    """Per-op call counts: {'device': {...}, 'fallback': {...}}."""
+    return {"device": dict(executed), "fallback": dict(fallback)}
+
+
+def clear_op_tracking() -> None:
+    executed.clear()
+    fallback.clear()
+    _fallback_order.clear()
+
+
+def record_fallback(name: str) -> bool:
+    """Count a fallback; True the first time this op falls back in the process (time to warn)."""
+    fallback[name] += 1
+    _fallback_order.setdefault(name, None)
+    if name in _warned:
+        return False
+    _warned.add(name)
+    return True

@@ -1,0 +1,32 @@
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("NATIVELAB_QUIET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import nativelab  # noqa: E402,F401  (registers the device, also when autoload is off)
+
+
+@pytest.fixture(autouse=True)
+def _drain_and_reset():
+    """Each test starts with an idle device on core 0 and empty op tracking."""
+    torch.neuron.synchronize()
+    torch.neuron.set_device(0)
+    nativelab.clear_op_tracking()
+    yield
+    try:
+        torch.neuron.synchronize()
+    except RuntimeError:
+        pass  # a test that left a failing op queued has already asserted on it
+
+
+def run_python(code: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter (for registration, environment and process-level behaviour)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout
+    )

@@ -1,0 +1,68 @@
+"""Asynchronous execution: ops are queued in program order; reads, fallbacks and synchronize drain the queue;
+a failing queued op raises at that point with its name; NATIVELAB_SYNC=1 makes every op synchronous."""
+
+import pytest
+import torch
+
+from conftest import run_python
+from nativelab.device import queue
+
+
+def test_ops_return_before_they_run_and_reads_wait():
+    x = torch.ones(100, 100, device="neuron")
+    y = x @ x
+    assert not queue.idle()  # launched, not run
+    assert y.sum().item() == 100 * 100 * 100  # reading drains
+    assert queue.idle()
+
+
+def test_program_order_is_kept_across_writes_and_host_copies():
+    x = torch.zeros(4, device="neuron")
+    y = x + 1  # queued read of x
+    src = torch.full((4,), 5.0)
+    x.copy_(src)  # host-to-device write after a queued read
+    src.fill_(9.0)  # the host buffer changes after the copy was issued
+    z = x * 2
+    assert y.cpu().tolist() == [1.0] * 4  # read the old x
+    assert z.cpu().tolist() == [10.0] * 4  # saw the copy, not the later host write
+
+
+def test_a_failing_queued_op_raises_at_the_sync_point_with_its_name():
+    x = torch.randn(4, 3, device="neuron")
+    bad = torch.tensor([[0, 1, 2], [3, 4, 9]], dtype=torch.int64).to("neuron")  # 9 is out of range
+    g = torch.gather(x, 0, bad)  # shapes are fine, so the launch succeeds
+    after = g * 2  # queued behind the failing op
+    with pytest.raises(RuntimeError, match=r"queued op aten::gather failed.*out of bounds"):
+        torch.neuron.synchronize()
+    # the device stays usable
+    assert (torch.ones(2, device="neuron") * 3).cpu().tolist() == [3.0, 3.0]
+    del after
+
+
+def test_shape_errors_raise_at_the_call_like_cuda():
+    with pytest.raises(RuntimeError, match="broadcast|size of tensor"):
+        torch.ones(3, device="neuron") + torch.ones(4, device="neuron")
+
+
+def test_sync_mode_raises_at_the_op():
+    r = run_python(
+        "import torch, nativelab\n"
+        "x = torch.randn(4, 3).to('neuron')\n"
+        "bad = torch.tensor([[0, 1, 9]]).to('neuron')\n"
+        "try:\n"
+        "    torch.gather(x, 0, bad)\n"
+        "    print('no error at the op')\n"
+        "except RuntimeError as e:\n"
+        "    print('raised at the op:', 'aten::gather' in str(e))\n",
+        {"NATIVELAB_SYNC": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "raised at the op: True"
+
+
+def test_queue_is_bounded():
+    x = torch.ones(8, device="neuron")
+    for _ in range(queue._MAX_PENDING * 3):
+        x = x + 1
+    assert len(queue._pending) < queue._MAX_PENDING
+    assert x[0].item() == 1 + queue._MAX_PENDING * 3

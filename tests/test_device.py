@@ -1,0 +1,164 @@
+"""The device and its module: names, cores, the current core, torch.accelerator, synchronize, events."""
+
+import pytest
+import torch
+
+from conftest import run_python
+
+
+def test_to_neuron_and_back_roundtrips_values():
+    x = torch.randn(3, 3)
+    n = x.to("neuron")
+    assert n.device == torch.device("neuron", 0)
+    assert str(n.device) == "neuron:0"
+    torch.testing.assert_close(n.cpu(), x, rtol=0, atol=0)
+
+
+def test_accelerator_is_neuron():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator().type == "neuron"
+    assert torch.accelerator.device_count() == 4
+    t = torch.randn(3, 3, device=torch.accelerator.current_accelerator())
+    assert t.device.type == "neuron"
+
+
+def test_four_logical_cores_by_default():
+    assert torch.neuron.device_count() == 4
+    for i in range(4):
+        t = torch.ones(2, device=f"neuron:{i}") * 3
+        assert t.device == torch.device("neuron", i)
+        assert t.cpu().tolist() == [3.0, 3.0]
+
+
+def test_set_device_and_context_manager():
+    torch.neuron.set_device(2)
+    assert torch.neuron.current_device() == 2
+    assert torch.accelerator.current_device_index() == 2
+    assert torch.ones(1, device="neuron").device.index == 2
+    with torch.neuron.device(3):
+        assert torch.neuron.current_device() == 3
+        assert torch.zeros(1, device="neuron").device.index == 3
+    assert torch.neuron.current_device() == 2
+    torch.accelerator.set_device_index(1)
+    assert torch.neuron.current_device() == 1
+    with torch.accelerator.device_index(0):
+        assert torch.neuron.current_device() == 0
+    assert torch.neuron.current_device() == 1
+
+
+def test_invalid_core_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"neuron:7.*4 logical NeuronCores"):
+        torch.ones(2, device="neuron:7")
+    with pytest.raises(RuntimeError, match="neuron:9"):
+        torch.neuron.set_device(9)
+
+
+def test_mixing_cpu_and_device_is_an_error_but_cpu_scalars_are_fine():
+    n = torch.ones(3, device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*neuron:0 and cpu"):
+        n + torch.ones(3)
+    assert (n + torch.tensor(2.0)).cpu().tolist() == [3.0, 3.0, 3.0]  # 0-d CPU tensor, as on CUDA
+
+
+def test_mixing_two_cores_is_an_error_and_copy_between_cores_works():
+    a = torch.ones(3, device="neuron:1")
+    b = torch.ones(3, device="neuron:2")
+    with pytest.raises(RuntimeError, match="neuron:1 and neuron:2"):
+        a + b
+    c = a.to("neuron:2") + b
+    assert c.device.index == 2 and c.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_numpy_is_refused_like_cuda():
+    with pytest.raises(TypeError, match="can't convert neuron:0 device type tensor to numpy"):
+        torch.ones(2, device="neuron").numpy()
+
+
+def test_device_properties_and_name():
+    p = torch.neuron.get_device_properties(1)
+    assert p.index == 1 and p.total_memory == 24 * (1 << 30)
+    assert "emulated" in torch.neuron.get_device_name()
+
+
+def test_synchronize_accepts_devices_and_rejects_bad_ones():
+    torch.ones(2, device="neuron") * 2
+    torch.neuron.synchronize()
+    torch.neuron.synchronize("neuron:3")
+    torch.neuron.synchronize(torch.device("neuron", 1))
+    torch.accelerator.synchronize()
+    with pytest.raises(RuntimeError, match="neuron:5"):
+        torch.neuron.synchronize(5)
+
+
+def test_event_elapsed_time_measures_device_work_not_dispatch():
+    import time
+
+    x = torch.randn(256, 256, device="neuron")
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        x = torch.mm(x, x) / 256
+    dispatch_ms = (time.perf_counter() - t0) * 1000
+    end.record()
+    assert not end.query()  # still queued: dispatch returned before the device ran
+    with pytest.raises(RuntimeError, match="completed"):
+        start.elapsed_time(end)
+    end.synchronize()
+    assert end.query()
+    elapsed = start.elapsed_time(end)
+    # the device time is the time to run the 50 matmuls, independent of (and here not bounded by) dispatch
+    t0 = time.perf_counter()
+    y = torch.randn(256, 256)
+    for _ in range(50):
+        y = torch.mm(y, y) / 256
+    cpu_ms = (time.perf_counter() - t0) * 1000
+    assert elapsed > 0
+    assert elapsed > 0.2 * cpu_ms, (elapsed, cpu_ms, dispatch_ms)
+
+
+def test_event_without_timing_cannot_measure():
+    a, b = torch.neuron.Event(), torch.neuron.Event()
+    a.record()
+    b.record()
+    b.synchronize()
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        a.elapsed_time(b)
+
+
+def test_rng_seeding_reproduces_and_states_roundtrip():
+    torch.manual_seed(123)
+    a = torch.randn(5, device="neuron").cpu()
+    torch.manual_seed(123)
+    b = torch.randn(5, device="neuron").cpu()
+    assert torch.equal(a, b)
+    torch.neuron.manual_seed(7)
+    assert torch.neuron.initial_seed() == 7
+    state = torch.neuron.get_rng_state()
+    c = torch.rand(4, device="neuron").cpu()
+    torch.neuron.set_rng_state(state)
+    d = torch.rand(4, device="neuron").cpu()
+    assert torch.equal(c, d)
+    torch.neuron.seed()
+    assert torch.neuron.initial_seed() != 7
+
+
+def test_streams_are_in_order():
+    s = torch.neuron.Stream()
+    x = torch.ones(4, device="neuron")
+    with torch.neuron.stream(s):
+        assert torch.neuron.current_stream() == s
+        y = x * 5
+    assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    s.synchronize()
+    assert y.cpu().tolist() == [5.0] * 4
+
+
+def test_env_core_count_and_bad_env_values():
+    r = run_python("import torch, nativelab; print(torch.neuron.device_count())", {"NEURON_RT_NUM_CORES": "2"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "2"
+    r = run_python("import torch, nativelab", {"NEURON_RT_NUM_CORES": "four"})
+    assert r.returncode != 0 and "NEURON_RT_NUM_CORES='four': expected an integer" in r.stderr
+    r = run_python("import torch, nativelab", {"NATIVELAB_SYNC": "maybe"})
+    assert r.returncode != 0 and "NATIVELAB_SYNC='maybe': expected 0 or 1" in r.stderr

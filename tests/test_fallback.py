@@ -1,0 +1,79 @@
+"""CPU fallback for ops the real device lacks, and the op-tracking API (the guide's Lab 2 Step 6)."""
+
+import warnings
+
+import pytest
+import torch
+
+import nativelab
+from nativelab.device import ops
+
+
+def test_native_op_list_ships_with_the_package():
+    assert len(ops.NATIVE_OPS) == 396
+    assert "aten::topk" in ops.NATIVE_OPS and "aten::mm" in ops.NATIVE_OPS
+    assert not any(n.startswith(("aten::argmax", "aten::sort", "aten::multinomial")) for n in ops.NATIVE_OPS)
+
+
+def test_greedy_and_sampling_fallbacks_match_the_guide():
+    logits = torch.randn(1, 100).to("neuron")
+    logits.argmax(-1).cpu()
+    assert nativelab.get_fallback_ops() == ["aten::argmax.out"]
+    nativelab.clear_op_tracking()
+    probs = torch.softmax(logits, -1)
+    sorted_probs, idx = torch.sort(probs, descending=True, stable=True)
+    torch.multinomial(sorted_probs, 1).cpu()
+    assert nativelab.get_fallback_ops() == ["aten::sort.values_stable", "aten::multinomial"]
+    assert "aten::_softmax" in nativelab.get_executed_ops()
+
+
+def test_device_ops_are_tracked_and_counted():
+    x = torch.ones(4, device="neuron")
+    for _ in range(3):
+        x = x * 2
+    counts = nativelab.get_op_counts()
+    assert counts["device"]["aten::mul.Tensor"] == 3
+    assert counts["fallback"] == {}
+    nativelab.clear_op_tracking()
+    assert nativelab.get_executed_ops() == [] and nativelab.get_fallback_ops() == []
+
+
+def test_topk_is_native_sort_is_not():
+    x = torch.randn(50).to("neuron")
+    torch.topk(x, 5)
+    assert nativelab.get_fallback_ops() == []
+    torch.sort(x)
+    assert nativelab.get_fallback_ops() == ["aten::sort.values_stable"]
+
+
+def test_fallback_warns_once_per_op_and_views_never_warn():
+    x = torch.randn(6, 4).to("neuron")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        x.t().reshape(24).view(4, 6)[1:3].unsqueeze(0).expand(2, 2, 6)
+        torch.cumprod(x, 0)
+        torch.cumprod(x, 0)
+        torch.cumprod(x, 1)
+    texts = [str(m.message) for m in w]
+    assert texts.count("Operator 'aten::cumprod.out' fell back to CPU") <= 1  # once per process
+    assert not any("view" in t or "expand" in t or "unsqueeze" in t for t in texts)
+    assert nativelab.get_op_counts()["fallback"]["aten::cumprod.out"] == 3
+    assert all("view" not in n and "expand" not in n for n in nativelab.get_fallback_ops())
+
+
+def test_fallback_result_matches_cpu_and_stays_on_the_device():
+    a = torch.randn(5, 7)
+    n = a.to("neuron:2")
+    got = torch.cumprod(n, 1)
+    assert got.device == torch.device("neuron", 2)
+    torch.testing.assert_close(got.cpu(), torch.cumprod(a, 1))
+    med = n.median(dim=1)
+    assert med.values.device.index == 2
+    torch.testing.assert_close(med.values.cpu(), a.median(dim=1).values)
+
+
+def test_fallback_sees_queued_work_first():
+    x = torch.zeros(10, device="neuron")
+    x.add_(3)  # queued
+    assert torch.cumprod(x, 0).cpu()[-1].item() == 3.0**10
+    assert nativelab.get_fallback_ops() == ["aten::cumprod.out"]

@@ -1,0 +1,63 @@
+"""Every private PyTorch API nativelab uses, exercised directly: if a PyTorch upgrade changes one, the
+failure names it here (see src/nativelab/device/_private.py)."""
+
+import torch
+
+from nativelab.device import _private, memory
+
+
+def test_torch_version_is_the_pinned_one():
+    assert torch.__version__.split("+")[0] == "2.13.0"
+
+
+def test_device_storage_from_host_pointer():
+    host = torch.UntypedStorage(64)
+    st = _private.device_storage(host.data_ptr(), torch.device("neuron", 2), 64)
+    assert st.device == torch.device("neuron", 2) and st.nbytes() == 64 and st.data_ptr() == host.data_ptr()
+
+
+def test_empty_tensor_on_any_core_via_dlpack():
+    for i in range(4):
+        t = _private.empty_on_index(i, torch.bfloat16)
+        assert t.device == torch.device("neuron", i) and t.dtype == torch.bfloat16 and t.numel() == 0
+
+
+def test_new_tensor_and_set_storage_redispatch():
+    tpl = _private.empty_on_index(1, torch.float32)
+    t = _private.new_tensor_like(tpl)
+    assert t is not tpl and t.device == tpl.device and t._version == 0
+    st = memory.alloc_storage(4 * 6, 1)
+    out = _private.set_tensor_storage(t, st, 0, (2, 3), (3, 1))
+    assert out.shape == (2, 3) and out.data_ptr() == st.data_ptr()
+
+
+def test_accelerator_hooks_exist():
+    for name in _private._ACCELERATOR_HOOKS:
+        assert hasattr(torch._C, name), name
+        assert hasattr(getattr(torch._C, name), "__wrapped__"), f"{name} was not patched"
+
+
+def test_python_backend_hooks_and_guard_bases():
+    assert _private.hooks_base() is torch._C._acc.PrivateUse1Hooks
+    assert _private.guard_base() is torch._C._acc.DeviceGuard
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+
+
+def test_patched_repr_and_storage_constructor():
+    import torch._tensor_str as ts
+
+    assert ts._str_intern.__name__ == "_str_intern" and ts._str_intern.__module__ == _private.__name__
+    st = torch.UntypedStorage(16, device="neuron:3")
+    assert st.device == torch.device("neuron", 3) and st.nbytes() == 16
+    assert torch.UntypedStorage(8).device.type == "cpu"
+
+
+def test_backward_runs_in_the_calling_thread():
+    import threading
+
+    assert torch._C._is_multithreading_enabled() is False
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch._C._is_multithreading_enabled()))
+    t.start()
+    t.join()
+    assert seen == [True]  # a per-thread flag: other threads call torch.neuron.set_device first
