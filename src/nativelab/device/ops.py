@@ -194,6 +194,62 @@ def _device_index(args) -> int:
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
 _NUMBERS = (int, float, bool, complex)
+_scalars: dict = {}
+
+
+def _key_and_index(args) -> tuple[tuple, int]:
+    """One pass over a native op's arguments: the metadata key of the call and the device it runs on
+    (`_device_index` and `_sig` fused, since this runs for every op)."""
+    index = -1
+    cpu_bad = None
+    key = []
+    for a in args:
+        ta = type(a)
+        if ta in _PLAIN:
+            key.append(a)
+            continue
+        if ta is _Tensor or ta is torch.nn.Parameter or isinstance(a, _Tensor):
+            items, single = (a,), True
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], (_Tensor, type(None))):
+            items, single = a, False
+        else:
+            key.append(_sig(a))
+            continue
+        sub = []
+        for t in items:
+            if t is None:
+                sub.append(None)
+                continue
+            d = t.device
+            if d.type == DEVICE:
+                if index < 0:
+                    index = d.index
+                elif d.index != index:
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{DEVICE}:{index} and {d}!"
+                    )
+            elif cpu_bad is None and t.dim() != 0:
+                cpu_bad = d
+            sub.append((t.dtype, t.shape, t.stride(), d))
+        key.append(sub[0] if single else tuple(sub))
+    if cpu_bad is not None and index >= 0:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{DEVICE}:{index} and {cpu_bad}!"
+        )
+    return tuple(key), index
+
+
+def _scalar_tensor(v):
+    """0-d CPU tensors for Python scalars, cached: the same few constants recur in every step."""
+    key = (type(v), v)
+    t = _scalars.get(key)
+    if t is None:
+        t = torch.tensor(v)
+        if len(_scalars) < 4096:
+            _scalars[key] = t
+    return t
 
 
 def _to_host(x):
@@ -313,11 +369,10 @@ def _view(rec: OpRecord, args: list, index: int):
     return type(out)(back(r) for r in out) if isinstance(out, (list, tuple)) else out
 
 
-def _native(rec: OpRecord, args: list, index: int):
+def _native(rec: OpRecord, args: list, index: int, key: tuple):
     gp = rec.gen_pos
     if gp is not None and args[gp] is None:
         args[gp] = guard.generator(index)
-    key = tuple(_sig(a) for a in args)
     spec = rec.meta_cache.get(key, _MISSING)
     if spec is _MISSING:
         try:
@@ -327,7 +382,7 @@ def _native(rec: OpRecord, args: list, index: int):
         rec.meta_cache[key] = spec
     if spec is None:  # output metadata unknown without running: run it now, still "on the device"
         return run_on_host(rec.name, rec, args, index, fallback=False)
-    kind, outs_spec, resizes = spec
+    kind, outs_spec, resizes, policy = spec
     for i, shape in resizes:  # out= arguments the op resizes
         t = args[i]
         if t.shape != shape:
@@ -338,7 +393,8 @@ def _native(rec: OpRecord, args: list, index: int):
         return _alias_returns(rec, args)
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
     hargs = [_to_host(a) for a in args]
-    queue.submit(rec.name, _run_functional, (rec, hargs, [memory.host_view(o) for o in outs]))
+    run = _run_functional_policy if policy else _run_functional
+    queue.submit(rec.name, run, (rec, hargs, [memory.host_view(o) for o in outs]))
     tracking.executed[rec.name] += 1
     if kind == "tensor":
         return outs[0]
@@ -363,14 +419,20 @@ def _run_mutating(rec, hargs):
     _call(rec, hargs)
 
 
-def _run_functional(rec, hargs, houts):
+
+def _run_functional_policy(rec, hargs, houts):
     # Narrowed inputs compute in the narrow dtype; the copy into the outputs casts back (the policy).
     if _finish_policy(rec, hargs):
         _run_functional_copy(rec, hargs, houts)
-    elif rec.out_op is not None:
+    else:
+        _run_functional(rec, hargs, houts)
+
+
+def _run_functional(rec, hargs, houts):
+    if rec.out_op is not None:
         kw = dict(zip(rec.kwnames, hargs[rec.npos:])) if len(hargs) > rec.npos else {}
         kw.update(zip(rec.out_names, houts))
-        rec.out_op(*hargs[: rec.npos], **kw)
+        rec.out_op._op(*hargs[: rec.npos], **kw)
     else:
         _run_functional_copy(rec, hargs, houts)
 
@@ -385,18 +447,35 @@ def _run_functional_copy(rec, hargs, houts):
 
 
 def _meta_spec(rec: OpRecord, args: list):
+    """(kind, output (shape, stride, dtype)s, out= resizes, whether the dtype policy has work) for a call
+    signature: everything about a launch that does not depend on values, worked out once."""
     margs = [_to_meta(a) for a in args]
     res = _call(rec, margs)
+    policy = _policy_applies(rec, args)
     if rec.mutable:
         resizes = tuple(
             (i, margs[i].shape) for i in rec.mutable
             if isinstance(args[i], _Tensor) and margs[i].shape != args[i].shape
         )
-        return ("mutating", (), resizes)
+        return ("mutating", (), resizes, policy)
     if isinstance(res, _Tensor):
-        return ("tensor", ((res.shape, res.stride(), res.dtype),), ())
+        return ("tensor", ((res.shape, res.stride(), res.dtype),), (), policy)
     kind = "list" if isinstance(res, list) else "tuple"
-    return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), ())
+    return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), (), policy)
+
+
+def _policy_applies(rec: OpRecord, args: list) -> bool:
+    if rec.int64_args:
+        return True
+    if not dtype_policy:
+        return False
+    for i, a in enumerate(args):
+        if i in rec.mutable:
+            continue
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, _Tensor) and t.dtype in _NARROW and t.dim() != 0:
+                return True
+    return False
 
 
 def _alias_returns(rec: OpRecord, args: list):
@@ -532,13 +611,12 @@ def device_kernel(op, *args, **kwargs):
     full = _normalise(rec, args, kwargs)
     for i in rec.tensor_pos:
         if i < len(full) and type(full[i]) in _NUMBERS:
-            full[i] = torch.tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
-    index = _device_index(full)
+            full[i] = _scalar_tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
     route = rec.route
     if route == "native":
-        if index < 0:
-            index = guard.current_index()
-        return _native(rec, full, index)
+        key, index = _key_and_index(full)
+        return _native(rec, full, guard.current_index() if index < 0 else index, key)
+    index = _device_index(full)
     if route == "view":
         return _view(rec, full, index)
     return run_on_host(rec.name, rec, full, index)
