@@ -6,6 +6,7 @@ import collections
 
 executed: collections.Counter = collections.Counter()  # op name -> calls run on the device
 fallback: collections.Counter = collections.Counter()  # op name -> calls that fell back to the CPU
+graphs: collections.Counter = collections.Counter()  # compiled graph name -> launches
 _fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
 _warned: set[str] = set()
 
@@ -28,6 +29,7 @@ def get_op_counts() -> dict[str, dict[str, int]]:
 def clear_op_tracking() -> None:
     executed.clear()
     fallback.clear()
+    graphs.clear()
     _fallback_order.clear()
 
 

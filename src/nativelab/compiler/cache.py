@@ -1,0 +1,88 @@
+"""The persistent cache of compiled device graphs (the guide's NEFF cache).
+
+One file per entry, `<dir>/<key[:2]>/<key>.neff`: a magic line, the SHA-256 of the payload, the payload (an
+Inductor `CompiledArtifact` in its binary format). Entries are written to a temporary file in the same
+directory and renamed into place, so a reader sees a whole entry or none, and two processes that compile the
+same graph at once both succeed (the last rename wins; both wrote the same thing). A damaged entry is
+detected by its checksum, removed with a warning, and compiled again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+MAGIC = b"NATIVELAB-NEFF-1\n"
+ENV = "NATIVELAB_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """$NATIVELAB_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/neff, else ~/.cache/nativelab/neff."""
+    explicit = os.environ.get(ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nativelab" / "neff"
+
+
+def entry_path(key: str) -> Path:
+    return cache_dir() / key[:2] / f"{key}.neff"
+
+
+def read(key: str) -> bytes | None:
+    """The payload stored under `key`, or None if absent; a damaged entry is removed (with a warning)."""
+    path = entry_path(key)
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    payload = _verify(blob)
+    if payload is None:
+        warnings.warn(f"nativelab: compiled-graph cache entry {path} is damaged; removing it and recompiling")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        return None
+    return payload
+
+
+def _verify(blob: bytes) -> bytes | None:
+    if not blob.startswith(MAGIC):
+        return None
+    rest = blob[len(MAGIC):]
+    digest, sep, payload = rest.partition(b"\n")
+    if not sep or len(digest) != 64:
+        return None
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        return None
+    return payload
+
+
+def write(key: str, payload: bytes) -> Path:
+    """Store `payload` under `key` atomically (temporary file + fsync + rename)."""
+    path = entry_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def entries() -> list[Path]:
+    root = cache_dir()
+    return sorted(root.glob("*/*.neff")) if root.exists() else []

@@ -1,0 +1,168 @@
+"""Lowering a device subgraph to generated CPU code (Inductor's C++ backend) that works on device memory,
+through the persistent cache of compiled graphs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+import warnings
+
+import torch
+import torch.fx
+
+from . import cache, metrics
+from .runtime import DeviceGraph
+
+COMPILER_VERSION = "nativelab-neuron-cc 1"  # bump when the lowering changes what it generates
+DEVICE = "neuron"
+
+
+def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
+    """Compile (or load from the cache) one device subgraph."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    examples = [n.meta.get("val") for n in placeholders]
+    cpu_gm = _retarget_to_cpu(gm)
+    cpu_inputs = [_cpu_example(v) for v in examples]
+    key = _key(cpu_gm, cpu_inputs, options)
+    out_specs, aliasing, single = _outputs(gm)
+    s = metrics.current()
+    t0 = time.perf_counter()
+    artifact = None
+    payload = cache.read(key)
+    if payload is not None:
+        try:
+            artifact = _load(payload)
+            s.cache_hits += 1
+            how = "cache hit"
+        except Exception as e:  # noqa: BLE001 - a payload that passed its checksum but will not load
+            warnings.warn(f"nativelab: cached graph {key[:12]} failed to load ({e}); recompiling")
+            s.cache_corrupt += 1
+            artifact = None
+    if artifact is None:
+        artifact = torch._inductor.standalone_compile(
+            cpu_gm, cpu_inputs, dynamic_shapes="from_example_inputs", options=dict(options)
+        )
+        s.cache_misses += 1
+        how = "compiled"
+        if artifact.is_saveable():
+            cache.write(key, _save(artifact))
+    seconds = time.perf_counter() - t0
+    s.compile_seconds += seconds
+    s.partitions += 1
+    n_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    metrics.log.info("neuron: %s %s (%d ops, key %s) in %.2fs", how, name, n_ops, key[:12], seconds)
+    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single)
+
+
+def _retarget_to_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The same graph with `device=neuron` arguments and device constants moved to the CPU: the generated
+    code runs on host views of device memory."""
+    cpu_gm = torch.fx.GraphModule(gm, gm.graph)  # a copy we may edit
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for node in gm.graph.nodes:
+        new = graph.node_copy(node, lambda n: env[n])
+        new.args = _cpu_args(new.args)
+        new.kwargs = _cpu_args(new.kwargs)
+        env[node] = new
+    cpu_gm.graph = graph
+    for name, buf in list(cpu_gm.named_buffers()) + list(cpu_gm.named_parameters()):
+        if buf.device.type == DEVICE:
+            _set_attr(cpu_gm, name, buf.detach().cpu())
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            val = _get_attr(cpu_gm, node.target)
+            if isinstance(val, torch.Tensor) and val.device.type == DEVICE:
+                _set_attr(cpu_gm, node.target, val.detach().cpu())
+    cpu_gm.recompile()
+    return cpu_gm
+
+
+def _cpu_args(x):
+    if isinstance(x, torch.device) and x.type == DEVICE:
+        return torch.device("cpu")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cpu_args(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _cpu_args(v) for k, v in x.items()}
+    return x
+
+
+def _get_attr(mod, target: str):
+    for part in target.split("."):
+        mod = getattr(mod, part)
+    return mod
+
+
+def _set_attr(mod, target: str, value) -> None:
+    *path, last = target.split(".")
+    for part in path:
+        mod = getattr(mod, part)
+    if isinstance(getattr(mod, last, None), torch.nn.Parameter):
+        value = torch.nn.Parameter(value, requires_grad=False)
+    setattr(mod, last, value)
+
+
+def _cpu_example(v):
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+    return v
+
+
+def _key(cpu_gm, cpu_inputs, options) -> str:
+    h = hashlib.sha256()
+    h.update(COMPILER_VERSION.encode())
+    h.update(torch.__version__.encode())
+    h.update(repr(sorted(options.items())).encode())
+    h.update(cpu_gm.code.encode())
+    for name, t in sorted(cpu_gm.state_dict().items()):  # constants baked into the graph
+        h.update(name.encode())
+        h.update(repr((t.shape, t.dtype)).encode())
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    for x in cpu_inputs:
+        h.update(repr((tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x).encode())
+    return h.hexdigest()
+
+
+def _outputs(gm):
+    """Per output (shape, stride, dtype); whether any output shares memory with an input; whether the graph
+    returns a single value rather than a tuple."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = out_node.args[0]
+    single = not isinstance(outs, (list, tuple))
+    outs = (outs,) if single else outs
+    inputs = {
+        n.meta["val"].untyped_storage()._cdata
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+    }
+    specs, aliasing = [], False
+    for o in outs:
+        v = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
+        if isinstance(v, torch.Tensor):
+            specs.append((tuple(v.shape), tuple(v.stride()), v.dtype))
+            aliasing = aliasing or v.untyped_storage()._cdata in inputs
+        else:
+            specs.append(None)
+            aliasing = True  # a non-tensor output: run at launch, return what the code returns
+    return specs, aliasing, single
+
+
+def _save(artifact) -> bytes:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "artifact.bin")
+        artifact.save(path=path, format="binary")
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _load(payload: bytes):
+    from torch._inductor import CompiledArtifact
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "artifact.bin")
+        with open(path, "wb") as f:
+            f.write(payload)
+        return CompiledArtifact.load(path=path, format="binary")

@@ -1,0 +1,39 @@
+"""Compile statistics, readable from code (`nativelab.compiler.stats()`), and the one-line compile log."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+log = logging.getLogger("nativelab.compiler")
+
+
+@dataclasses.dataclass
+class CompileStats:
+    graphs: int = 0  # graphs handed to the backend (forward and backward count separately)
+    partitions: int = 0  # device subgraphs lowered to generated code
+    fallback_nodes: int = 0  # graph nodes that run as CPU fallbacks between device subgraphs
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_corrupt: int = 0  # entries found damaged, removed and recompiled
+    compile_seconds: float = 0.0  # time spent producing executables (compiling or loading from cache)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_stats = CompileStats()
+
+
+def stats() -> dict:
+    """A snapshot of this process's compile statistics."""
+    return _stats.as_dict()
+
+
+def reset_stats() -> None:
+    global _stats
+    _stats = CompileStats()
+
+
+def current() -> CompileStats:
+    return _stats

@@ -1,0 +1,78 @@
+"""Running compiled graphs on the device: device subgraphs as queued generated code over host memory,
+fallback nodes through the device's eager dispatch."""
+
+from __future__ import annotations
+
+import torch
+
+from ..device import memory, queue, tracking
+from ..device.ops import _device_index
+
+DEVICE = memory.DEVICE
+
+
+class DeviceGraph(torch.nn.Module):
+    """A lowered device subgraph. Launching it queues one entry on the device: the generated code runs on
+    zero-copy host views of the inputs and writes into outputs allocated at launch, in stream order.
+    A graph whose outputs alias its inputs runs at launch instead (after draining the queue), so the aliases
+    can point into the inputs' device memory."""
+
+    def __init__(self, name: str, fn, out_specs, aliasing: bool, single: bool):
+        super().__init__()
+        self.name = name
+        self.fn = fn
+        self.out_specs = out_specs  # per output: (shape, stride, dtype) or None for non-tensors
+        self.aliasing = aliasing
+        self.single = single  # the graph returns one value, not a tuple
+
+    def forward(self, *args):
+        index = _device_index(args)
+        if index < 0:
+            index = 0
+        hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE else a for a in args]
+        tracking.graphs[self.name] += 1
+        if self.aliasing:
+            queue.drain()
+            outs = [_back_to_device(r, args, index) for r in _as_tuple(self.fn(*hargs))]
+        else:
+            outs = [
+                memory.empty_strided(spec[0], spec[1], spec[2], index) if spec is not None else None
+                for spec in self.out_specs
+            ]
+            houts = [memory.host_view(o) if o is not None else None for o in outs]
+            queue.submit(self.name, _run, (self.fn, hargs, houts))
+        return outs[0] if self.single else tuple(outs)
+
+
+def _as_tuple(res):
+    return (res,) if isinstance(res, torch.Tensor) or not isinstance(res, (list, tuple)) else res
+
+
+def _run(fn, hargs, houts):
+    res = _as_tuple(fn(*hargs))
+    for h, r in zip(houts, res):
+        if h is not None:
+            h.copy_(r)
+
+
+def _back_to_device(r, args, index):
+    if not isinstance(r, torch.Tensor):
+        return r
+    ptr = r.untyped_storage().data_ptr()
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == DEVICE:
+            if memory.host_storage(a.untyped_storage()).data_ptr() == ptr:
+                return memory.wrap(a.untyped_storage(), index, r.dtype, r.size(), r.stride(), r.storage_offset())
+    return memory.from_host(r, index)
+
+
+class FallbackNodes(torch.nn.Module):
+    """Graph nodes the device does not implement, run eagerly on device tensors: each op reaches the device's
+    CPU fallback, which drains the queue, runs the CPU kernel and records the op (as in eager mode)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args):
+        return self.gm(*args)
