@@ -1,7 +1,8 @@
 """The `neuron` graph compiler: `torch.compile(model, backend="neuron")`.
 
-Registered for Dynamo through the `torch_dynamo_backends` entry point (so `import torch` is enough) and, when
-this package is imported, directly; neither happens when the real `torch_neuronx` stack is installed.
+Dynamo finds it through the `torch_dynamo_backends` entry point, so `import torch` is enough; the entry point
+hands over to the real backend when `torch_neuronx` is installed. `register()` is for a source checkout that
+is not pip-installed (no entry point).
 """
 
 from __future__ import annotations
@@ -13,18 +14,16 @@ __all__ = ["stats", "reset_stats", "cache_dir", "register"]
 
 
 def register() -> bool:
+    """Register the backend with Dynamo by hand; False if a `neuron` backend is already known."""
     from ..device import real_neuron_installed
 
     if real_neuron_installed():
         return False
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+    from torch._dynamo.backends.registry import list_backends, register_backend
 
+    if "neuron" in list_backends(exclude_tags=()):
+        return False
     from .backend import neuron_backend
 
-    if _COMPILER_FNS.get("neuron") is not neuron_backend:
-        _COMPILER_FNS.pop("neuron", None)
-        register_backend(compiler_fn=neuron_backend, name="neuron")
+    register_backend(compiler_fn=neuron_backend, name="neuron")
     return True
-
-
-register()

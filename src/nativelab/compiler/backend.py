@@ -9,11 +9,15 @@ Dynamo's automatic dynamic shapes after a shape change) is compiled again for ea
 
 from __future__ import annotations
 
+import copy
+import threading
+
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.fx.passes.split_module import split_module
 
 from . import lowering, metrics, partition
@@ -92,9 +96,60 @@ class _PerShape:
                     for a in args)
         fn = self.compiled.get(key)
         if fn is None:
-            static = make_fx(self.gm, tracing_mode="fake")(*args)
-            fn = self.compiled[key] = build(static, self.kind, self.options)
+            fn = self.compiled[key] = _in_clean_thread(
+                lambda: build(_specialize(self.gm, args), self.kind, self.options)
+            )
         return fn(*args)
+
+
+def _in_clean_thread(work):
+    """Compile from a fresh thread: we are called from inside AOTAutograd's runtime wrapper, whose
+    thread-local dispatch state (functionalization, modes) must not leak into the new compilation."""
+    result: list = []
+
+    def run():
+        try:
+            result.append((True, work()))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            result.append((False, e))
+
+    t = threading.Thread(target=run, name="neuron-compile")
+    t.start()
+    t.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _specialize(gm: torch.fx.GraphModule, args) -> torch.fx.GraphModule:
+    """A copy of a symbolic-shape graph whose node metadata is recomputed for concrete inputs."""
+    static = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    with mode:
+        FakeTensorProp(static, mode).propagate_dont_convert_inputs(*fakes)
+    # Size arithmetic is now plain numbers: write them into the graph, so the lowering sees a static graph.
+    for node in reversed(list(static.graph.nodes)):
+        val = node.meta.get("val")
+        if node.op in ("call_function", "placeholder") and type(val) in (int, float, bool):
+            for user in list(node.users):
+                user.args = _substitute(user.args, node, val)
+                user.kwargs = _substitute(user.kwargs, node, val)
+            if node.op == "call_function":
+                static.graph.erase_node(node)
+    static.recompile()
+    return static
+
+
+def _substitute(x, node, val):
+    if x is node:
+        return val
+    if isinstance(x, (list, tuple)):
+        return type(x)(_substitute(y, node, val) for y in x)
+    if isinstance(x, dict):
+        return {k: _substitute(v, node, val) for k, v in x.items()}
+    return x
 
 
 def neuron_entry(gm, example_inputs, **kwargs):

@@ -124,6 +124,7 @@ def patch_tensor_repr(device_type: str) -> None:
     def _str_intern(inp, *, tensor_contents=None):
         if (
             tensor_contents is None
+            and type(inp) in (torch.Tensor, torch.nn.Parameter)  # not fake/functional wrappers
             and inp.device.type == device_type
             and inp.layout == torch.strided
             and inp.numel() > 0

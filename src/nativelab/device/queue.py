@@ -12,7 +12,7 @@ import time
 
 # Each entry is (name, fn, args): fn(*args) runs the op on host memory.
 _pending: list[tuple] = []
-_MAX_PENDING = 64  # bounded: a deep queue keeps many buffers alive and runs out of cache (measured 2x slower at 4096)
+_MAX_PENDING = 256  # bounded: a deep queue keeps many buffers alive and runs out of cache (measured 2x slower at 4096)
 sync_mode = False  # NATIVELAB_SYNC=1
 drains = 0  # host-device synchronisations that found work queued, for the profiler
 

@@ -1,0 +1,194 @@
+"""torch.compile(backend="neuron") against eager on the device and plain CPU PyTorch."""
+
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import nativelab
+import nativelab.compiler as compiler
+from conftest import run_python
+
+pytestmark = pytest.mark.slow  # every test here compiles generated code
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    torch._dynamo.reset()
+    compiler.reset_stats()
+    yield
+
+
+def test_guide_step3_model_compiled_matches_eager_and_cpu():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 5))
+    x = torch.randn(2, 10)
+    expected = model(x)
+    dev_model = model.to("neuron")
+    compiled = torch.compile(dev_model, backend="neuron")
+    out = compiled(x.to("neuron"))
+    assert out.shape == (2, 5) and out.device == torch.device("neuron", 0)
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.cpu(), dev_model(x.to("neuron")).cpu(), rtol=1e-5, atol=1e-5)
+    s = compiler.stats()
+    assert s["graphs"] == 1 and s["partitions"] == 1 and s["fallback_nodes"] == 0
+    assert s["cache_misses"] == 1 and len(compiler.cache.entries()) == 1
+
+
+def test_training_loop_compiled_matches_cpu():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3))
+    dev = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3)).to("neuron")
+    dev.load_state_dict(ref.state_dict())
+    X, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    step_ref = lambda m, X, y: F.cross_entropy(m(X), y)  # noqa: E731
+    compiled = torch.compile(step_ref, backend="neuron")
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt_dev = torch.optim.SGD(dev.parameters(), lr=0.1)
+    Xd, yd = X.to("neuron"), y.to(torch.int32).to("neuron")
+    ref_losses, dev_losses = [], []
+    for _ in range(4):
+        for m, opt, fn, a, b, losses in ((ref, opt_ref, step_ref, X, y, ref_losses),
+                                         (dev, opt_dev, compiled, Xd, yd, dev_losses)):
+            loss = fn(m, a, b)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert dev_losses[-1] < dev_losses[0]
+    torch.testing.assert_close(dev_losses, ref_losses, rtol=1e-4, atol=1e-5)
+    assert compiler.stats()["graphs"] == 2  # forward and backward
+
+
+class Block(nn.Module):
+    """A small attention block decoding one token against a static KV cache updated in place."""
+
+    def __init__(self, dim=16, heads=2, max_seq=8):
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.register_buffer("k_cache", torch.zeros(1, heads, max_seq, self.hd))
+        self.register_buffer("v_cache", torch.zeros(1, heads, max_seq, self.hd))
+
+    def forward(self, x, pos, mask):
+        q, k, v = self.qkv(x).view(1, 1, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        att = (q @ self.k_cache.transpose(-1, -2)) / self.hd**0.5
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ self.v_cache).transpose(1, 2).reshape(1, 1, -1)
+        return x + self.out(y)
+
+
+def test_kv_cache_block_compiled_matches_cpu_and_updates_cache_in_place():
+    torch.manual_seed(0)
+    ref = Block()
+    dev = Block().to("neuron")
+    dev.load_state_dict(ref.state_dict())
+    compiled = torch.compile(dev, backend="neuron")
+    for step in range(3):
+        x = torch.randn(1, 1, 16)
+        pos = torch.tensor([step])
+        mask = (torch.arange(8) <= step).view(1, 1, 1, 8)
+        expected = ref(x, pos, mask)
+        with torch.no_grad():
+            got = compiled(x.to("neuron"), pos.to("neuron"), mask.to("neuron"))
+        torch.testing.assert_close(got.cpu(), expected.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dev.k_cache.cpu(), ref.k_cache, rtol=1e-5, atol=1e-6)
+    assert compiler.stats()["graphs"] == 1  # same shapes every step: no recompilation
+
+
+def test_fallback_op_in_a_graph_is_recorded_and_correct():
+    def f(x):
+        h = torch.relu(x) * 2
+        s, _ = torch.sort(h, dim=-1)
+        return s + 1, h.argmax(-1)
+
+    x = torch.randn(4, 6)
+    nativelab.clear_op_tracking()
+    s, a = torch.compile(f, backend="neuron")(x.to("neuron"))
+    es, ea = f(x)
+    torch.testing.assert_close(s.cpu(), es)
+    assert torch.equal(a.cpu(), ea)
+    assert nativelab.get_fallback_ops() == ["aten::sort.values_stable", "aten::argmax.out"]
+    st = compiler.stats()
+    assert st["fallback_nodes"] == 2 and st["partitions"] == 2  # relu*2 | sort | +1 ... argmax
+
+
+def test_new_shape_compiles_a_new_static_graph():
+    f = torch.compile(lambda x: torch.tanh(x) * 3, backend="neuron")
+    for n in (4, 7, 9):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(f(x.to("neuron")).cpu(), torch.tanh(x) * 3)
+    assert compiler.stats()["partitions"] == 3  # one static graph per shape (4, 7, 9)
+
+
+def test_unknown_option_is_a_clear_error():
+    f = torch.compile(lambda x: x + 1, backend="neuron", options={"max_autotune_everything": True})
+    with pytest.raises(Exception, match="unsupported options"):
+        f(torch.ones(2).to("neuron"))
+
+
+CHILD = (
+    "import torch, nativelab.compiler as c\n"
+    "f = torch.compile(lambda x: torch.sigmoid(x) * x + 1, backend='neuron')\n"
+    "x = torch.linspace(-3, 3, 12).to('neuron')\n"
+    "y = f(x).cpu()\n"
+    "ref = torch.sigmoid(torch.linspace(-3, 3, 12)) * torch.linspace(-3, 3, 12) + 1\n"
+    "assert torch.allclose(y, ref), (y, ref)\n"
+    "s = c.stats(); print(s['cache_hits'], s['cache_misses'], s['cache_corrupt'])\n"
+)
+
+
+def test_cache_is_reused_across_processes_and_recovers_from_corruption():
+    env = {"NATIVELAB_CACHE_DIR": os.environ["NATIVELAB_CACHE_DIR"]}
+    first = run_python(CHILD, env, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.split() == ["0", "1", "0"]
+    second = run_python(CHILD, env, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.split() == ["1", "0", "0"]
+    (entry,) = compiler.cache.entries()
+    blob = entry.read_bytes()
+    entry.write_bytes(blob[: len(blob) // 2])  # truncated, as by a crash mid-copy
+    third = run_python(CHILD, env, timeout=300)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert third.stdout.split() == ["0", "1", "0"]  # detected, removed, recompiled
+    assert "damaged" in third.stderr
+    (again,) = compiler.cache.entries()
+    assert compiler.cache.read(again.stem) is not None  # a whole, valid entry again
+
+
+def test_cache_writes_are_atomic_and_checked(tmp_path):
+    from nativelab.compiler import cache
+
+    key = "ab" * 32
+    cache.write(key, b"payload")
+    assert cache.read(key) == b"payload"
+    path = cache.entry_path(key)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary files left behind
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit
+    path.write_bytes(bytes(data))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert cache.read(key) is None
+    assert any("damaged" in str(m.message) for m in w) and not path.exists()
+
+
+def test_two_processes_compiling_the_same_graph_at_once():
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-1500:] for o in outs]
+    assert len(compiler.cache.entries()) == 1
+    assert run_python(CHILD, {}, timeout=300).stdout.split() == ["1", "0", "0"]
