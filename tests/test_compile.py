@@ -192,3 +192,20 @@ def test_two_processes_compiling_the_same_graph_at_once():
     assert all(p.returncode == 0 for p in procs), [o[1][-1500:] for o in outs]
     assert len(compiler.cache.entries()) == 1
     assert run_python(CHILD, {}, timeout=300).stdout.split() == ["1", "0", "0"]
+
+
+def test_inference_graph_freezes_parameters_and_follows_in_place_updates():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 4)).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(3, 8).to("neuron")
+    with torch.no_grad():
+        first = compiled(x)
+        torch.testing.assert_close(first.cpu(), model.cpu()(x.cpu()), rtol=1e-5, atol=1e-5)
+        model.to("neuron")
+        assert compiler.stats()["cache_misses"] == 0  # frozen weights: compiled, not cached
+        for p in model.parameters():
+            p.mul_(0.5)  # an in-place update: the frozen constants are stale now
+        second = compiled(x)
+    torch.testing.assert_close(second.cpu(), model.cpu()(x.cpu()), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(first.cpu(), second.cpu())

@@ -24,6 +24,8 @@ from . import lowering, metrics, partition
 from .runtime import FallbackNodes
 
 # Options the backend understands (torch.compile(..., options={...})).
+# freezing (default True): inference graphs take their parameters as constants, so the generated code can
+# prepack weights once (Inductor freezing); such graphs are recompiled when a parameter changes in place.
 KNOWN_OPTIONS = {"freezing"}
 
 
@@ -34,20 +36,23 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     unknown = set(options) - KNOWN_OPTIONS
     if unknown:
         raise ValueError(f"neuron backend: unsupported options {sorted(unknown)} (known: {sorted(KNOWN_OPTIONS)})")
-    inductor_options = {}
+    freeze = bool(options.get("freezing", True))
     return aot_autograd(
-        fw_compiler=_compiler("forward", inductor_options),
-        bw_compiler=_compiler("backward", inductor_options),
+        fw_compiler=_compiler("forward", False),
+        bw_compiler=_compiler("backward", False),
+        inference_compiler=_compiler("inference", freeze),
         keep_inference_input_mutations=True,
     )(gm, example_inputs)
 
 
-def _compiler(kind: str, options: dict):
+def _compiler(kind: str, freeze: bool):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         metrics.current().graphs += 1
         if _is_symbolic(example_inputs):
-            return make_boxed_func(_PerShape(gm, kind, options))
-        return make_boxed_func(build(gm, kind, options))
+            return make_boxed_func(_PerShape(gm, kind, freeze))
+        if freeze:
+            return make_boxed_func(_FrozenParams(gm, kind))
+        return make_boxed_func(build(gm, kind, {}))
 
     return compile_graph
 
@@ -84,11 +89,71 @@ def build(gm: torch.fx.GraphModule, kind: str, options: dict):
     return split
 
 
+class _FrozenParams:
+    """An inference graph whose parameters are constants of the generated code (compiled at the first call,
+    when the parameters themselves are known; compiled again if one changes in place)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str):
+        self.gm, self.kind = gm, kind
+        self.fn = None
+        self.keep: list[int] = []
+        self.frozen: list[int] = []
+        self.params: list[torch.Tensor] = []
+        self.versions: list[tuple[int, int]] = []
+
+    def __call__(self, *args):
+        if self.fn is None or self._stale(args):
+            self._compile(args)
+        keep = self.keep
+        return self.fn(*[args[i] for i in keep]) if len(keep) != len(args) else self.fn(*args)
+
+    def _stale(self, args) -> bool:
+        """A frozen parameter was replaced (module.to()), written in place, or had its .data swapped."""
+        for i, p, v in zip(self.frozen, self.params, self.versions):
+            a = args[i]
+            if a is not p or (a._version, a.data_ptr()) != v:
+                return True
+        return False
+
+    def _compile(self, args) -> None:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        written = {n.args[0] for n in self.gm.graph.nodes if n.op == "call_function" and n.target in _COPY_OPS}
+        frozen = [
+            i for i, (a, ph) in enumerate(zip(args, placeholders))
+            if isinstance(a, torch.nn.Parameter) and a.device.type == "neuron" and ph not in written
+        ]
+        if not frozen:
+            self.fn = _in_clean_thread(lambda: build(self.gm, self.kind, {}))
+            self.keep = list(range(len(args)))
+            return
+        root = torch.nn.Module()
+        graph = copy.deepcopy(self.gm.graph)
+        nodes = [n for n in graph.nodes if n.op == "placeholder"]
+        first = next(n for n in graph.nodes if n.op != "placeholder")
+        for j, i in enumerate(frozen):
+            name = f"frozen_param_{j}"
+            root.register_parameter(name, torch.nn.Parameter(args[i].detach(), requires_grad=False))
+            with graph.inserting_before(first):
+                attr = graph.get_attr(name)
+            attr.meta = dict(nodes[i].meta)
+            nodes[i].replace_all_uses_with(attr)
+            graph.erase_node(nodes[i])
+        gm = torch.fx.GraphModule(root, graph)
+        self.fn = _in_clean_thread(lambda: build(gm, self.kind, {"freeze": True}))
+        self.keep = [i for i in range(len(args)) if i not in set(frozen)]
+        self.frozen = frozen
+        self.params = [args[i] for i in frozen]
+        self.versions = [(p._version, p.data_ptr()) for p in self.params]  # in-place writes and .data swaps
+
+
+_COPY_OPS = (torch.ops.aten.copy_.default,)
+
+
 class _PerShape:
     """A symbolic-shape graph compiled as one static graph per concrete input shape."""
 
-    def __init__(self, gm, kind, options):
-        self.gm, self.kind, self.options = gm, kind, options
+    def __init__(self, gm, kind, freeze):
+        self.gm, self.kind, self.freeze = gm, kind, freeze
         self.compiled: dict = {}
 
     def __call__(self, *args):
@@ -96,9 +161,12 @@ class _PerShape:
                     for a in args)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self.compiled[key] = _in_clean_thread(
-                lambda: build(_specialize(self.gm, args), self.kind, self.options)
-            )
+            static = _in_clean_thread(lambda: _specialize(self.gm, args))
+            if self.freeze:
+                fn = _FrozenParams(static, self.kind)
+            else:
+                fn = _in_clean_thread(lambda: build(static, self.kind, {}))
+            self.compiled[key] = fn
         return fn(*args)
 
 

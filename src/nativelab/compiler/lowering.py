@@ -3,7 +3,9 @@ through the persistent cache of compiled graphs."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import tempfile
 import time
@@ -12,6 +14,7 @@ import warnings
 import torch
 import torch.fx
 
+from ..device import memory, queue
 from . import cache, metrics
 from .runtime import DeviceGraph
 
@@ -20,17 +23,21 @@ DEVICE = "neuron"
 
 
 def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
-    """Compile (or load from the cache) one device subgraph."""
+    """Compile (or load from the cache) one device subgraph.
+
+    options["freeze"]: the graph's parameters are constants to prepack (Inductor freezing). Inductor cannot
+    serialize frozen graphs, so those are compiled in each process (its kernel cache still helps)."""
+    freeze = bool(options.get("freeze"))
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     examples = [n.meta.get("val") for n in placeholders]
     cpu_gm = _retarget_to_cpu(gm)
     cpu_inputs = [_cpu_example(v) for v in examples]
-    key = _key(cpu_gm, cpu_inputs, options)
+    key = _key(cpu_gm, cpu_inputs, options) if not freeze else "frozen"
     out_specs, aliasing, single = _outputs(gm)
     s = metrics.current()
     t0 = time.perf_counter()
     artifact = None
-    payload = cache.read(key)
+    payload = cache.read(key) if not freeze else None
     if payload is not None:
         try:
             artifact = _load(payload)
@@ -41,19 +48,37 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
             s.cache_corrupt += 1
             artifact = None
     if artifact is None:
-        artifact = torch._inductor.standalone_compile(
-            cpu_gm, cpu_inputs, dynamic_shapes="from_example_inputs", options=dict(options)
-        )
-        s.cache_misses += 1
-        how = "compiled"
-        if artifact.is_saveable():
-            cache.write(key, _save(artifact))
+        with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable(freeze):
+            artifact = torch._inductor.standalone_compile(
+                cpu_gm, cpu_inputs, dynamic_shapes="from_example_inputs",
+                options={"config_patches": {"freezing": freeze}},
+            )
+        if freeze:
+            how = "compiled (frozen weights, not cached)"
+        else:
+            s.cache_misses += 1
+            how = "compiled"
+            if artifact.is_saveable():
+                cache.write(key, _save(artifact))
     seconds = time.perf_counter() - t0
     s.compile_seconds += seconds
     s.partitions += 1
     n_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     metrics.log.info("neuron: %s %s (%d ops, key %s) in %.2fs", how, name, n_ops, key[:12], seconds)
     return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single)
+
+
+@contextlib.contextmanager
+def _quiet_unsaveable(freeze: bool):
+    """Inductor warns that a frozen graph cannot be saved; we know, and say so in our own log line."""
+    logger = logging.getLogger("torch._inductor.standalone_compile")
+    old = logger.level
+    if freeze:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def _retarget_to_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -68,14 +93,15 @@ def _retarget_to_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         new.kwargs = _cpu_args(new.kwargs)
         env[node] = new
     cpu_gm.graph = graph
+    queue.drain()  # constants are read now
     for name, buf in list(cpu_gm.named_buffers()) + list(cpu_gm.named_parameters()):
         if buf.device.type == DEVICE:
-            _set_attr(cpu_gm, name, buf.detach().cpu())
+            _set_attr(cpu_gm, name, memory.host_view(buf.detach()))
     for node in graph.nodes:
         if node.op == "get_attr":
             val = _get_attr(cpu_gm, node.target)
             if isinstance(val, torch.Tensor) and val.device.type == DEVICE:
-                _set_attr(cpu_gm, node.target, val.detach().cpu())
+                _set_attr(cpu_gm, node.target, memory.host_view(val.detach()))
     cpu_gm.recompile()
     return cpu_gm
 
