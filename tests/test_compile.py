@@ -209,3 +209,15 @@ def test_inference_graph_freezes_parameters_and_follows_in_place_updates():
         second = compiled(x)
     torch.testing.assert_close(second.cpu(), model.cpu()(x.cpu()), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(first.cpu(), second.cpu())
+
+
+def test_compiling_while_device_work_is_queued():
+    # Buffers made just before compiling are still queued (zero_) when the compiler reads them as constants;
+    # that drain happens inside the compiler's fake-tensor tracing and must still run real host code.
+    model = nn.Linear(6, 6).to("neuron")
+    model.register_buffer("offset", torch.zeros(6, device="neuron") + 2)
+    f = torch.compile(lambda x: model(x) + model.offset, backend="neuron", options={"freezing": False})
+    x = torch.randn(2, 6)
+    with torch.no_grad():
+        got = f(x.to("neuron"))
+    torch.testing.assert_close(got.cpu(), model.cpu()(x) + 2, rtol=1e-5, atol=1e-5)

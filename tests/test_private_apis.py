@@ -61,3 +61,12 @@ def test_backward_runs_in_the_calling_thread():
     t.start()
     t.join()
     assert seen == [True]  # a per-thread flag: other threads call torch.neuron.set_device first
+
+
+def test_no_python_modes_pops_fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert type(torch.empty(1)).__name__ == "FakeTensor"
+        with _private.no_python_modes():
+            assert type(torch.empty(1)) is torch.Tensor

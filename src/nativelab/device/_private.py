@@ -155,3 +155,10 @@ def patch_storage_constructor(device_type: str, allocate) -> None:
         return c_new(klass, *args, **kwargs)
 
     cls.__new__ = __new__
+
+
+def no_python_modes():
+    """Context that pops every active Python dispatch mode (fake tensors, functionalization) for its body."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+from ._private import no_python_modes as _no_python_modes
+
 # Each entry is (name, fn, args): fn(*args) runs the op on host memory.
 _pending: list[tuple] = []
 _MAX_PENDING = 256  # bounded: a deep queue keeps many buffers alive and runs out of cache (measured 2x slower at 4096)
@@ -44,6 +46,13 @@ def drain() -> None:
     drains += 1
     work = _pending[:]
     _pending.clear()
+    # Queued work is real computation on host memory, whatever mode the code that asked for it is in
+    # (a drain can happen while torch.compile traces with fake tensors).
+    with _no_python_modes():
+        _run_all(work)
+
+
+def _run_all(work: list) -> None:
     for i, (name, fn, args) in enumerate(work):
         try:
             fn(*args)

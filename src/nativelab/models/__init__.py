@@ -1,0 +1,1 @@
+"""Models that run on the device (Lab 2)."""
