@@ -98,7 +98,8 @@ class OpRecord:
         self.npos = sum(1 for a in args if not a.kwarg_only)
         self.kwnames = tuple(a.name for a in args if a.kwarg_only)
         self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
-        native = self.name in NATIVE_OPS or (base in NATIVE_OPS and self.name != base) or base in NATIVE_OPS
+        # An entry without an overload ("aten::mul_") covers every overload of that op.
+        native = self.name in NATIVE_OPS or base in NATIVE_OPS
         if is_view:
             self.route = "view"
         elif native and not op.is_view and schema.returns and all(
@@ -161,35 +162,7 @@ def _call(rec: OpRecord, full: list):
 
 def _device_index(args) -> int:
     """The device all tensor arguments live on; CUDA's rules: CPU tensors only as 0-d scalars."""
-    index = -1
-    cpu_bad = None
-    for a in args:
-        if type(a) is _Tensor or isinstance(a, _Tensor):
-            items = (a,)
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], (_Tensor, type(None))):
-            items = a
-        else:
-            continue
-        for t in items:
-            if t is None:
-                continue
-            d = t.device
-            if d.type == DEVICE:
-                if index < 0:
-                    index = d.index
-                elif d.index != index:
-                    raise RuntimeError(
-                        f"Expected all tensors to be on the same device, but found at least two devices, "
-                        f"{DEVICE}:{index} and {d}!"
-                    )
-            elif t.dim() != 0 and cpu_bad is None:
-                cpu_bad = d
-    if cpu_bad is not None and index >= 0:
-        raise RuntimeError(
-            f"Expected all tensors to be on the same device, but found at least two devices, "
-            f"{DEVICE}:{index} and {cpu_bad}!"
-        )
-    return index
+    return _key_and_index(args)[1]
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
@@ -198,8 +171,8 @@ _scalars: dict = {}
 
 
 def _key_and_index(args) -> tuple[tuple, int]:
-    """One pass over a native op's arguments: the metadata key of the call and the device it runs on
-    (`_device_index` and `_sig` fused, since this runs for every op)."""
+    """One pass over an op's arguments: the metadata key of the call, and the device it runs on (every
+    device tensor on one core; CPU tensors only as 0-d scalars, as on CUDA). Fused because it runs per op."""
     index = -1
     cpu_bad = None
     key = []
