@@ -1,0 +1,143 @@
+"""The kernel interface: the guide's `wrap_nki` + `@nki_op` pattern, for the emulated device.
+
+A *kernel* is a function that computes into output tensors it is given (like an NKI kernel writing to HBM):
+
+    def add_kernel(a, b, out):
+        torch.add(a, b, out=out)
+
+`wrap_kernel(add_kernel)` makes it a launchable kernel: the function is traced once per input signature
+(shapes, strides, dtypes, scalars) and compiled to fused C++ by Inductor, and the compiled code is kept in the
+compiled-graph cache on disk (the guide's NKI trace cache), so a second process loads instead of compiling.
+Launched on device tensors it is queued on the device like any device op and runs on zero-copy host views;
+on CPU tensors it runs at once; on fake tensors (tracing) it does nothing.
+
+`@kernel_op("mylib::add", mutates_args=())` turns a Python function that allocates outputs and launches
+kernels into a PyTorch custom op (`torch.library.custom_op`); its body doubles as the fake implementation, so
+the same call works in eager mode and inside `torch.compile`, where it stays one opaque node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import time
+from collections.abc import Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..compiler import cache, metrics
+from ..compiler.lowering import _load, _save
+from ..device import memory, queue, tracking
+
+DEVICE = memory.DEVICE
+KERNEL_VERSION = "nativelab-kernel 1"
+
+
+class Kernel:
+    """A kernel function compiled per input signature, launchable on device, CPU and fake tensors."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.name = getattr(fn, "__qualname__", repr(fn))
+        self.source = inspect.getsource(fn) if _has_source(fn) else self.name
+        self._compiled: dict = {}
+
+    def __call__(self, *args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if any(isinstance(t, FakeTensor) or t.device.type == "meta" for t in tensors):
+            return None  # tracing: the caller's outputs already have the right metadata
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(f"kernel {self.name}: all tensors must be on one device, got {sorted(map(str, devices))}")
+        key = tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = self._compile(args)
+        if tensors and tensors[0].device.type == DEVICE:
+            hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) else a for a in args]
+            queue.submit(f"kernel:{self.name}", compiled, hargs)
+            tracking.executed[f"kernel:{self.name}"] += 1
+        else:
+            compiled(*args)
+        return None
+
+    def _compile(self, args) -> Callable:
+        """Trace with scalars fixed, compile the graph of the tensor arguments, through the on-disk cache."""
+        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        examples = [torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype) for i in positions]
+
+        def traced(*tensors):
+            full = list(args)
+            for i, t in zip(positions, tensors):
+                full[i] = t
+            self.fn(*full)
+            return tuple(tensors)  # outputs are the (mutated) arguments
+
+        gm = make_fx(traced)(*examples)
+        key = self._key(args)
+        s = metrics.current()
+        t0 = time.perf_counter()
+        payload = cache.read(key)
+        artifact = None
+        if payload is not None:
+            try:
+                artifact = _load(payload)
+                s.cache_hits += 1
+            except Exception:  # noqa: BLE001 - unloadable: compile again
+                s.cache_corrupt += 1
+        if artifact is None:
+            artifact = torch._inductor.standalone_compile(gm, examples, dynamic_shapes="from_example_inputs",
+                                                          options={})
+            s.cache_misses += 1
+            if artifact.is_saveable():
+                cache.write(key, _save(artifact))
+        s.compile_seconds += time.perf_counter() - t0
+        metrics.log.info("kernel %s: ready for %s in %.2fs", self.name,
+                         [tuple(args[i].shape) for i in positions], time.perf_counter() - t0)
+
+        def launch(*launch_args):
+            results = artifact(*[launch_args[i] for i in positions])
+            for i, r in zip(positions, results):  # write back what the kernel wrote
+                if r.data_ptr() != launch_args[i].data_ptr():
+                    launch_args[i].copy_(r)
+
+        return launch
+
+    def _key(self, args) -> str:
+        h = hashlib.sha256()
+        for part in (KERNEL_VERSION, torch.__version__, self.name, self.source):
+            h.update(part.encode())
+        for a in args:
+            h.update(repr((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a).encode())
+        return h.hexdigest()
+
+
+def _has_source(fn) -> bool:
+    try:
+        inspect.getsource(fn)
+        return True
+    except (OSError, TypeError):
+        return False
+
+
+def wrap_kernel(fn: Callable) -> Kernel:
+    """Make `fn(*inputs, *outputs)` a kernel compiled per signature and launchable on the device."""
+    return fn if isinstance(fn, Kernel) else Kernel(fn)
+
+
+def kernel_op(name: str, *, mutates_args=()):
+    """Register the decorated function as the custom op `name`; its body is also its fake implementation."""
+
+    def register(fn: Callable):
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+        op.register_fake(fn)
+        return op
+
+    return register
+
+
+# The guide's names.
+wrap_nki = wrap_kernel
+nki_op = kernel_op

@@ -1,0 +1,12 @@
+"""The kernel library: each file holds a kernel, its custom op and its plain-PyTorch reference."""
+
+from .mlp import mlp, reference_mlp
+from .qkv import qkv, reference_qkv
+from .rmsnorm import reference_rmsnorm, rmsnorm
+from .rope import reference_rope, rope
+from .sample import reference_sample_mask, sample
+
+__all__ = [
+    "rmsnorm", "reference_rmsnorm", "rope", "reference_rope", "mlp", "reference_mlp", "qkv", "reference_qkv",
+    "sample", "reference_sample_mask",
+]

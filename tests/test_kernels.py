@@ -1,0 +1,150 @@
+"""The kernel interface and library, each kernel against its plain-PyTorch reference."""
+
+import os
+
+import pytest
+import torch
+
+import nativelab
+from conftest import run_python
+from nativelab.kernels import ops
+from nativelab.kernels.ops.sample import seed_state
+
+pytestmark = pytest.mark.slow  # kernels compile generated code on first use of each shape
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+
+
+def _on(device, *ts):
+    return [t.to(device) for t in ts]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device", ["neuron", "cpu"])
+def test_rmsnorm(device, dtype):
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 7, 48, dtype=dtype), torch.randn(48, dtype=dtype)
+    got = ops.rmsnorm(*_on(device, x, w), 1e-6)
+    assert got.device.type == device
+    torch.testing.assert_close(got.cpu(), ops.reference_rmsnorm(x, w, 1e-6), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_out_of_place_and_in_place(dtype):
+    torch.manual_seed(0)
+    x, cos, sin = torch.randn(2, 3, 5, 8, dtype=dtype), torch.randn(5, 8, dtype=dtype), torch.randn(5, 8, dtype=dtype)
+    ref = ops.reference_rope(x, cos, sin)
+    xd, cd, sd = _on("neuron", x, cos, sin)
+    torch.testing.assert_close(ops.rope(xd, cd, sd).cpu(), ref, **TOL[dtype])
+    torch.ops.nativelab.rope_(xd, cd, sd)
+    torch.testing.assert_close(xd.cpu(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mlp(dtype, residual):
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, dtype=dtype)
+    g, u, d = (torch.randn(80, 32, dtype=dtype) * 0.2, torch.randn(80, 32, dtype=dtype) * 0.2,
+               torch.randn(32, 80, dtype=dtype) * 0.2)
+    n = torch.randn(32, dtype=dtype)
+    for norm in (None, n):
+        ref = ops.reference_mlp(x, g, u, d, norm, 1e-5, residual)
+        args = _on("neuron", x, g, u, d) + ([norm.to("neuron")] if norm is not None else [None])
+        torch.testing.assert_close(ops.mlp(*args, 1e-5, residual).cpu(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
+def test_qkv(heads):
+    torch.manual_seed(0)
+    h, hkv = heads
+    d, dim, t = 8, 24, 3
+    x, n = torch.randn(2, t, dim), torch.randn(dim)
+    wq, wk, wv = torch.randn(h * d, dim), torch.randn(hkv * d, dim), torch.randn(hkv * d, dim)
+    cos, sin = torch.randn(t, d), torch.randn(t, d)
+    got = ops.qkv(*_on("neuron", x, n, wq, wk, wv, cos, sin), h, hkv)
+    for g, r in zip(got, ops.reference_qkv(x, n, wq, wk, wv, cos, sin, h, hkv)):
+        torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_in_a_compiled_graph_stay_one_node():
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 16), torch.randn(16)
+
+    def f(x, w):
+        return ops.rmsnorm(x * 2, w) + 1
+
+    got = torch.compile(f, backend="neuron")(*_on("neuron", x, w))
+    torch.testing.assert_close(got.cpu(), ops.reference_rmsnorm(x * 2, w) + 1, rtol=1e-5, atol=1e-5)
+    assert nativelab.get_fallback_ops() == []
+
+
+def test_bad_input_is_rejected_before_any_work():
+    x = torch.randn(2, 4, 16).to("neuron")
+    with pytest.raises(ValueError, match=r"weight: dimension 0 must be 16"):
+        ops.rmsnorm(x, torch.ones(8).to("neuron"))
+    with pytest.raises(ValueError, match="dtype must be float32 or bfloat16"):
+        ops.rmsnorm(x.to(torch.int32), torch.ones(16, dtype=torch.int32).to("neuron"))
+    with pytest.raises(ValueError, match="one device"):
+        ops.rmsnorm(x, torch.ones(16))
+    with pytest.raises(ValueError, match="n_heads must be a multiple of n_kv_heads"):
+        ops.qkv(x, torch.ones(16), torch.ones(24, 16), torch.ones(16, 16), torch.ones(16, 16),
+                torch.ones(4, 8), torch.ones(4, 8), 3, 2)
+    with pytest.raises(ValueError, match="top_p"):
+        ops.sample(torch.randn(1, 10).to("neuron"), seed_state(0, "neuron"), 1.0, 0, 1.5)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (20, 1.0), (50, 0.5)])
+def test_sample_stays_in_the_allowed_set_without_fallbacks(top_k, top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 1000) * 3
+    allowed = ops.reference_sample_mask(logits, 0.7, top_k, top_p)
+    state = seed_state(42, "neuron")
+    nativelab.clear_op_tracking()
+    for _ in range(20):
+        tok = ops.sample(logits.to("neuron"), state, 0.7, top_k, top_p).cpu()
+        assert all(allowed[r, t] for r, t in enumerate(tok.tolist()))
+    assert nativelab.get_fallback_ops() == []  # no sort, multinomial or argmax fallback
+    assert state.cpu().tolist() == [42, 20]
+
+
+def test_sample_frequencies_follow_the_distribution_and_seed_reproduces():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    state = seed_state(7, "neuron")
+    draws = torch.stack([ops.sample(logits.to("neuron"), state, 1.0, 0, 1.0) for _ in range(4000)]).cpu()
+    freq = torch.bincount(draws.view(-1), minlength=4).float() / 4000
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), rtol=0, atol=0.03)
+    again = seed_state(7, "neuron")
+    assert torch.equal(torch.stack([ops.sample(logits.to("neuron"), again, 1.0, 0, 1.0) for _ in range(50)]).cpu(),
+                       draws[:50])
+
+
+def test_greedy_sample_is_argmax():
+    logits = torch.randn(2, 50)
+    got = ops.sample(logits.to("neuron"), seed_state(0, "neuron"), 0.0)
+    assert torch.equal(got.cpu(), logits.argmax(-1))
+
+
+def test_kernel_pattern_eager_compiled_and_cache_across_processes():
+    code = (
+        "import torch, nativelab.compiler as c\n"
+        "from nativelab.kernels import wrap_kernel, kernel_op\n"
+        "def scale_kernel(a, out):\n"
+        "    torch.mul(a, 3, out=out)\n"
+        "k = wrap_kernel(scale_kernel)\n"
+        "@kernel_op('kcache_test::scale', mutates_args=())\n"
+        "def scale(a: torch.Tensor) -> torch.Tensor:\n"
+        "    out = torch.empty_like(a); k(a, out); return out\n"
+        "a = torch.arange(6.0).to('neuron')\n"
+        "assert scale(a).cpu().tolist() == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]\n"
+        "s = c.stats(); print(s['cache_hits'], s['cache_misses'])\n"
+    )
+    env = {"NATIVELAB_CACHE_DIR": os.environ["NATIVELAB_CACHE_DIR"]}
+    first, second = run_python(code, env, timeout=300), run_python(code, env, timeout=300)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr[-1500:], second.stderr[-1500:])
+    assert first.stdout.split() == ["0", "1"] and second.stdout.split() == ["1", "0"]
