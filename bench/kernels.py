@@ -1,0 +1,86 @@
+"""Each library kernel against the unfused plain-PyTorch reference, on the device, measured in one run.
+
+    python bench/kernels.py [--dtype bfloat16] [--iters 50]
+
+Shapes are the guide's `small` Llama at decode (batch 1, one token; hidden 512, 8 heads of 64, MLP 2048,
+vocabulary 32000). Eager reference = the reference implementation run op by op on the device; compiled
+reference = the same through torch.compile(backend="neuron"). Targets: mlp and qkv >= 1.5x the unfused eager
+reference; sample top-p >= 5x the sort + multinomial path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import nativelab  # noqa: F401
+from nativelab.kernels import ops
+from nativelab.kernels.ops.sample import seed_state
+
+
+def timed(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.neuron.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.neuron.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def sort_multinomial_top_p(logits, temperature=0.8, top_p=0.9):
+    """The usual top-p sampler (what the base tier does): sort + cumsum + multinomial."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    cum = torch.cumsum(sorted_p, dim=-1)
+    sorted_p = sorted_p.masked_fill(cum - sorted_p > top_p, 0.0)
+    choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1)
+    return order.gather(-1, choice)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    dt = getattr(torch, args.dtype)
+    d = "neuron"
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 512, dtype=dt).to(d)
+    nw = torch.ones(512, dtype=dt).to(d)
+    g, u, dn = [(torch.randn(*s, dtype=dt) * 0.02).to(d) for s in ((2048, 512), (2048, 512), (512, 2048))]
+    wq, wk, wv = [(torch.randn(512, 512, dtype=dt) * 0.02).to(d) for _ in range(3)]
+    cos, sin = torch.randn(1, 64, dtype=dt).to(d), torch.randn(1, 64, dtype=dt).to(d)
+    logits = torch.randn(1, 32000).to(d)
+    state = seed_state(0, d)
+
+    cases = {
+        "rmsnorm": (lambda: ops.rmsnorm(x, nw), lambda: ops.reference_rmsnorm(x, nw)),
+        "mlp (norm+SwiGLU+residual)": (lambda: ops.mlp(x, g, u, dn, nw, 1e-5, True),
+                                       lambda: ops.reference_mlp(x, g, u, dn, nw, 1e-5, True)),
+        "qkv (norm+proj+rope)": (lambda: ops.qkv(x, nw, wq, wk, wv, cos, sin, 8, 8),
+                                 lambda: ops.reference_qkv(x, nw, wq, wk, wv, cos, sin, 8, 8)),
+        "sample top-p 0.9 (V=32000)": (lambda: ops.sample(logits, state, 0.8, 0, 0.9),
+                                       lambda: sort_multinomial_top_p(logits)),
+    }
+    print(f"torch {torch.__version__}, {args.dtype}, {torch.get_num_threads()} threads, medians of {args.repeats}")
+    print(f"  {'kernel':<28} {'kernel us':>10} {'ref eager us':>13} {'ref compiled us':>16} {'vs eager':>9}")
+    for name, (kern, ref) in cases.items():
+        ref_c = torch.compile(ref, backend="neuron")
+        with torch.inference_mode():
+            ks, es, cs = [], [], []
+            for _ in range(args.repeats):
+                ks.append(timed(kern, args.iters))
+                es.append(timed(ref, args.iters))
+                cs.append(timed(ref_c, args.iters))
+        k, e, c = statistics.median(ks), statistics.median(es), statistics.median(cs)
+        print(f"  {name:<28} {k:>10.1f} {e:>13.1f} {c:>16.1f} {e / k:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
