@@ -148,3 +148,85 @@ def test_kernel_pattern_eager_compiled_and_cache_across_processes():
     first, second = run_python(code, env, timeout=300), run_python(code, env, timeout=300)
     assert first.returncode == 0 and second.returncode == 0, (first.stderr[-1500:], second.stderr[-1500:])
     assert first.stdout.split() == ["0", "1"] and second.stdout.split() == ["1", "0"]
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
+def test_attention_cte_matches_reference_and_sdpa(heads):
+    torch.manual_seed(0)
+    h, hkv = heads
+    q, k, v = torch.randn(2, h, 6, 8), torch.randn(2, hkv, 6, 8), torch.randn(2, hkv, 6, 8)
+    got = ops.attention_cte(*_on("neuron", q, k, v)).cpu()
+    torch.testing.assert_close(got, ops.reference_attention_cte(q, k, v), rtol=1e-5, atol=1e-5)
+    rep = h // hkv
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
+    torch.testing.assert_close(got, sdpa, rtol=1e-4, atol=1e-5)  # an independent reference
+
+
+def test_attention_tkg_writes_the_cache_in_place_and_masks_unfilled_positions():
+    torch.manual_seed(0)
+    kc, vc = torch.zeros(1, 2, 10, 8), torch.zeros(1, 2, 10, 8)
+    kcd, vcd = kc.to("neuron"), vc.to("neuron")
+    for step in range(3):
+        q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+        pos = torch.tensor([step])
+        ref = ops.reference_attention_tkg(q, k, v, kc, vc, pos)
+        got = ops.attention_tkg(*_on("neuron", q, k, v), kcd, vcd, pos.to("neuron"))
+        torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kcd.cpu(), kc)
+    assert kcd.cpu()[:, :, 3:].abs().sum() == 0  # nothing written past the filled positions
+    # garbage beyond the filled positions must not change the result
+    vcd[:, :, 5:] = 1e4
+    got2 = ops.attention_tkg(*_on("neuron", q, k, v), kcd, vcd, torch.tensor([2]).to("neuron"))
+    torch.testing.assert_close(got2.cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_tkg_matches_the_llama_model_over_several_steps():
+    from nativelab.models.llama import Llama
+
+    torch.manual_seed(0)
+    ref = Llama.from_size("tiny")
+    ref.setup_cache()
+    dev = Llama.from_size("tiny")
+    dev.load_state_dict(ref.state_dict())
+    dev.to("neuron")
+    dev.setup_cache()
+    L = dev.layers
+    per_layer = lambda f: [f(layer) for layer in L]  # noqa: E731
+    for step, token in enumerate([5, 17, 3]):
+        tok, pos = torch.tensor([[token]]), torch.tensor([step])
+        expected = ref(tok, pos)
+        pd = pos.to("neuron")
+        got = ops.transformer_tkg(
+            dev.embed_tokens(tok.to("neuron")), pd, dev.rope_cos[pd], dev.rope_sin[pd],
+            per_layer(lambda x: x.input_layernorm.weight), per_layer(lambda x: x.self_attn.q_proj.weight),
+            per_layer(lambda x: x.self_attn.k_proj.weight), per_layer(lambda x: x.self_attn.v_proj.weight),
+            per_layer(lambda x: x.self_attn.o_proj.weight), per_layer(lambda x: x.post_attention_layernorm.weight),
+            per_layer(lambda x: x.mlp.gate_proj.weight), per_layer(lambda x: x.mlp.up_proj.weight),
+            per_layer(lambda x: x.mlp.down_proj.weight), per_layer(lambda x: x.self_attn.k_cache),
+            per_layer(lambda x: x.self_attn.v_cache), dev.norm.weight, dev.lm_head.weight,
+            dev.cfg.n_heads, dev.cfg.n_kv_heads, dev.cfg.norm_eps,
+        )
+        torch.testing.assert_close(got.cpu(), expected.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(L[1].self_attn.v_cache.cpu(), ref.layers[1].self_attn.v_cache, rtol=1e-5, atol=1e-5)
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover - hypothesis is in the test extras
+    given = None
+
+if given is not None:
+
+    @settings(max_examples=5, deadline=None)
+    @given(rows=st.integers(1, 4), cols=st.sampled_from([2, 6, 16, 30]), half=st.sampled_from([1, 2, 4]))
+    def test_rmsnorm_and_rope_any_shape(rows, cols, half):
+        torch.manual_seed(rows * 100 + cols)
+        x, w = torch.randn(rows, cols), torch.randn(cols)
+        torch.testing.assert_close(ops.rmsnorm(*_on("neuron", x, w)).cpu(), ops.reference_rmsnorm(x, w),
+                                   rtol=1e-4, atol=1e-5)
+        d = 2 * half
+        xr, cos, sin = torch.randn(1, rows, cols, d), torch.randn(cols, d), torch.randn(cols, d)
+        torch.testing.assert_close(ops.rope(*_on("neuron", xr, cos, sin)).cpu(), ops.reference_rope(xr, cos, sin),
+                                   rtol=1e-5, atol=1e-5)

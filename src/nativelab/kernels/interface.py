@@ -45,38 +45,33 @@ class Kernel:
         self._compiled: dict = {}
 
     def __call__(self, *args):
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors, spec = _flatten(args)
         if any(isinstance(t, FakeTensor) or t.device.type == "meta" for t in tensors):
             return None  # tracing: the caller's outputs already have the right metadata
         devices = {t.device for t in tensors}
         if len(devices) > 1:
             raise ValueError(f"kernel {self.name}: all tensors must be on one device, got {sorted(map(str, devices))}")
-        key = tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        key = (tuple((tuple(t.shape), t.stride(), t.dtype) for t in tensors), tuple(map(_spec_key, spec)))
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[key] = self._compile(args)
+            compiled = self._compiled[key] = self._compile(tensors, spec)
         if tensors and tensors[0].device.type == DEVICE:
-            hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) else a for a in args]
-            queue.submit(f"kernel:{self.name}", compiled, hargs)
+            queue.submit(f"kernel:{self.name}", compiled, [memory.host_view(t) for t in tensors])
             tracking.executed[f"kernel:{self.name}"] += 1
         else:
-            compiled(*args)
+            compiled(*tensors)
         return None
 
-    def _compile(self, args) -> Callable:
+    def _compile(self, tensors, spec) -> Callable:
         """Trace with scalars fixed, compile the graph of the tensor arguments, through the on-disk cache."""
-        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        examples = [torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype) for i in positions]
+        examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in tensors]
 
-        def traced(*tensors):
-            full = list(args)
-            for i, t in zip(positions, tensors):
-                full[i] = t
-            self.fn(*full)
-            return tuple(tensors)  # outputs are the (mutated) arguments
+        def traced(*ts):
+            self.fn(*_rebuild(spec, ts))
+            return tuple(ts)  # outputs are the (mutated) arguments
 
-        gm = make_fx(traced)(*examples)
-        key = self._key(args)
+        gm = make_fx(traced, tracing_mode="fake")(*examples)  # fake: no real work on uninitialised inputs
+        key = self._key(examples, spec)
         s = metrics.current()
         t0 = time.perf_counter()
         payload = cache.read(key)
@@ -94,24 +89,54 @@ class Kernel:
             if artifact.is_saveable():
                 cache.write(key, _save(artifact))
         s.compile_seconds += time.perf_counter() - t0
-        metrics.log.info("kernel %s: ready for %s in %.2fs", self.name,
-                         [tuple(args[i].shape) for i in positions], time.perf_counter() - t0)
+        metrics.log.info("kernel %s: ready for %s in %.2fs", self.name, [tuple(t.shape) for t in tensors],
+                         time.perf_counter() - t0)
 
-        def launch(*launch_args):
-            results = artifact(*[launch_args[i] for i in positions])
-            for i, r in zip(positions, results):  # write back what the kernel wrote
-                if r.data_ptr() != launch_args[i].data_ptr():
-                    launch_args[i].copy_(r)
+        def launch(*ts):
+            for t, r in zip(ts, artifact(*ts)):  # write back what the kernel wrote
+                if r.data_ptr() != t.data_ptr():
+                    t.copy_(r)
 
         return launch
 
-    def _key(self, args) -> str:
+    def _key(self, examples, spec) -> str:
         h = hashlib.sha256()
         for part in (KERNEL_VERSION, torch.__version__, self.name, self.source):
             h.update(part.encode())
-        for a in args:
-            h.update(repr((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a).encode())
+        h.update(repr([(tuple(t.shape), t.stride(), t.dtype) for t in examples]).encode())
+        h.update(repr([_spec_key(x) for x in spec]).encode())
         return h.hexdigest()
+
+
+def _flatten(args):
+    """Tensors (also inside lists) in order, and a spec to rebuild the arguments from them."""
+    tensors, spec = [], []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            spec.append(("t", len(tensors)))
+            tensors.append(a)
+        elif isinstance(a, (list, tuple)) and a and all(isinstance(x, torch.Tensor) for x in a):
+            spec.append(("l", len(tensors), len(a)))
+            tensors.extend(a)
+        else:
+            spec.append(("v", a))
+    return tensors, spec
+
+
+def _rebuild(spec, tensors):
+    out = []
+    for s in spec:
+        if s[0] == "t":
+            out.append(tensors[s[1]])
+        elif s[0] == "l":
+            out.append(list(tensors[s[1]:s[1] + s[2]]))
+        else:
+            out.append(s[1])
+    return out
+
+
+def _spec_key(s):
+    return s if s[0] != "v" else ("v", repr(s[1]))
 
 
 def _has_source(fn) -> bool:

@@ -1,0 +1,61 @@
+"""`transformer_tkg`: one decode step through every layer in one kernel (the guide's mega-kernel).
+
+Per layer: RMSNorm + QKV + RoPE, the cache write and attention over the cache, output projection + residual,
+RMSNorm + SwiGLU + residual; then the final norm and the LM head. The whole step is one traced function, so
+the generated code keeps intermediates out of device memory between the pieces."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..interface import kernel_op, wrap_kernel
+from ._checks import check_float, check_rank
+from .attention import reference_attention_tkg
+from .mlp import reference_mlp
+from .qkv import reference_qkv
+from .rmsnorm import reference_rmsnorm
+
+
+def reference_transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
+                              k_caches, v_caches, final_norm, lm_head, n_heads: int, n_kv_heads: int,
+                              eps: float = 1e-5):
+    """x (B, T, dim) at positions pos (T,) -> logits (B, T, vocab); cos / sin are (T, head_dim) rows."""
+    b, t, _ = x.shape
+    for i in range(len(wqs)):
+        q, k, v = reference_qkv(x, input_norms[i], wqs[i], wks[i], wvs[i], cos, sin, n_heads, n_kv_heads, eps)
+        att = reference_attention_tkg(q, k, v, k_caches[i], v_caches[i], pos)
+        x = x + F.linear(att.transpose(1, 2).reshape(b, t, -1), wos[i])
+        x = reference_mlp(x, gates[i], ups[i], downs[i], post_norms[i], eps, residual=True)
+    return F.linear(reference_rmsnorm(x, final_norm, eps), lm_head)
+
+
+@wrap_kernel
+def transformer_tkg_kernel(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
+                           k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out):
+    out.copy_(reference_transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates,
+                                        ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
+                                        n_kv_heads, eps))
+
+
+@kernel_op("nativelab::transformer_tkg", mutates_args=("k_caches", "v_caches"))
+def transformer_tkg(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    input_norms: list[torch.Tensor], wqs: list[torch.Tensor], wks: list[torch.Tensor],
+                    wvs: list[torch.Tensor], wos: list[torch.Tensor], post_norms: list[torch.Tensor],
+                    gates: list[torch.Tensor], ups: list[torch.Tensor], downs: list[torch.Tensor],
+                    k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], final_norm: torch.Tensor,
+                    lm_head: torch.Tensor, n_heads: int, n_kv_heads: int, eps: float = 1e-5) -> torch.Tensor:
+    check_rank("x", x, 3)
+    check_float("x", x)
+    n = len(wqs)
+    lists = dict(input_norms=input_norms, wks=wks, wvs=wvs, wos=wos, post_norms=post_norms, gates=gates,
+                 ups=ups, downs=downs, k_caches=k_caches, v_caches=v_caches)
+    for name, lst in lists.items():
+        if len(lst) != n:
+            raise ValueError(f"{name}: expected one tensor per layer ({n}), got {len(lst)}")
+    if lm_head.dim() != 2 or lm_head.shape[1] != x.shape[2]:
+        raise ValueError(f"lm_head: expected [vocab, {x.shape[2]}], got {tuple(lm_head.shape)}")
+    out = torch.empty(x.shape[0], x.shape[1], lm_head.shape[0], dtype=x.dtype, device=x.device)
+    transformer_tkg_kernel(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
+                           k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out)
+    return out
