@@ -230,3 +230,56 @@ if given is not None:
         xr, cos, sin = torch.randn(1, rows, cols, d), torch.randn(cols, d), torch.randn(cols, d)
         torch.testing.assert_close(ops.rope(*_on("neuron", xr, cos, sin)).cpu(), ops.reference_rope(xr, cos, sin),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", ["neuron", "cpu"])
+def test_cross_entropy_loss_and_gradients_with_int32_labels_and_ignore_index(device):
+    torch.manual_seed(0)
+    logits = torch.randn(8, 40, requires_grad=True)
+    target = torch.randint(0, 40, (8,))
+    target[3] = -100
+    ref = ops.reference_cross_entropy(logits, target)
+    ref.backward()
+    d = logits.detach().to(device).requires_grad_()
+    loss = ops.cross_entropy(d, target.to(torch.int32).to(device))
+    loss.backward()
+    torch.testing.assert_close(loss.cpu(), ref.detach())
+    torch.testing.assert_close(d.grad.cpu(), logits.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_cross_entropy_matches_lm_head_plus_loss(dtype):
+    torch.manual_seed(0)
+    h = torch.randn(6, 16, dtype=dtype, requires_grad=True)
+    w = (torch.randn(50, 16, dtype=dtype) * 0.3).requires_grad_()
+    target = torch.randint(0, 50, (6,))
+    ref = ops.reference_linear_cross_entropy(h, w, target)
+    ref.backward()
+    hd, wd = h.detach().to("neuron").requires_grad_(), w.detach().to("neuron").requires_grad_()
+    loss = ops.linear_cross_entropy(hd, wd, target.to("neuron"))
+    loss.backward()
+    torch.testing.assert_close(loss.cpu(), ref.detach().float(), **TOL[dtype])
+    torch.testing.assert_close(hd.grad.cpu(), h.grad, **TOL[dtype])
+    torch.testing.assert_close(wd.grad.cpu(), w.grad, **TOL[dtype])
+
+
+def test_training_step_with_linear_cross_entropy_compiled():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(30, 16).to("neuron")
+    head = torch.nn.Linear(16, 30, bias=False).to("neuron")
+    opt = torch.optim.SGD(list(emb.parameters()) + list(head.parameters()), lr=0.5)
+    tokens = torch.randint(0, 30, (12,)).to(torch.int32).to("neuron")
+    labels = torch.roll(tokens, 1)
+
+    @torch.compile(backend="neuron")
+    def loss_fn(tokens, labels):
+        return ops.linear_cross_entropy(emb(tokens), head.weight, labels)
+
+    losses = []
+    for _ in range(5):
+        loss = loss_fn(tokens, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] * 0.9, losses

@@ -1,6 +1,12 @@
 """The kernel library: each file holds a kernel, its custom op and its plain-PyTorch reference."""
 
 from .attention import attention_cte, attention_tkg, reference_attention_cte, reference_attention_tkg
+from .cross_entropy import (
+    cross_entropy,
+    linear_cross_entropy,
+    reference_cross_entropy,
+    reference_linear_cross_entropy,
+)
 from .mlp import mlp, reference_mlp
 from .qkv import qkv, reference_qkv
 from .rmsnorm import reference_rmsnorm, rmsnorm
@@ -11,5 +17,6 @@ from .transformer import reference_transformer_tkg, transformer_tkg
 __all__ = [
     "rmsnorm", "reference_rmsnorm", "rope", "reference_rope", "mlp", "reference_mlp", "qkv", "reference_qkv",
     "sample", "reference_sample_mask", "attention_cte", "reference_attention_cte", "attention_tkg",
-    "reference_attention_tkg", "transformer_tkg", "reference_transformer_tkg",
+    "reference_attention_tkg", "transformer_tkg", "reference_transformer_tkg", "cross_entropy",
+    "reference_cross_entropy", "linear_cross_entropy", "reference_linear_cross_entropy",
 ]
