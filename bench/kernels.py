@@ -5,7 +5,8 @@
 Shapes are the guide's `small` Llama at decode (batch 1, one token; hidden 512, 8 heads of 64, MLP 2048,
 vocabulary 32000). Eager reference = the reference implementation run op by op on the device; compiled
 reference = the same through torch.compile(backend="neuron"). Targets: mlp and qkv >= 1.5x the unfused eager
-reference; sample top-p >= 5x the sort + multinomial path.
+reference; transformer_tkg (a whole decode step) >= 2x the unfused eager layers; sample top-p >= 5x the
+sort + multinomial path.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import nativelab  # noqa: F401
 from nativelab.kernels import ops
 from nativelab.kernels.ops.sample import seed_state
+from nativelab.models.llama import Llama
 
 
 def timed(fn, iters: int) -> float:
@@ -58,6 +60,21 @@ def main() -> None:
     cos, sin = torch.randn(1, 64, dtype=dt).to(d), torch.randn(1, 64, dtype=dt).to(d)
     logits = torch.randn(1, 32000).to(d)
     state = seed_state(0, d)
+    model = Llama.from_size("small").to(dt).eval().to(d)
+    model.setup_cache()
+    L = model.layers
+    pos = torch.tensor([5]).to(d)
+    h = model.embed_tokens(torch.tensor([[7]], dtype=torch.int32).to(d))
+    tkg_args = (
+        h, pos, model.rope_cos[pos].to(dt), model.rope_sin[pos].to(dt),
+        [x.input_layernorm.weight for x in L], [x.self_attn.q_proj.weight for x in L],
+        [x.self_attn.k_proj.weight for x in L], [x.self_attn.v_proj.weight for x in L],
+        [x.self_attn.o_proj.weight for x in L], [x.post_attention_layernorm.weight for x in L],
+        [x.mlp.gate_proj.weight for x in L], [x.mlp.up_proj.weight for x in L], [x.mlp.down_proj.weight for x in L],
+        [x.self_attn.k_cache for x in L], [x.self_attn.v_cache for x in L], model.norm.weight, model.lm_head.weight,
+        8, 8, 1e-5,
+    )
+    hs, labels = (torch.randn(64, 512, dtype=dt) * 0.1).to(d), torch.randint(0, 32000, (64,)).to(torch.int32).to(d)
 
     cases = {
         "rmsnorm": (lambda: ops.rmsnorm(x, nw), lambda: ops.reference_rmsnorm(x, nw)),
@@ -67,6 +84,11 @@ def main() -> None:
                                  lambda: ops.reference_qkv(x, nw, wq, wk, wv, cos, sin, 8, 8)),
         "sample top-p 0.9 (V=32000)": (lambda: ops.sample(logits, state, 0.8, 0, 0.9),
                                        lambda: sort_multinomial_top_p(logits)),
+        "transformer_tkg (6 layers)": (lambda: ops.transformer_tkg(*tkg_args),
+                                       lambda: ops.reference_transformer_tkg(*tkg_args)),
+        "linear_cross_entropy 64x32000": (lambda: ops.linear_cross_entropy(hs, model.lm_head.weight, labels),
+                                          lambda: ops.reference_linear_cross_entropy(hs, model.lm_head.weight,
+                                                                                      labels)),
     }
     print(f"torch {torch.__version__}, {args.dtype}, {torch.get_num_threads()} threads, medians of {args.repeats}")
     print(f"  {'kernel':<28} {'kernel us':>10} {'ref eager us':>13} {'ref compiled us':>16} {'vs eager':>9}")
