@@ -36,10 +36,14 @@ KERNEL_VERSION = "nativelab-kernel 1"
 
 
 class Kernel:
-    """A kernel function compiled per input signature, launchable on device, CPU and fake tensors."""
+    """A kernel function compiled per input signature, launchable on device, CPU and fake tensors.
 
-    def __init__(self, fn: Callable):
+    `targets` maps other device types to their own implementation of the same signature (`{"cuda": f}`:
+    a Triton launcher, say); the traced-and-compiled path serves the emulated device and the CPU."""
+
+    def __init__(self, fn: Callable, targets: dict[str, Callable] | None = None):
         self.fn = fn
+        self.targets = dict(targets or {})
         self.name = getattr(fn, "__qualname__", repr(fn))
         self.source = inspect.getsource(fn) if _has_source(fn) else self.name
         self._compiled: dict = {}
@@ -51,6 +55,13 @@ class Kernel:
         devices = {t.device for t in tensors}
         if len(devices) > 1:
             raise ValueError(f"kernel {self.name}: all tensors must be on one device, got {sorted(map(str, devices))}")
+        kind = next(iter(devices)).type if devices else "cpu"
+        if kind not in (DEVICE, "cpu"):
+            impl = self.targets.get(kind)
+            if impl is None:
+                raise NotImplementedError(f"kernel {self.name} has no implementation for {kind} tensors "
+                                          f"(it has: {', '.join([DEVICE, 'cpu', *self.targets])})")
+            return impl(*args)
         key = (tuple((tuple(t.shape), t.stride(), t.dtype) for t in tensors), tuple(map(_spec_key, spec)))
         compiled = self._compiled.get(key)
         if compiled is None:
@@ -147,9 +158,10 @@ def _has_source(fn) -> bool:
         return False
 
 
-def wrap_kernel(fn: Callable) -> Kernel:
-    """Make `fn(*inputs, *outputs)` a kernel compiled per signature and launchable on the device."""
-    return fn if isinstance(fn, Kernel) else Kernel(fn)
+def wrap_kernel(fn: Callable, targets: dict[str, Callable] | None = None) -> Kernel:
+    """Make `fn(*inputs, *outputs)` a kernel compiled per signature and launchable on the device;
+    `targets` adds implementations for other device types (e.g. {"cuda": triton_launcher})."""
+    return fn if isinstance(fn, Kernel) else Kernel(fn, targets)
 
 
 def kernel_op(name: str, *, mutates_args=()):
