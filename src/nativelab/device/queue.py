@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from ._private import no_python_modes as _no_python_modes
 
 # Each entry is (name, fn, args): fn(*args) runs the op on host memory.
@@ -46,9 +48,11 @@ def drain() -> None:
     drains += 1
     work = _pending[:]
     _pending.clear()
-    # Queued work is real computation on host memory, whatever mode the code that asked for it is in
-    # (a drain can happen while torch.compile traces with fake tensors).
-    with _no_python_modes():
+    # Queued work is real computation on host memory, whatever mode the code that asked for it is in: a drain
+    # can happen while torch.compile traces with fake tensors, or outside the inference_mode() block that
+    # queued the work (host views made there are inference tensors; writing them needs inference mode, and
+    # nothing here is ever differentiated).
+    with _no_python_modes(), torch.inference_mode():
         _run_all(work)
 
 

@@ -1,5 +1,6 @@
 """Llama with a static KV cache (gpt-fast style): one readable definition."""
 
-from .model import SIZES, Llama, LlamaConfig
+from .generate import Generator, Sampling
+from .model import SIZES, TIERS, Llama, LlamaConfig
 
-__all__ = ["Llama", "LlamaConfig", "SIZES"]
+__all__ = ["Llama", "LlamaConfig", "SIZES", "TIERS", "Generator", "Sampling"]

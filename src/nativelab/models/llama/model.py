@@ -3,6 +3,11 @@ SwiGLU MLP, tied embeddings. Weight names follow Hugging Face's Llama, so real c
 
 Static shapes throughout: the KV cache is allocated once at `max_seq_len`; a step takes the tokens and their
 positions and attends over the whole cache with a causal mask, so every decode step has the same shapes.
+
+Three tiers run the same weights (Lab 2), chosen with `model.tier`:
+- `base`: plain PyTorch, as written below;
+- `core`: QKV + RoPE, attention and the MLP through the kernel library (`nativelab.kernels.ops`);
+- `experimental`: like core for the prompt, then one `transformer_tkg` call per generated token.
 """
 
 from __future__ import annotations
@@ -12,6 +17,10 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ...kernels import ops as K
+
+TIERS = ("base", "core", "experimental")
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
+        self.eps = cfg.norm_eps
         self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
@@ -117,11 +127,28 @@ class Block(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), input_pos, cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_core(self, x, input_pos, cos, sin, prefill: bool):
+        """The same layer through the kernel library: fused norm+QKV+RoPE, attention, fused norm+MLP+residual."""
+        a, m = self.self_attn, self.mlp
+        b, t, _ = x.shape
+        q, k, v = K.qkv(x, self.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, cos, sin,
+                        a.n_heads, a.n_kv_heads, self.eps)
+        if prefill:  # context encoding: causal attention over the prompt, then the cache write
+            out = K.attention_cte(q, k, v)
+            a.k_cache.index_copy_(2, input_pos, k)
+            a.v_cache.index_copy_(2, input_pos, v)
+        else:  # token generation: write the cache and attend over it in one kernel
+            out = K.attention_tkg(q, k, v, a.k_cache, a.v_cache, input_pos)
+        x = x + a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return K.mlp(x, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight, self.post_attention_layernorm.weight,
+                     self.eps, True)
+
 
 class Llama(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, tier: str = "base"):
         super().__init__()
         self.cfg = cfg
+        self.tier = tier
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
@@ -134,11 +161,33 @@ class Llama(nn.Module):
         causal = torch.tril(torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool))
         self.register_buffer("causal_mask", causal, persistent=False)
 
+    @property
+    def tier(self) -> str:
+        return self._tier
+
+    @tier.setter
+    def tier(self, tier: str) -> None:
+        if tier not in TIERS:
+            raise ValueError(f"unknown model tier {tier!r}; choose from {', '.join(TIERS)}")
+        self._tier = tier
+
     @classmethod
-    def from_size(cls, size: str, **overrides) -> "Llama":
+    def from_size(cls, size: str, tier: str = "base", **overrides) -> "Llama":
         if size not in SIZES:
             raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
-        return cls(replace(SIZES[size], **overrides))
+        return cls(replace(SIZES[size], **overrides), tier)
+
+    @classmethod
+    def random(cls, size: str, tier: str = "base", seed: int = 0) -> "Llama":
+        """Random weights from a fixed seed, scaled so that even a tiny model produces varied tokens."""
+        model = cls.from_size(size, tier)
+        gen = torch.Generator().manual_seed(seed)
+        std = 2.4 * model.cfg.dim**-0.5
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 1.0 if name == "embed_tokens.weight" else std, generator=gen)
+        return model
 
     def setup_cache(self, batch_size: int = 1) -> None:
         """Allocate the static KV cache (on the model's device, in its dtype), zeroed."""
@@ -149,15 +198,36 @@ class Llama(nn.Module):
             layer.self_attn.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) at positions input_pos (T,) -> logits (B, T, vocab)."""
+        """tokens (B, T) at positions input_pos (T,) -> logits (B, T, vocab). A call with T > 1 is a prefill
+        that starts the sequence at input_pos[0]; T == 1 is a decode step."""
         if self.layers[0].self_attn.k_cache is None:
             raise RuntimeError("call setup_cache() before running the model")
-        mask = self.causal_mask[input_pos].view(1, 1, tokens.shape[1], -1)
-        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
+        prefill = tokens.shape[1] > 1
+        dtype = self.embed_tokens.weight.dtype
+        cos, sin = self.rope_cos[input_pos].to(dtype), self.rope_sin[input_pos].to(dtype)
         x = self.embed_tokens(tokens)
-        for layer in self.layers:
-            x = layer(x, input_pos, cos, sin, mask)
+        if self.tier == "experimental" and not prefill:
+            return K.transformer_tkg(x, input_pos, cos, sin, *self._layer_weights(), self.norm.weight,
+                                     self.lm_head.weight, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.norm_eps)
+        if self.tier == "base":
+            mask = self.causal_mask[input_pos].view(1, 1, tokens.shape[1], -1)
+            for layer in self.layers:
+                x = layer(x, input_pos, cos, sin, mask)
+        else:
+            for layer in self.layers:
+                x = layer.forward_core(x, input_pos, cos, sin, prefill)
         return self.lm_head(self.norm(x))
+
+    def _layer_weights(self) -> list[list[torch.Tensor]]:
+        """Per-layer weight lists in transformer_tkg's order (and the caches it writes)."""
+        L = self.layers
+        return [
+            [x.input_layernorm.weight for x in L], [x.self_attn.q_proj.weight for x in L],
+            [x.self_attn.k_proj.weight for x in L], [x.self_attn.v_proj.weight for x in L],
+            [x.self_attn.o_proj.weight for x in L], [x.post_attention_layernorm.weight for x in L],
+            [x.mlp.gate_proj.weight for x in L], [x.mlp.up_proj.weight for x in L],
+            [x.mlp.down_proj.weight for x in L], [x.self_attn.k_cache for x in L], [x.self_attn.v_cache for x in L],
+        ]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
