@@ -1,0 +1,1 @@
+"""Applications on top of the stack: the `nativelab` command line."""

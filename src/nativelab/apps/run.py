@@ -1,0 +1,137 @@
+"""`nativelab run`: the guide's Lab 2 benchmark (`python run.py --model base --compile --greedy`).
+
+Builds the Llama in the chosen tier(s) on one set of weights, optionally compiles the decode and prefill steps
+with `torch.compile(backend="neuron")`, warms up, then times the generation of `--tokens` tokens between
+`synchronize()` fences and prints the guide's report, the CPU fallback ops, and with `--model all` a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import nativelab
+from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling
+
+DESCRIPTIONS = {
+    "base": "Baseline (pure PyTorch ops, RoPE, static KV cache)",
+    "core": "NKI core (CTE prefill + TKG decode, static KV cache)",
+    "experimental": "NKI experimental (CTE prefill + megakernel decode, static KV cache)",
+}
+DEFAULT_PROMPT = [1, 15043, 29892, 590, 1024, 338]  # a fixed prompt for random-weight models
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="nativelab run", description="The Lab 2 Llama benchmark.")
+    ap.add_argument("--model", default="base", choices=[*TIERS, "all"])
+    ap.add_argument("--compile", action="store_true", help='torch.compile(backend="neuron") the model steps')
+    ap.add_argument("--greedy", action="store_true", help="greedy decoding (default: top-p sampling)")
+    ap.add_argument("--size", default="small", choices=sorted(SIZES))
+    ap.add_argument("--tokens", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs; the median is reported")
+    ap.add_argument("--device", default="neuron", choices=["neuron", "cpu"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--prompt", default=None, help="comma-separated token ids")
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-p", type=float, default=0.9)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    if args.tokens < 1:
+        ap.error("--tokens must be at least 1")
+    if args.repeat < 1 or args.warmup < 0:
+        ap.error("--repeat must be >= 1 and --warmup >= 0")
+    return args
+
+
+def prompt_ids(args, vocab: int) -> list[int]:
+    if args.prompt is None:
+        return [t % vocab for t in DEFAULT_PROMPT]
+    try:
+        ids = [int(t) for t in args.prompt.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"--prompt: expected comma-separated token ids, got {args.prompt!r}") from None
+    return ids
+
+
+def sync(device: str) -> None:
+    if device == "neuron":
+        torch.neuron.synchronize()
+
+
+def run_tier(tier: str, args, weights: dict) -> dict:
+    dtype = getattr(torch, args.dtype)
+    model = Llama.from_size(args.size, tier)
+    model.load_state_dict(weights)
+    model = model.to(dtype).eval().to(args.device)
+    model.setup_cache()
+    sampling = Sampling(greedy=args.greedy, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    gen = Generator(model, sampling)
+    if args.compile:
+        gen.compile()
+    prompt = prompt_ids(args, model.cfg.vocab_size)
+    print(f"Model   : {tier} — {DESCRIPTIONS[tier]}")
+    print(f"Size    : {args.size}")
+    print(f"Compile : {args.compile}")
+    print(f"Tokens  : {args.tokens}")
+    n = model.num_parameters()
+    print(f"\nParams  : {n:,}  ({n * dtype.itemsize / 2**20:.1f} MB {args.dtype})\n")
+    print("Warmup...", flush=True)
+    for _ in range(args.warmup):
+        gen.generate(prompt, args.tokens)
+    nativelab.clear_op_tracking()
+    print("Timing...", flush=True)
+    times, tokens = [], []
+    for _ in range(args.repeat):
+        sync(args.device)  # fence
+        t0 = time.perf_counter()
+        tokens = gen.generate(prompt, args.tokens)
+        sync(args.device)  # wait for completion
+        times.append(time.perf_counter() - t0)
+    total = statistics.median(times)
+    print(f"Total time      : {total:.3f}s")
+    print(f"Tokens generated: {len(tokens)}")
+    print(f"Throughput      : {len(tokens) / total:.1f} tok/s")
+    print(f"\nGenerated IDs: {tokens[:16]}{' ...' if len(tokens) > 16 else ''}")
+    fallbacks = nativelab.get_fallback_ops()
+    print(f"\nCPU fallback ops: {fallbacks}\n", flush=True)
+    return {
+        "model": tier, "size": args.size, "compile": args.compile, "greedy": args.greedy, "dtype": args.dtype,
+        "device": args.device, "tokens": len(tokens), "seconds": times, "tok_per_s": [len(tokens) / t for t in times],
+        "fallback_ops": fallbacks, "generated": tokens,
+    }
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    cfg = SIZES[args.size]
+    n_prompt = len(prompt_ids(args, cfg.vocab_size))
+    if n_prompt + args.tokens > cfg.max_seq_len:  # before any model is built
+        raise SystemExit(f"nativelab run: a prompt of {n_prompt} tokens + --tokens {args.tokens} exceeds the "
+                         f"maximum sequence length {cfg.max_seq_len} of size {args.size!r}")
+    torch.manual_seed(args.seed)
+    weights = Llama.random(args.size, seed=args.seed).state_dict()
+    tiers = list(TIERS) if args.model == "all" else [args.model]
+    results = [run_tier(t, args, weights) for t in tiers]
+    if len(results) > 1:
+        print_table(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+def print_table(results: list[dict]) -> None:
+    base = statistics.median(results[0]["tok_per_s"])
+    print(f"{'Variant':<14} {'Throughput (tok/s)':>26} {'vs. base':>9}  CPU fallback ops")
+    for r in results:
+        med, lo, hi = statistics.median(r["tok_per_s"]), min(r["tok_per_s"]), max(r["tok_per_s"])
+        span = f"{med:.1f} ({lo:.1f}-{hi:.1f})"
+        print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x  {r['fallback_ops']}")
+    same = all(r["generated"] == results[0]["generated"] for r in results)
+    print(f"\nSame tokens from every tier: {same}")

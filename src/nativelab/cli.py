@@ -1,0 +1,24 @@
+"""The `nativelab` command: `nativelab run ...` (Lab 2)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: nativelab run [options]   (nativelab run --help for the options)")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        from .apps import run
+
+        run.main(rest)
+        return 0
+    print(f"nativelab: unknown command {command!r} (known: run)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
