@@ -2,7 +2,6 @@
 
 import warnings
 
-import pytest
 import torch
 
 import nativelab

@@ -2,7 +2,6 @@
 
 import gc
 
-import pytest
 import torch
 
 from conftest import run_python

@@ -1,6 +1,5 @@
 """ATen ops on the device give the CPU result: views alias, in-place and out= ops write through."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 

@@ -7,13 +7,12 @@ the real Neuron stack (`torch_neuronx`) is installed: then the real device serve
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import types
 
 import torch
 
-from . import _private, autocast, config, guard, int32_targets, memory, module, ops, queue, runtime_ops, tracking
+from . import _private, autocast, config, guard, int32_targets, memory, module, ops, queue, runtime_ops
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
 __all__ = [
@@ -89,16 +88,6 @@ def _accelerator_hooks() -> dict:
             guard.set_index(i)
         return prev
 
-    def device_stats(i):
-        s = memory.stats(i)
-        return {
-            "allocated_bytes.all.current": s.allocated,
-            "allocated_bytes.all.peak": s.peak,
-            "allocation.all.current": s.num_allocs - s.num_frees,
-            "reserved_bytes.all.current": s.allocated,
-            "reserved_bytes.all.peak": s.peak,
-        }
-
     def reset_peak(i):
         s = memory.stats(i)
         s.peak = s.allocated
@@ -111,7 +100,7 @@ def _accelerator_hooks() -> dict:
         "_accelerator_synchronizeDevice": lambda i: module.synchronize(i if i >= 0 else None),
         "_accelerator_isAllocatorInitialized": lambda: True,
         "_accelerator_emptyCache": lambda: None,
-        "_accelerator_getDeviceStats": device_stats,
+        "_accelerator_getDeviceStats": module.memory_stats,
         "_accelerator_resetAccumulatedStats": lambda i: None,
         "_accelerator_resetPeakStats": reset_peak,
         "_accelerator_getMemoryInfo": lambda i: module.mem_get_info(i),
