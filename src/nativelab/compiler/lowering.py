@@ -28,44 +28,48 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
     options["freeze"]: the graph's parameters are constants to prepack (Inductor freezing). Inductor cannot
     serialize frozen graphs, so those are compiled in each process (its kernel cache still helps)."""
     freeze = bool(options.get("freeze"))
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    examples = [n.meta.get("val") for n in placeholders]
+    examples = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     cpu_gm = _retarget_to_cpu(gm)
     cpu_inputs = [_cpu_example(v) for v in examples]
-    key = _key(cpu_gm, cpu_inputs, options) if not freeze else "frozen"
+    key = None if freeze else _key(cpu_gm, cpu_inputs, options)
     out_specs, aliasing, single = _outputs(gm)
+    t0 = time.perf_counter()
+    artifact, how = compile_cached(cpu_gm, cpu_inputs, key, freeze)
+    seconds = time.perf_counter() - t0
+    metrics.current().partitions += 1
+    n_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    metrics.log.info("neuron: %s %s (%d ops, key %s) in %.2fs", how, name, n_ops, (key or "-")[:12], seconds)
+    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single)
+
+
+def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | None, freeze: bool = False):
+    """Inductor-compile a CPU graph, going through the on-disk cache under `key` (None: do not cache).
+    Returns (callable artifact, "cache hit" | "compiled" | ...) and keeps the compile statistics."""
     s = metrics.current()
     t0 = time.perf_counter()
-    artifact = None
-    payload = cache.read(key) if not freeze else None
+    artifact, how = None, "compiled"
+    payload = cache.read(key) if key is not None else None
     if payload is not None:
         try:
-            artifact = _load(payload)
+            artifact, how = _load(payload), "cache hit"
             s.cache_hits += 1
-            how = "cache hit"
         except Exception as e:  # noqa: BLE001 - a payload that passed its checksum but will not load
             warnings.warn(f"nativelab: cached graph {key[:12]} failed to load ({e}); recompiling")
             s.cache_corrupt += 1
-            artifact = None
     if artifact is None:
         with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable(freeze):
             artifact = torch._inductor.standalone_compile(
                 cpu_gm, cpu_inputs, dynamic_shapes="from_example_inputs",
                 options={"config_patches": {"freezing": freeze}},
             )
-        if freeze:
-            how = "compiled (frozen weights, not cached)"
+        if key is None:
+            how = "compiled (frozen weights, not cached)" if freeze else "compiled (not cached)"
         else:
             s.cache_misses += 1
-            how = "compiled"
             if artifact.is_saveable():
                 cache.write(key, _save(artifact))
-    seconds = time.perf_counter() - t0
-    s.compile_seconds += seconds
-    s.partitions += 1
-    n_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
-    metrics.log.info("neuron: %s %s (%d ops, key %s) in %.2fs", how, name, n_ops, key[:12], seconds)
-    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single)
+    s.compile_seconds += time.perf_counter() - t0
+    return artifact, how
 
 
 @contextlib.contextmanager

@@ -27,8 +27,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..compiler import cache, metrics
-from ..compiler.lowering import _load, _save
+from ..compiler import metrics
+from ..compiler.lowering import compile_cached
 from ..device import memory, queue, tracking
 
 DEVICE = memory.DEVICE
@@ -82,25 +82,9 @@ class Kernel:
             return tuple(ts)  # outputs are the (mutated) arguments
 
         gm = make_fx(traced, tracing_mode="fake")(*examples)  # fake: no real work on uninitialised inputs
-        key = self._key(examples, spec)
-        s = metrics.current()
         t0 = time.perf_counter()
-        payload = cache.read(key)
-        artifact = None
-        if payload is not None:
-            try:
-                artifact = _load(payload)
-                s.cache_hits += 1
-            except Exception:  # noqa: BLE001 - unloadable: compile again
-                s.cache_corrupt += 1
-        if artifact is None:
-            artifact = torch._inductor.standalone_compile(gm, examples, dynamic_shapes="from_example_inputs",
-                                                          options={})
-            s.cache_misses += 1
-            if artifact.is_saveable():
-                cache.write(key, _save(artifact))
-        s.compile_seconds += time.perf_counter() - t0
-        metrics.log.info("kernel %s: ready for %s in %.2fs", self.name, [tuple(t.shape) for t in tensors],
+        artifact, how = compile_cached(gm, examples, self._key(examples, spec))
+        metrics.log.info("kernel %s: %s for %s in %.2fs", self.name, how, [tuple(t.shape) for t in tensors],
                          time.perf_counter() - t0)
 
         def launch(*ts):
