@@ -32,6 +32,12 @@ def test_small_has_the_guides_parameter_count():
     assert m.num_parameters() * 2 / 2**20 == pytest.approx(79.3, abs=0.05)  # MiB in bf16
 
 
+def test_tied_embeddings_stay_tied_on_the_device():
+    m = Llama.from_size("tiny").to("neuron").to(torch.bfloat16)
+    assert m.lm_head.weight is m.embed_tokens.weight
+    assert m.num_parameters() == Llama.from_size("tiny").num_parameters()
+
+
 def test_unknown_size_and_tier_are_clear_errors():
     with pytest.raises(ValueError, match="unknown size 'huge'"):
         Llama.from_size("huge")

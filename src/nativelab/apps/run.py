@@ -16,6 +16,10 @@ import torch
 
 import nativelab
 from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling
+from ..models.llama import checkpoint
+from ..models.llama.tokenizer import Tokenizer
+
+REAL_SIZES = ("smollm2-135m",)
 
 DESCRIPTIONS = {
     "base": "Baseline (pure PyTorch ops, RoPE, static KV cache)",
@@ -30,13 +34,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="base", choices=[*TIERS, "all"])
     ap.add_argument("--compile", action="store_true", help='torch.compile(backend="neuron") the model steps')
     ap.add_argument("--greedy", action="store_true", help="greedy decoding (default: top-p sampling)")
-    ap.add_argument("--size", default="small", choices=sorted(SIZES))
+    ap.add_argument("--size", default="small", choices=[*sorted(SIZES), *REAL_SIZES],
+                    help="random-weight tiny/small, or smollm2-135m: the real SmolLM2-135M-Instruct (offline)")
+    ap.add_argument("--model-path", default=None, help="a local Hugging Face Llama checkpoint directory")
     ap.add_argument("--tokens", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="timed runs; the median is reported")
     ap.add_argument("--device", default="neuron", choices=["neuron", "cpu"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--prompt", default=None, help="comma-separated token ids")
+    ap.add_argument("--prompt", default=None,
+                    help="text (models with a tokenizer) or comma-separated token ids (random-weight models)")
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
@@ -49,7 +56,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def prompt_ids(args, vocab: int) -> list[int]:
+DEFAULT_TEXT = "The capital of France is"
+
+
+def prompt_ids(args, vocab: int, tokenizer: Tokenizer | None = None) -> list[int]:
+    if tokenizer is not None:
+        return tokenizer.encode(args.prompt if args.prompt is not None else DEFAULT_TEXT)
     if args.prompt is None:
         return [t % vocab for t in DEFAULT_PROMPT]
     try:
@@ -64,17 +76,17 @@ def sync(device: str) -> None:
         torch.neuron.synchronize()
 
 
-def run_tier(tier: str, args, weights: dict) -> dict:
+def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
     dtype = getattr(torch, args.dtype)
-    model = Llama.from_size(args.size, tier)
-    model.load_state_dict(weights)
+    model = Llama(base.cfg, tier)
+    model.load_state_dict(base.state_dict())
     model = model.to(dtype).eval().to(args.device)
     model.setup_cache()
     sampling = Sampling(greedy=args.greedy, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     gen = Generator(model, sampling)
     if args.compile:
         gen.compile()
-    prompt = prompt_ids(args, model.cfg.vocab_size)
+    prompt = prompt_ids(args, model.cfg.vocab_size, tokenizer)
     print(f"Model   : {tier} — {DESCRIPTIONS[tier]}")
     print(f"Size    : {args.size}")
     print(f"Compile : {args.compile}")
@@ -98,6 +110,8 @@ def run_tier(tier: str, args, weights: dict) -> dict:
     print(f"Tokens generated: {len(tokens)}")
     print(f"Throughput      : {len(tokens) / total:.1f} tok/s")
     print(f"\nGenerated IDs: {tokens[:16]}{' ...' if len(tokens) > 16 else ''}")
+    if tokenizer is not None:
+        print(f"Text: {tokenizer.decode(prompt)!r} -> {tokenizer.decode(tokens)!r}")
     fallbacks = nativelab.get_fallback_ops()
     print(f"\nCPU fallback ops: {fallbacks}\n", flush=True)
     return {
@@ -109,21 +123,43 @@ def run_tier(tier: str, args, weights: dict) -> dict:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    cfg = SIZES[args.size]
-    n_prompt = len(prompt_ids(args, cfg.vocab_size))
-    if n_prompt + args.tokens > cfg.max_seq_len:  # before any model is built
-        raise SystemExit(f"nativelab run: a prompt of {n_prompt} tokens + --tokens {args.tokens} exceeds the "
-                         f"maximum sequence length {cfg.max_seq_len} of size {args.size!r}")
-    torch.manual_seed(args.seed)
-    weights = Llama.random(args.size, seed=args.seed).state_dict()
+    if args.size in SIZES and args.model_path is None:  # check the request before building anything
+        cfg = SIZES[args.size]
+        n_prompt = len(prompt_ids(args, cfg.vocab_size))
+        if n_prompt + args.tokens > cfg.max_seq_len:
+            raise SystemExit(f"nativelab run: a prompt of {n_prompt} tokens + --tokens {args.tokens} exceeds the "
+                             f"maximum sequence length {cfg.max_seq_len} of size {args.size!r}")
+    base, tokenizer = load_model(args)
+    if tokenizer is not None:
+        n_prompt = len(prompt_ids(args, base.cfg.vocab_size, tokenizer))
+        if n_prompt + args.tokens > base.cfg.max_seq_len:
+            raise SystemExit(f"nativelab run: a prompt of {n_prompt} tokens + --tokens {args.tokens} exceeds the "
+                             f"maximum sequence length {base.cfg.max_seq_len}")
     tiers = list(TIERS) if args.model == "all" else [args.model]
-    results = [run_tier(t, args, weights) for t in tiers]
+    results = [run_tier(t, args, base, tokenizer) for t in tiers]
     if len(results) > 1:
         print_table(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return results
+
+
+def load_model(args) -> tuple[Llama, Tokenizer | None]:
+    """The weights every tier shares: random from a seed, the shipped SmolLM2, or a local checkpoint."""
+    if args.model_path is not None:
+        try:
+            return checkpoint.load_hf(args.model_path), None
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"nativelab run: --model-path: {e}") from None
+    if args.size == "smollm2-135m":
+        try:
+            model, tok = checkpoint.load_gguf(checkpoint.smollm2_path())
+        except (FileNotFoundError, ImportError, ValueError) as e:
+            raise SystemExit(f"nativelab run: {e}") from None
+        return model, Tokenizer(tok)
+    torch.manual_seed(args.seed)
+    return Llama.random(args.size, seed=args.seed), None
 
 
 def print_table(results: list[dict]) -> None:
