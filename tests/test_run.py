@@ -17,13 +17,15 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     text = r.stdout
     for line in ("Model   : base — Baseline (pure PyTorch ops, RoPE, static KV cache)", "Size    : tiny",
-                 "Compile : False", "Tokens  : 8", "Params  : 119,104  (0.5 MB float32)", "Warmup...", "Timing...",
+                 "Compile : False", "Tokens  : 8", "Params  : 102,720  (0.4 MB float32)", "Warmup...", "Timing...",
                  "Tokens generated: 8", "CPU fallback ops: ['aten::argmax.out']", "CPU fallback ops: []",
                  "Same tokens from every tier: True"):
         assert line in text, line
     results = json.loads(out.read_text())
     assert [x["model"] for x in results] == ["base", "core", "experimental"]
     assert all(x["tok_per_s"][0] > 0 for x in results)
+    # 2 layers x (4096 + 2048 + 2048 + 4096 attention + 3 x 64 x 160 MLP + 2 x 64 norms) + 256 x 64 tied
+    # embedding + 64 final norm = 102,720: the LM head shares the embedding, also on the device
     assert len({tuple(x["generated"]) for x in results}) == 1  # fp32: every tier says the same
 
 
