@@ -19,7 +19,6 @@ the same call works in eager mode and inside `torch.compile`, where it stays one
 from __future__ import annotations
 
 import hashlib
-import inspect
 import time
 from collections.abc import Callable
 
@@ -45,7 +44,6 @@ class Kernel:
         self.fn = fn
         self.targets = dict(targets or {})
         self.name = getattr(fn, "__qualname__", repr(fn))
-        self.source = inspect.getsource(fn) if _has_source(fn) else self.name
         self._compiled: dict = {}
 
     def __call__(self, *args):
@@ -83,7 +81,7 @@ class Kernel:
 
         gm = make_fx(traced, tracing_mode="fake")(*examples)  # fake: no real work on uninitialised inputs
         t0 = time.perf_counter()
-        artifact, how = compile_cached(gm, examples, self._key(examples, spec))
+        artifact, how = compile_cached(gm, examples, self._key(gm, examples))
         metrics.log.info("kernel %s: %s for %s in %.2fs", self.name, how, [tuple(t.shape) for t in tensors],
                          time.perf_counter() - t0)
 
@@ -94,12 +92,12 @@ class Kernel:
 
         return launch
 
-    def _key(self, examples, spec) -> str:
+    def _key(self, gm: torch.fx.GraphModule, examples) -> str:
+        """What was traced (so an edited kernel, or a helper it calls, gets a new entry) and for which inputs."""
         h = hashlib.sha256()
-        for part in (KERNEL_VERSION, torch.__version__, self.name, self.source):
+        for part in (KERNEL_VERSION, torch.__version__, self.name, gm.code):
             h.update(part.encode())
         h.update(repr([(tuple(t.shape), t.stride(), t.dtype) for t in examples]).encode())
-        h.update(repr([_spec_key(x) for x in spec]).encode())
         return h.hexdigest()
 
 
@@ -132,14 +130,6 @@ def _rebuild(spec, tensors):
 
 def _spec_key(s):
     return s if s[0] != "v" else ("v", repr(s[1]))
-
-
-def _has_source(fn) -> bool:
-    try:
-        inspect.getsource(fn)
-        return True
-    except (OSError, TypeError):
-        return False
 
 
 def wrap_kernel(fn: Callable, targets: dict[str, Callable] | None = None) -> Kernel:
