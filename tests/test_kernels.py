@@ -292,3 +292,20 @@ def test_meta_tensors_launch_nothing():
     k = Kernel(lambda a, out: ran.append(a))
     t = torch.empty(2, device="meta")  # meta / fake tensors: a trace is running, no kernel may run
     assert k(t, t) is None and ran == [] and k._compiled == {}
+
+
+def test_inference_bakes_weights_and_follows_in_place_updates():
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 16)
+    g, u, d = torch.randn(32, 16) * 0.2, torch.randn(32, 16) * 0.2, torch.randn(16, 32) * 0.2
+    xd, gd, ud, dd = _on("neuron", x, g, u, d)
+    with torch.inference_mode():
+        first = ops.mlp(xd, gd, ud, dd).cpu()
+        torch.testing.assert_close(first, ops.reference_mlp(x, g, u, d), rtol=1e-4, atol=1e-5)
+        gd.mul_(2)  # the weight changes in place: the baked copy must not be used any more
+        second = ops.mlp(xd, gd, ud, dd).cpu()
+    torch.testing.assert_close(second, ops.reference_mlp(x, g * 2, u, d), rtol=1e-4, atol=1e-5)
+    from nativelab.kernels.ops.mlp import mlp_kernel_no_norm
+
+    frozen_keys = [k for k in mlp_kernel_no_norm._compiled if k[2] and k[2][0][0] == gd.data_ptr()]
+    assert len(frozen_keys) == 2  # one baked variant per weight version

@@ -32,17 +32,24 @@ from ..device import memory, queue, tracking
 
 DEVICE = memory.DEVICE
 KERNEL_VERSION = "nativelab-kernel 1"
+_MAX_VARIANTS = 256  # compiled variants kept per kernel
 
 
 class Kernel:
     """A kernel function compiled per input signature, launchable on device, CPU and fake tensors.
 
     `targets` maps other device types to their own implementation of the same signature (`{"cuda": f}`:
-    a Triton launcher, say); the traced-and-compiled path serves the emulated device and the CPU."""
+    a Triton launcher, say); the traced-and-compiled path serves the emulated device and the CPU.
 
-    def __init__(self, fn: Callable, targets: dict[str, Callable] | None = None):
+    `weights` names argument positions holding weights (a tensor or a list of tensors). When the kernel runs
+    without autograd (inference), those are baked into the generated code as constants, so their layout is
+    prepacked once (Inductor freezing), as an NKI kernel keeps weights resident in SBUF; a weight that is
+    replaced or written in place gets a fresh compile. With autograd on, weights stay ordinary inputs."""
+
+    def __init__(self, fn: Callable, targets: dict[str, Callable] | None = None, weights: tuple[int, ...] = ()):
         self.fn = fn
         self.targets = dict(targets or {})
+        self.weights = tuple(weights)
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._compiled: dict = {}
 
@@ -60,28 +67,52 @@ class Kernel:
                 raise NotImplementedError(f"kernel {self.name} has no implementation for {kind} tensors "
                                           f"(it has: {', '.join([DEVICE, 'cpu', *self.targets])})")
             return impl(*args)
-        key = (tuple((tuple(t.shape), t.stride(), t.dtype) for t in tensors), tuple(map(_spec_key, spec)))
+        frozen = self._frozen_positions(spec) if self.weights and not torch.is_grad_enabled() else ()
+        key = (
+            tuple((tuple(t.shape), t.stride(), t.dtype) for t in tensors), tuple(map(_spec_key, spec)),
+            tuple((tensors[i].data_ptr(), tensors[i]._version) for i in frozen),  # which weights, unchanged
+        )
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[key] = self._compile(tensors, spec)
+            if len(self._compiled) >= _MAX_VARIANTS:  # frozen variants hold weight copies: keep the newest
+                del self._compiled[next(iter(self._compiled))]
+            compiled = self._compiled[key] = self._compile(tensors, spec, frozen)
+        live = [t for i, t in enumerate(tensors) if i not in frozen] if frozen else tensors
         if tensors and tensors[0].device.type == DEVICE:
-            queue.submit(f"kernel:{self.name}", compiled, [memory.host_view(t) for t in tensors])
+            queue.submit(f"kernel:{self.name}", compiled, [memory.host_view(t) for t in live])
             tracking.executed[f"kernel:{self.name}"] += 1
         else:
-            compiled(*tensors)
+            compiled(*live)
         return None
 
-    def _compile(self, tensors, spec) -> Callable:
-        """Trace with scalars fixed, compile the graph of the tensor arguments, through the on-disk cache."""
+    def _frozen_positions(self, spec) -> tuple[int, ...]:
+        """Indices, in the flattened tensor list, of the tensors passed at the weight argument positions."""
+        out = []
+        for pos in self.weights:
+            s = spec[pos]
+            if s[0] == "t":
+                out.append(s[1])
+            elif s[0] == "l":
+                out.extend(range(s[1], s[1] + s[2]))
+        return tuple(out)
+
+    def _compile(self, tensors, spec, frozen=()) -> Callable:
+        """Trace with scalars fixed and compile the graph of the tensor arguments: through the on-disk cache,
+        or, with frozen weights, as a frozen graph (prepacked constants; not cacheable)."""
         examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in tensors]
+        live = [i for i in range(len(tensors)) if i not in frozen]
 
         def traced(*ts):
             self.fn(*_rebuild(spec, ts))
-            return tuple(ts)  # outputs are the (mutated) arguments
+            return tuple(ts[i] for i in live)  # outputs are the (possibly mutated) non-weight arguments
 
         gm = make_fx(traced, tracing_mode="fake")(*examples)  # fake: no real work on uninitialised inputs
         t0 = time.perf_counter()
-        artifact, how = compile_cached(gm, examples, self._key(gm, examples))
+        if frozen:
+            gm = _bake_constants(gm, {i: tensors[i] for i in frozen})
+            artifact, how = compile_cached(gm, [examples[i] for i in live], None, freeze=True)
+        else:
+            artifact, how = compile_cached(gm, examples, self._key(gm, examples))
         metrics.log.info("kernel %s: %s for %s in %.2fs", self.name, how, [tuple(t.shape) for t in tensors],
                          time.perf_counter() - t0)
 
@@ -99,6 +130,24 @@ class Kernel:
             h.update(part.encode())
         h.update(repr([(tuple(t.shape), t.stride(), t.dtype) for t in examples]).encode())
         return h.hexdigest()
+
+
+def _bake_constants(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor]) -> torch.fx.GraphModule:
+    """The traced graph with the placeholders at `constants`' positions replaced by the tensors themselves
+    (zero-copy host views of device weights), as parameters Inductor's freezing can prepack."""
+    queue.drain()  # the weights' current values
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for j, (i, t) in enumerate(sorted(constants.items())):
+        host = memory.host_view(t) if t.device.type == DEVICE else t
+        gm.register_parameter(f"weight_{j}", torch.nn.Parameter(host.detach(), requires_grad=False))
+        with graph.inserting_before(first):
+            attr = graph.get_attr(f"weight_{j}")
+        placeholders[i].replace_all_uses_with(attr)
+        graph.erase_node(placeholders[i])
+    gm.recompile()
+    return gm
 
 
 def _flatten(args):
@@ -132,10 +181,14 @@ def _spec_key(s):
     return s if s[0] != "v" else ("v", repr(s[1]))
 
 
-def wrap_kernel(fn: Callable, targets: dict[str, Callable] | None = None) -> Kernel:
-    """Make `fn(*inputs, *outputs)` a kernel compiled per signature and launchable on the device;
-    `targets` adds implementations for other device types (e.g. {"cuda": triton_launcher})."""
-    return fn if isinstance(fn, Kernel) else Kernel(fn, targets)
+def wrap_kernel(fn: Callable | None = None, *, targets: dict[str, Callable] | None = None,
+                weights: tuple[int, ...] = ()):
+    """Make `fn(*inputs, *outputs)` a kernel compiled per signature and launchable on the device; `targets`
+    adds implementations for other device types (e.g. {"cuda": triton_launcher}); `weights` marks argument
+    positions to bake in as prepacked constants for inference. Usable as `@wrap_kernel(weights=(1, 2))`."""
+    if fn is None:
+        return lambda f: wrap_kernel(f, targets=targets, weights=weights)
+    return fn if isinstance(fn, Kernel) else Kernel(fn, targets, weights)
 
 
 def kernel_op(name: str, *, mutates_args=()):
