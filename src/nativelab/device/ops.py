@@ -256,14 +256,9 @@ def _to_meta(x):
 
 
 def _sig(x):
-    """A hashable key of everything about an argument that can change an op's output metadata."""
-    tx = type(x)
-    if tx is _Tensor or tx is torch.nn.Parameter:
-        return (x.dtype, x.shape, x.stride(), x.device.type)
-    if tx in _PLAIN:
+    """A hashable key of a non-tensor argument (tensors are keyed by `_key_and_index`)."""
+    if type(x) in _PLAIN:
         return x
-    if isinstance(x, _Tensor):
-        return (x.dtype, x.shape, x.stride(), x.device.type)
     if isinstance(x, (list, tuple)):
         return tuple(_sig(y) for y in x)
     if isinstance(x, torch.Generator):
