@@ -113,6 +113,18 @@ def test_sample_stays_in_the_allowed_set_without_fallbacks(top_k, top_p):
     assert state.cpu().tolist() == [42, 20]
 
 
+def test_sample_with_widely_spread_logits_keeps_the_top_p_set():
+    # Most probabilities underflow here (the kernel guards against denormals): the nucleus must not change.
+    torch.manual_seed(1)
+    logits = torch.randn(2, 3000) * 40
+    allowed = ops.reference_sample_mask(logits, 0.8, 0, 0.95)
+    assert allowed.sum() < 20  # a handful of tokens hold the mass
+    state = seed_state(3, "neuron")
+    for _ in range(30):
+        tok = ops.sample(logits.to("neuron"), state, 0.8, 0, 0.95).cpu()
+        assert all(allowed[r, t] for r, t in enumerate(tok.tolist()))
+
+
 def test_sample_frequencies_follow_the_distribution_and_seed_reproduces():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     state = seed_state(7, "neuron")

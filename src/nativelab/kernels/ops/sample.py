@@ -54,7 +54,11 @@ def _uniform(seed_state: torch.Tensor, shape) -> torch.Tensor:
 def _sample(logits, seed_state, temperature, top_k, top_p):
     if temperature <= 0.0:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    # Logits far below the maximum would give denormal probabilities, and every bisection pass over denormals
+    # runs many times slower on x86; exp(-70) is still a normal float after dividing by the sum, and a token
+    # that far below the maximum (p < 1e-30) can never enter the nucleus.
+    z = logits.float() / temperature
+    probs = torch.softmax(torch.maximum(z, z.amax(-1, keepdim=True) - 70.0), dim=-1)
     threshold = torch.zeros(probs.shape[0], 1, dtype=probs.dtype, device=probs.device)
     if top_k > 0 and top_k < probs.shape[-1]:
         threshold = torch.topk(probs, top_k, dim=-1).values[..., -1:]
@@ -72,7 +76,7 @@ def _sample(logits, seed_state, temperature, top_k, top_p):
     return race.argmax(-1)
 
 
-@wrap_kernel
+@wrap_kernel(threads=1)  # ~40 short passes over the vocabulary: a thread fork/join each costs more than it saves
 def sample_kernel(logits, seed_state, temperature, top_k, top_p, out):
     out.copy_(_sample(logits, seed_state, temperature, top_k, top_p))
     seed_state[1:].add_(1)  # the next draw uses fresh noise
