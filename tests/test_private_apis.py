@@ -70,3 +70,20 @@ def test_no_python_modes_pops_fake_mode():
         assert type(torch.empty(1)).__name__ == "FakeTensor"
         with _private.no_python_modes():
             assert type(torch.empty(1)) is torch.Tensor
+
+
+def test_swap_storage_memory_any_sizes():
+    for na, nb in [(16, 16), (16, 0), (0, 16), (8, 24)]:
+        a, b = torch.UntypedStorage(na), torch.UntypedStorage(nb)
+        pa, pb = a.data_ptr(), b.data_ptr()
+        _private.swap_storage_memory(a, b)
+        assert (a.nbytes(), b.nbytes()) == (nb, na) and (a.data_ptr(), b.data_ptr()) == (pb, pa)
+
+
+def test_storage_resize_patch_routes_only_the_device():
+    assert hasattr(torch.UntypedStorage.resize_, "__wrapped__")
+    cpu = torch.UntypedStorage(8)
+    cpu.resize_(16)
+    assert cpu.nbytes() == 16
+    dev = torch.UntypedStorage(8, device="neuron:1")
+    assert dev.resize_(0) is dev and dev.nbytes() == 0 and dev.device == torch.device("neuron", 1)
