@@ -10,7 +10,6 @@ PyTorch's C++ `Backend` cannot be subclassed from Python, so this is a Python `P
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 from datetime import timedelta
@@ -131,17 +130,17 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     # -- the one launch path ------------------------------------------------------------------------------
 
-    def _launch(self, method: str, outputs, *args, opts=None, reduce_into=None):
+    def _launch(self, method: str, outputs, *args, opts=None):
         """Run gloo's `method` on host views of `args` (+ `opts`). `outputs` are the device tensors the
-        collective writes; `reduce_into` those an AVG must divide once the SUM is done."""
+        collective writes (an AVG divides them once gloo's SUM is done)."""
         finish = None
         if opts is not None and hasattr(opts, "reduceOp"):
             op = opts.reduceOp
             if op == _PREMUL_SUM:
                 raise ValueError("neuron backend: ReduceOp.PREMUL_SUM is not supported (gloo has no pre-multiply)")
             if op == _AVG:
-                finish = self._average(reduce_into if reduce_into is not None else outputs)
-                opts.reduceOp = _SUM
+                finish = self._average(outputs)
+                opts = _as_sum(opts)
         queue.drain()  # queued device ops may still write the inputs
         host = [_host(a) for a in args]
         if opts is not None:
@@ -214,7 +213,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _coalesce(self, one, outputs, inputs, opts):
         """gloo has no coalesced form of these: one launch per pair, one handle for all."""
-        works = [one(o, i, copy.copy(opts)) for o, i in zip(outputs, inputs)]
+        works = [one(o, i, opts) for o, i in zip(outputs, inputs)]
         return HostWork(_AllWork(works), list(outputs))
 
     def gather(self, output_lists, input_tensors, opts=None):
@@ -269,6 +268,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
 def _opts(opts, cls):
     return cls() if opts is None else opts
+
+
+def _as_sum(opts):
+    """The same options with SUM (a copy: the caller's may be reused for other launches)."""
+    new = type(opts)()
+    new.reduceOp = _SUM
+    new.timeout = opts.timeout
+    return new
 
 
 class _AllWork:
