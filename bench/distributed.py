@@ -5,7 +5,8 @@
 Each rank trains a small causal language model (embedding, 2 transformer layers, LM head; FSDP2 with a
 bf16 MixedPrecisionPolicy by default) on its own batch of `batch x seq` tokens (weak scaling: the global batch
 grows with the ranks). Prints the step time (median over `--steps` timed steps after warm-up, each ended
-by a device synchronize and a barrier), tokens/s over all ranks, and the ratios against one rank. Every rank
+by a device synchronize and a barrier), tokens/s over all ranks, and the ratios against one rank; then one
+4 MiB all_reduce through the neuron backend on device tensors against plain gloo on CPU tensors. Every rank
 is a process on the host CPU: with fewer cores than ranks they share the cores, so this measures the
 backend's overhead and the host's parallelism, not a NeuronCore's.
 """
@@ -22,6 +23,7 @@ import sys
 import time
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 1024, 128, 4, 2, 64, 4
+ALLREDUCE_BYTES = 4 << 20
 
 
 def worker(args) -> None:
@@ -85,10 +87,28 @@ def worker(args) -> None:
         torch.neuron.synchronize()
         dist.barrier()
         times.append(time.perf_counter() - t0)
+    result = {"world": world, "step_s": statistics.median(times), "loss": loss.item()}
+    if world > 1:  # one collective alone: the neuron backend on device tensors against plain gloo on CPU ones
+        gloo = dist.new_group(backend="gloo")
+        dev_t = torch.ones(ALLREDUCE_BYTES // 4, device=device)
+        cpu_t = torch.ones(ALLREDUCE_BYTES // 4)
+        result["allreduce_neuron_s"] = time_collective(lambda: dist.all_reduce(dev_t), args.steps)
+        result["allreduce_gloo_s"] = time_collective(lambda: dist.all_reduce(cpu_t, group=gloo), args.steps)
     if rank == 0:
-        print("RESULT " + json.dumps({"world": world, "step_s": statistics.median(times), "loss": loss.item()}),
-              flush=True)
+        print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
+
+
+def time_collective(fn, reps: int) -> float:
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(reps + 2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
 
 
 def free_port() -> int:
@@ -130,6 +150,12 @@ def main() -> None:
         tps = BATCH * SEQ * n / res["step_s"]
         print(f"{n:>5} | {res['step_s'] * 1e3:>7.1f} ms | {tps:>9.0f} | {tps / base_tps:>12.2f}x | "
               f"{tps / base_tps / (n / ranks[0]):>9.0%}")
+    for n, res in results.items():
+        if "allreduce_neuron_s" in res:
+            ratio = res["allreduce_neuron_s"] / res["allreduce_gloo_s"]
+            print(f"all_reduce of {ALLREDUCE_BYTES >> 20} MiB fp32, {n} ranks: neuron backend on device tensors "
+                  f"{res['allreduce_neuron_s'] * 1e3:.2f} ms, gloo on CPU tensors {res['allreduce_gloo_s'] * 1e3:.2f} ms "
+                  f"({ratio:.2f}x)")
 
 
 if __name__ == "__main__":

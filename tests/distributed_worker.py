@@ -87,6 +87,27 @@ def collectives(rank: int, world: int) -> None:
     want = torch.cat([(torch.arange(world * 2, dtype=torch.float32) + 100 * r)[2 * rank: 2 * rank + 2] for r in range(world)])
     check(out, want, "all_to_all_single")
 
+    every = [data(r, (5,), torch.float32) for r in range(world)]
+    t = every[rank].to(DEVICE)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    check(t, torch.stack(every).amin(0), "all_reduce MIN")
+    t = every[rank].to(DEVICE)
+    dist.reduce(t, dst=0)
+    if rank == 0:
+        check(t, torch.stack(every).sum(0), "reduce")
+    gathered = [torch.empty(5, device=DEVICE) for _ in range(world)] if rank == 0 else None
+    dist.gather(every[rank].to(DEVICE), gathered, dst=0)
+    if rank == 0:
+        for r in range(world):
+            check(gathered[r], every[r], f"gather[{r}]")
+    out = torch.empty(5, device=DEVICE)
+    dist.scatter(out, [t.to(DEVICE) for t in every] if rank == 1 else None, src=1)
+    check(out, every[rank], "scatter")
+    outs = [torch.empty(2, device=DEVICE) for _ in range(world)]
+    dist.all_to_all(outs, [torch.tensor([rank, r], dtype=torch.float32, device=DEVICE) for r in range(world)])
+    for r in range(world):
+        check(outs[r], torch.tensor([r, rank], dtype=torch.float32), f"all_to_all[{r}]")
+
     if rank == 0:
         dist.send(torch.tensor([7.0, 8.0], device=DEVICE), dst=world - 1)
     elif rank == world - 1:
