@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+import nativelab  # noqa: F401  (also registered by `import torch` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)
+
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32)
 SHAPES = ((7,), (3, 5))
 

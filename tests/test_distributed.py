@@ -89,6 +89,22 @@ def test_collectives_write_device_memory_in_place(one_rank_group):
     assert t.data_ptr() == ptr and t.untyped_storage().data_ptr() == ptr
 
 
+def test_bound_device_subgroups_and_device_mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("neuron", 0))
+    try:
+        assert isinstance(dist.group.WORLD, nd.NeuronProcessGroup)  # the device's default backend
+        sub = dist.new_group([0])
+        assert isinstance(sub, nd.NeuronProcessGroup)
+        t = torch.full((2,), 3.0, device="neuron")
+        dist.all_reduce(t, group=sub)
+        assert t.cpu().tolist() == [3.0, 3.0]
+        assert init_device_mesh("neuron", (1,)).device_type == "neuron"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_bind_local_rank(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "2")
     assert nd.bind_local_rank() == torch.device("neuron", 2) and torch.neuron.current_device() == 2

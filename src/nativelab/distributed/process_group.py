@@ -125,6 +125,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
 
+    def _get_backend(self, device=None):
+        """The gloo backend behind this group (c10d asks it about splitting when `device_id` is given).
+        Calling collectives on it directly with device tensors would bypass the host views: use the group."""
+        return self._gloo
+
     def _set_sequence_number_for_group(self) -> None:
         self._gloo._set_sequence_number_for_group()
 
