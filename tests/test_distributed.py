@@ -186,18 +186,22 @@ def uninterrupted():
 @pytest.mark.slow
 def test_failed_rank_exits_nonzero_then_resume_reproduces_uninterrupted_losses(uninterrupted, tmp_path):
     ckpt = tmp_path / "ckpt"
-    r, seconds = torchrun([LAB, "--iterations", 4, "--digits", 8, "--checkpoint-dir", ckpt,
-                           "--fail-at", 2, "--fail-rank", 1], 2)
+    run = [LAB, "--iterations", 4, "--digits", 8, "--checkpoint-dir", ckpt]
+    r, seconds = torchrun(run + ["--fail-at", 2, "--fail-rank", 1], 2)
     assert r.returncode != 0
     assert "RuntimeError: injected failure on rank 1 after iteration 2" in r.stderr  # that rank's error shown
     assert seconds < 90, f"the failed job took {seconds:.0f} s to exit"
     assert (ckpt / "LATEST").read_text().strip() == "step_00000002"
     assert losses(r.stdout) == {1: uninterrupted[1], 2: uninterrupted[2]}
 
-    r, _ = torchrun([LAB, "--iterations", 4, "--digits", 8, "--checkpoint-dir", ckpt], 2)
+    r, seconds = torchrun(run + ["--fail-at", 3, "--fail-rank", 0, "--fail-how", "kill"], 2)  # kill -9 rank 0
+    assert r.returncode != 0 and "Signal 9 (SIGKILL)" in r.stderr and seconds < 90
+    assert "Resumed from iteration 2" in r.stdout and losses(r.stdout) == {3: uninterrupted[3]}
+
+    r, _ = torchrun(run, 2)
     assert r.returncode == 0, r.stderr[-5000:]
-    assert "Resumed from iteration 2" in r.stdout
-    assert losses(r.stdout) == {3: uninterrupted[3], 4: uninterrupted[4]}  # exactly
+    assert "Resumed from iteration 3" in r.stdout
+    assert losses(r.stdout) == {4: uninterrupted[4]}  # exactly
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ complete checkpoint there.
 
 import argparse
 import os
+import signal
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,8 @@ def parse_args():
     p.add_argument("--checkpoint-dir", help="save every iteration here, resume from the newest checkpoint")
     p.add_argument("--digits", type=int, default=4, help="decimals of the printed loss")
     p.add_argument("--fail-at", type=int, help="(fault injection) raise after this iteration ...")
-    p.add_argument("--fail-rank", type=int, default=0, help="... on this rank")
+    p.add_argument("--fail-rank", type=int, default=0, help="... on this rank ...")
+    p.add_argument("--fail-how", choices=("raise", "kill"), default="raise", help="... by an exception or SIGKILL")
     return p.parse_args()
 
 
@@ -108,6 +110,8 @@ def main():
             model_sd, optim_sd = get_state_dict(model, optimizer)
             checkpoint.save({"model": model_sd, "optim": optim_sd}, args.checkpoint_dir, it)
         if args.fail_at == it and rank == args.fail_rank:
+            if args.fail_how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure on rank {rank} after iteration {it}")
 
     dist.barrier()
