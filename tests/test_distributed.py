@@ -79,6 +79,8 @@ def test_one_rank_group_by_explicit_name(one_rank_group):
     assert torch.equal(cpu, torch.ones(3))
     with pytest.raises(ValueError, match="AVG needs floating-point"):
         dist.all_reduce(torch.ones(2, dtype=torch.int32, device="neuron"), op=dist.ReduceOp.AVG)
+    with pytest.raises(ValueError, match="PREMUL_SUM is not supported"):
+        dist.reduce_scatter_tensor(out[0], t, op=dist._make_nccl_premul_sum(0.5))
 
 
 def test_collectives_write_device_memory_in_place(one_rank_group):
