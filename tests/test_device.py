@@ -162,3 +162,20 @@ def test_env_core_count_and_bad_env_values():
     assert r.returncode != 0 and "NEURON_RT_NUM_CORES='four': expected an integer" in r.stderr
     r = run_python("import torch, nativelab", {"NATIVELAB_SYNC": "maybe"})
     assert r.returncode != 0 and "NATIVELAB_SYNC='maybe': expected 0 or 1" in r.stderr
+
+
+def test_virtual_core_size_sets_logical_cores_and_their_memory(monkeypatch):
+    from nativelab.device import config
+
+    for var in ("NEURON_RT_NUM_CORES", "NATIVELAB_CORE_MEMORY_GB", "NEURON_RT_VIRTUAL_CORE_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    gib = 1 << 30
+    cfg = config.load()  # trn2.3xlarge default: LNC=2, 8 physical cores -> 4 logical of 24 GB
+    assert (cfg.num_cores, cfg.core_memory_bytes) == (4, 24 * gib)
+    monkeypatch.setenv("NEURON_RT_VIRTUAL_CORE_SIZE", "1")
+    assert (config.load().num_cores, config.load().core_memory_bytes) == (8, 12 * gib)
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "2")  # an explicit count wins
+    assert config.load().num_cores == 2
+    monkeypatch.setenv("NEURON_RT_VIRTUAL_CORE_SIZE", "4")
+    with pytest.raises(ValueError, match="NEURON_RT_VIRTUAL_CORE_SIZE=4: must be 1 or 2"):
+        config.load()

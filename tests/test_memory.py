@@ -71,3 +71,32 @@ def test_storage_resize_and_set_keep_accounting_right():
     u = torch.empty(0, device="neuron")
     u.set_(t.untyped_storage(), 0, (10, 10), (10, 1))
     assert u.data_ptr() == t.data_ptr() and u.shape == (10, 10)
+
+
+def test_untyped_storage_resize_in_place_frees_and_reallocates():
+    """FSDP2's free/re-allocate of parameters: `untyped_storage().resize_(n)` in place, accounted."""
+    ref = torch.arange(6.0)
+    t = ref.to("neuron")
+    view = t[2:]
+    assert view.cpu().tolist() == ref[2:].tolist()  # caches a host view that must follow the resize
+    st = t.untyped_storage()
+    before = torch.neuron.memory_allocated()
+    st.resize_(0)
+    assert st.nbytes() == 0 and t.untyped_storage().nbytes() == 0
+    assert torch.neuron.memory_allocated() == before - 24
+    st.resize_(24)
+    assert t.untyped_storage().nbytes() == 24 and torch.neuron.memory_allocated() == before
+    t.copy_(ref * 10)
+    assert t.cpu().tolist() == (ref * 10).tolist() and view.cpu().tolist() == (ref * 10)[2:].tolist()
+    st.resize_(8)  # shrinking keeps the first bytes, as on CPU
+    cpu = (ref * 10).untyped_storage()
+    cpu.resize_(8)
+    assert torch.empty(0, device="neuron").set_(st).cpu().tolist() == torch.empty(0).set_(cpu).tolist()
+    assert torch.neuron.memory_allocated() == before - 16
+
+
+def test_untyped_storage_resize_waits_for_queued_writes():
+    t = torch.zeros(4, device="neuron")
+    t.add_(3)  # queued
+    t.untyped_storage().resize_(32)
+    assert torch.empty(0, device="neuron").set_(t.untyped_storage(), 0, (4,), (1,)).cpu().tolist() == [3.0] * 4

@@ -70,3 +70,41 @@ def test_no_python_modes_pops_fake_mode():
         assert type(torch.empty(1)).__name__ == "FakeTensor"
         with _private.no_python_modes():
             assert type(torch.empty(1)) is torch.Tensor
+
+
+def test_swap_storage_memory_any_sizes():
+    for na, nb in [(16, 16), (16, 0), (0, 16), (8, 24)]:
+        a, b = torch.UntypedStorage(na), torch.UntypedStorage(nb)
+        pa, pb = a.data_ptr(), b.data_ptr()
+        _private.swap_storage_memory(a, b)
+        assert (a.nbytes(), b.nbytes()) == (nb, na) and (a.data_ptr(), b.data_ptr()) == (pb, pa)
+
+
+def test_storage_resize_patch_routes_only_the_device():
+    assert hasattr(torch.UntypedStorage.resize_, "__wrapped__")
+    cpu = torch.UntypedStorage(8)
+    cpu.resize_(16)
+    assert cpu.nbytes() == 16
+    dev = torch.UntypedStorage(8, device="neuron:1")
+    assert dev.resize_(0) is dev and dev.nbytes() == 0 and dev.device == torch.device("neuron", 1)
+
+
+def test_process_group_methods_the_neuron_backend_overrides():
+    """nativelab.distributed's Python ProcessGroup overrides these by name (c10d calls them on a group
+    returned by a backend creator); a rename in PyTorch would silently bypass the override."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from nativelab.distributed import NeuronProcessGroup
+
+    for name in ("_set_group_name", "_set_group_desc", "_get_backend_name", "_set_sequence_number_for_group",
+                 "all_gather_single", "reduce_scatter_single", "all_to_all_single", "all_gather_single_coalesced",
+                 "reduce_scatter_single_coalesced", "allreduce", "allgather", "broadcast", "barrier", "send", "recv",
+                 "_start_coalescing", "_end_coalescing"):
+        assert hasattr(dist.ProcessGroup, name), name
+        assert name in vars(NeuronProcessGroup), name
+    for name in ("_allgather_base", "_reduce_scatter_base", "alltoall_base", "allreduce", "barrier"):
+        assert hasattr(dist.ProcessGroupGloo, name), name
+    for name in ("AllreduceOptions", "AllgatherOptions", "ReduceScatterOptions", "BarrierOptions", "AllToAllOptions"):
+        assert hasattr(c10d, name), name
+    assert dist.ReduceOp.RedOpType.PREMUL_SUM is not None

@@ -11,4 +11,7 @@ from .device import clear_op_tracking, get_executed_ops, get_fallback_ops, get_o
 __version__ = "0.1.0"
 __all__ = ["device", "get_fallback_ops", "get_executed_ops", "get_op_counts", "clear_op_tracking"]
 
-device.register()
+if device.register():
+    from . import distributed
+
+    distributed.register()

@@ -67,6 +67,7 @@ def register() -> bool:
     _private.patch_storage_constructor(
         "neuron", lambda nbytes, index: memory.alloc_storage(nbytes, guard.current_index() if index is None else index)
     )
+    _private.patch_storage_resize("neuron", ops.resize_storage)
     guard.set_index(0)  # also makes backward run in this thread (see _private)
     _state["registered"] = True
     return True

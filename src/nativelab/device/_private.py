@@ -157,6 +157,36 @@ def patch_storage_constructor(device_type: str, allocate) -> None:
     cls.__new__ = __new__
 
 
+def swap_storage_memory(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
+    """Exchange the memory (data pointer and byte size) of two storages on one device; each keeps its
+    identity, so every tensor viewing `a` sees `b`'s memory afterwards. PyTorch's `_swap_data_ptr_` swaps
+    only equal sizes or an empty one, so unequal sizes go through a third, empty storage."""
+    if a.nbytes() and b.nbytes() and a.nbytes() != b.nbytes():
+        empty = device_storage(a.data_ptr(), a.device, 0)
+        empty._swap_data_ptr_(a)  # a: empty, empty: a's memory
+        a._swap_data_ptr_(b)  # a: b's memory, b: empty
+        b._swap_data_ptr_(empty)  # b: a's old memory
+    else:
+        a._swap_data_ptr_(b)
+
+
+def patch_storage_resize(device_type: str, resize) -> None:
+    """`UntypedStorage.resize_` on a PrivateUse1 storage calls the C++ hook `resizePrivateUse1Bytes`, which
+    Python hooks cannot provide (FSDP2 frees and re-allocates parameters this way). Route device storages to
+    `resize(storage, nbytes)`."""
+    cls = torch.UntypedStorage
+    original = cls.resize_
+
+    def resize_(self, size):
+        if self.device.type == device_type:
+            resize(self, int(size))
+            return self
+        return original(self, size)
+
+    resize_.__wrapped__ = original
+    cls.resize_ = resize_
+
+
 def no_python_modes():
     """Context that pops every active Python dispatch mode (fake tensors, functionalization) for its body."""
     from torch.utils._python_dispatch import _disable_current_modes

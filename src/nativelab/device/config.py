@@ -55,11 +55,25 @@ class Config:
     quiet: bool  # no "emulated on the host CPU" notice
 
 
+PHYSICAL_CORES = 8  # trn2.3xlarge: one Trainium2 chip, 8 physical NeuronCores, 96 GB of HBM
+HBM_GB = 96.0
+
+
+def _virtual_core_size() -> int:
+    """NEURON_RT_VIRTUAL_CORE_SIZE: physical cores per logical core (LNC), 2 by default on Trainium2."""
+    lnc = _int_env("NEURON_RT_VIRTUAL_CORE_SIZE", 2, minimum=1)
+    if lnc not in (1, 2):
+        raise ValueError(f"NEURON_RT_VIRTUAL_CORE_SIZE={lnc}: must be 1 or 2")
+    return lnc
+
+
 def load() -> Config:
+    lnc = _virtual_core_size()
     return Config(
-        num_cores=_int_env("NEURON_RT_NUM_CORES", 4, minimum=1),
-        # 96 GB of HBM over 4 logical cores, as on trn2.3xlarge
-        core_memory_bytes=int(_float_env("NATIVELAB_CORE_MEMORY_GB", 24.0) * (1 << 30)),
+        # LNC=2 (the default): 8 physical cores appear as 4 logical ones
+        num_cores=_int_env("NEURON_RT_NUM_CORES", PHYSICAL_CORES // lnc, minimum=1),
+        # the chip's HBM split over its physical cores: 24 GB per logical core at LNC=2
+        core_memory_bytes=int(_float_env("NATIVELAB_CORE_MEMORY_GB", HBM_GB / PHYSICAL_CORES * lnc) * (1 << 30)),
         sync=_flag_env("NATIVELAB_SYNC", False),
         dtype_policy=_flag_env("NATIVELAB_DTYPE_POLICY", True),
         quiet=_flag_env("NATIVELAB_QUIET", False),

@@ -196,6 +196,16 @@ def copy_bytes(dst: torch.UntypedStorage, src: torch.UntypedStorage) -> None:
         torch.empty(0, dtype=u8).set_(dst, 0, (n,), (1,)).copy_(torch.empty(0, dtype=u8).set_(src, 0, (n,), (1,)))
 
 
+def swap_memory(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
+    """Exchange the memory of two device storages on one core: pointers, host buffers and their accounts.
+    Each storage and each host storage keeps its identity, so the tensors of `a`, and their cached host
+    views, see `b`'s memory afterwards (how a storage is resized in place)."""
+    ba, bb = a._nl_block, b._nl_block
+    _private.swap_storage_memory(a, b)
+    _private.swap_storage_memory(ba.host, bb.host)
+    ba.nbytes, bb.nbytes = bb.nbytes, ba.nbytes
+
+
 def set_storage(t: torch.Tensor, st, offset: int, size, stride) -> torch.Tensor:
     """Re-point a device tensor (its old host view is dropped with it)."""
     t._nl_hv = None

@@ -605,3 +605,17 @@ def resize_(t: torch.Tensor, shape) -> torch.Tensor:
         st = new
     memory.set_storage(t, st, t.storage_offset(), shape, stride)
     return t
+
+
+def resize_storage(st: torch.UntypedStorage, nbytes: int) -> None:
+    """`UntypedStorage.resize_` on the device, in place (FSDP2 frees parameters with `resize_(0)` and
+    re-allocates them before the all-gather): the first `min(old, new)` bytes are kept, as on CPU."""
+    if nbytes < 0:
+        raise RuntimeError(f"neuron: cannot resize a storage to {nbytes} bytes")
+    if nbytes == st.nbytes():
+        return
+    memory.host_storage(st)  # a clear error for a storage the device did not allocate
+    queue.drain()  # queued ops may still read or write the old memory
+    new = memory.alloc_storage(nbytes, st.device.index)
+    memory.copy_bytes(memory.host_storage(new), memory.host_storage(st))
+    memory.swap_memory(st, new)  # `new` now holds the old memory and frees it when it goes

@@ -1,0 +1,320 @@
+"""`neuron` collectives: gloo run on the host memory behind device tensors.
+
+Device memory is host memory, so a collective needs no copies: drain the device queue (queued ops may
+still be writing the inputs), hand gloo zero-copy host views of the device tensors, and its results land
+in the device storages. It works across machines wherever gloo does (TCP).
+
+PyTorch's C++ `Backend` cannot be subclassed from Python, so this is a Python `ProcessGroup` that owns a
+`ProcessGroupGloo`; `init_process_group` uses a `ProcessGroup` returned by a backend's creator as the group.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as _c10d
+
+from ..device import memory, queue
+
+DEVICE = memory.DEVICE
+_AVG = dist.ReduceOp.AVG
+_SUM = dist.ReduceOp.SUM
+_PREMUL_SUM = dist.ReduceOp.RedOpType.PREMUL_SUM
+
+
+def _host(x):
+    """Device tensors (also in nested lists) -> zero-copy CPU views of their memory; anything else as is."""
+    if isinstance(x, torch.Tensor):
+        return memory.host_view(x) if x.device.type == DEVICE else x
+    if isinstance(x, (list, tuple)):
+        return [_host(y) for y in x]
+    return x
+
+
+def _flat(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _flat(y)]
+    return []
+
+
+class HostWork(dist.Work):
+    """gloo's work on host views, seen from the device: waiting finishes the collective's own post-step
+    (the division of an AVG) once, and the future yields the device tensors, not the host views."""
+
+    def __init__(self, work, result: list[torch.Tensor], finish=None):
+        super().__init__()
+        self._work = work
+        self._result = result
+        self._finish = finish
+        self._lock = threading.Lock()
+
+    def _complete(self) -> None:
+        with self._lock:
+            finish, self._finish = self._finish, None
+        if finish is not None:
+            with torch.inference_mode():  # host views may be inference tensors; nothing here is differentiated
+                finish()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is None:
+            self._work.wait()
+        else:
+            self._work.wait(timeout)
+        self._complete()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        def done(fut):
+            fut.value()  # re-raises gloo's error
+            self._complete()
+            return self._result
+
+        return self._work.get_future().then(done)
+
+
+class NeuronProcessGroup(dist.ProcessGroup):
+    """The `neuron` backend: every collective torch.distributed issues, on device or CPU tensors."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._group_name = ""
+        self._group_desc = ""
+        self._coalesced: list[HostWork] | None = None  # works launched inside a coalescing_manager block
+
+    # -- identity (c10d asks a Python group for these; the C++ defaults fail with "name not set") --------
+
+    def name(self) -> str:
+        return "neuron"
+
+    def _get_backend_name(self) -> str:
+        return "neuron"
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def _get_backend(self, device=None):
+        """The gloo backend behind this group (c10d asks it about splitting when `device_id` is given).
+        Calling collectives on it directly with device tensors would bypass the host views: use the group."""
+        return self._gloo
+
+    def _set_sequence_number_for_group(self) -> None:
+        self._gloo._set_sequence_number_for_group()
+
+    # -- the one launch path ------------------------------------------------------------------------------
+
+    def _launch(self, method: str, outputs, *args, opts=None):
+        """Run gloo's `method` on host views of `args` (+ `opts`). `outputs` are the device tensors the
+        collective writes (an AVG divides them once gloo's SUM is done)."""
+        finish = None
+        if opts is not None and hasattr(opts, "reduceOp"):
+            op = opts.reduceOp
+            if op == _PREMUL_SUM:
+                raise ValueError("neuron backend: ReduceOp.PREMUL_SUM is not supported (gloo has no pre-multiply)")
+            if op == _AVG:
+                finish = self._average(outputs)
+                opts = _as_sum(opts)
+        queue.drain()  # queued device ops may still write the inputs
+        host = [_host(a) for a in args]
+        if opts is not None:
+            host.append(opts)
+        work = HostWork(getattr(self._gloo, method)(*host), _flat(outputs), finish)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _average(self, tensors):
+        views = [_host(t) for t in _flat(tensors)]
+        for v in views:
+            if not (v.dtype.is_floating_point or v.dtype.is_complex):
+                raise ValueError(f"neuron backend: ReduceOp.AVG needs floating-point tensors, got {v.dtype}")
+        n = self.size()
+        return lambda: [v.div_(n) for v in views]
+
+    # -- collectives (the methods torch.distributed calls on a group) -------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        opts = _opts(opts, _c10d.AllreduceOptions)
+        return self._launch("allreduce", tensors, tensors, opts=opts)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = _opts(opts, _c10d.AllreduceCoalescedOptions)
+        return self._launch("allreduce_coalesced", tensors, tensors, opts=opts)
+
+    def broadcast(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        return self._launch("broadcast", tensors, tensors, opts=_opts(opts, _c10d.BroadcastOptions))
+
+    def reduce(self, tensors, opts=None):
+        return self._launch("reduce", tensors, tensors, opts=_opts(opts, _c10d.ReduceOptions))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return self._launch(
+            "allgather", output_tensors, output_tensors, input_tensors, opts=_opts(opts, _c10d.AllgatherOptions)
+        )
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._launch("_allgather_base", output, output, input, opts=_opts(opts, _c10d.AllgatherOptions))
+
+    _allgather_base = all_gather_single  # the name before PyTorch 2.12
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self._launch(
+            "allgather_coalesced", output_lists, output_lists, input_list, opts=_opts(opts, _c10d.AllgatherOptions)
+        )
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        return self._launch(
+            "reduce_scatter", output_tensors, output_tensors, input_lists, opts=_opts(opts, _c10d.ReduceScatterOptions)
+        )
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._launch(
+            "_reduce_scatter_base", output, output, input, opts=_opts(opts, _c10d.ReduceScatterOptions)
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._coalesce(self.all_gather_single, outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self._coalesce(self.reduce_scatter_single, outputs, inputs, opts)
+
+    def _coalesce(self, one, outputs, inputs, opts):
+        """gloo has no coalesced form of these: one launch per pair, one handle for all."""
+        works = [one(o, i, opts) for o, i in zip(outputs, inputs)]
+        return HostWork(_AllWork(works), list(outputs))
+
+    def gather(self, output_lists, input_tensors, opts=None):
+        return self._launch("gather", output_lists, output_lists, input_tensors, opts=_opts(opts, _c10d.GatherOptions))
+
+    def scatter(self, output_tensors, input_lists, opts=None):
+        return self._launch(
+            "scatter", output_tensors, output_tensors, input_lists, opts=_opts(opts, _c10d.ScatterOptions)
+        )
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self._launch(
+            "alltoall_base", output, output, input, output_split_sizes, input_split_sizes,
+            opts=_opts(opts, _c10d.AllToAllOptions),
+        )
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._launch(
+            "alltoall", output_tensors, output_tensors, input_tensors, opts=_opts(opts, _c10d.AllToAllOptions)
+        )
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        return self._launch("send", [], tensors, dst, tag)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        return self._launch("recv", tensors, tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        return self._launch("recv_anysource", tensors, tensors, tag)
+
+    def barrier(self, opts=None):
+        opts = _opts(opts, _c10d.BarrierOptions)
+        opts.device = torch.device("cpu")  # gloo's barrier: no tensors
+        queue.drain()  # a barrier also orders the device's queued work before it
+        return HostWork(self._gloo.barrier(opts), [])
+
+    def _start_coalescing(self, device):
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        works, self._coalesced = self._coalesced or [], None
+        return HostWork(_AllWork(works), [t for w in works for t in w.result()])
+
+    def abort(self) -> None:
+        self._gloo.abort()
+
+    def shutdown(self) -> None:
+        self._gloo.shutdown()
+
+
+def _opts(opts, cls):
+    return cls() if opts is None else opts
+
+
+def _as_sum(opts):
+    """The same options with SUM (a copy: the caller's may be reused for other launches)."""
+    new = type(opts)()
+    new.reduceOp = _SUM
+    new.timeout = opts.timeout
+    return new
+
+
+class _AllWork:
+    """One handle for the works of a coalesced block (gloo ran them one by one)."""
+
+    def __init__(self, works: list[HostWork]):
+        self._works = works
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self):
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        return next((w.exception() for w in self._works if w.exception() is not None), None)
+
+    def source_rank(self):
+        return -1
+
+    def get_future(self):
+        return torch.futures.collect_all([w.get_future() for w in self._works])
+
+
+def create(store, rank: int, size: int, timeout: timedelta) -> NeuronProcessGroup:
+    """The creator `Backend.register_backend` calls for `backend="neuron"` (or the device's default).
+    Under torchrun each rank is bound to `neuron:{LOCAL_RANK}` here, before any collective runs."""
+    if "LOCAL_RANK" in os.environ:
+        from . import bind_local_rank
+
+        bind_local_rank()
+    return NeuronProcessGroup(store, rank, size, timeout)
