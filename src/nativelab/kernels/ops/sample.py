@@ -72,7 +72,7 @@ def _sample(logits, seed_state, temperature, top_k, top_p):
     return race.argmax(-1)
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.sample:sample"})
 def sample_kernel(logits, seed_state, temperature, top_k, top_p, out):
     out.copy_(_sample(logits, seed_state, temperature, top_k, top_p))
     seed_state[1:].add_(1)  # the next draw uses fresh noise
