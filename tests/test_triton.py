@@ -151,20 +151,23 @@ def _tiny_layers(n, dim, hidden, h, hkv, d, vocab, s, dtype):
     )
 
 
-def test_transformer_tkg_whole_decode_step():
+@pytest.mark.parametrize("dtype,b,t", [(torch.float32, 1, 1), (torch.bfloat16, 1, 1), (torch.float32, 2, 2)])
+def test_transformer_tkg_whole_decode_step(dtype, b, t):
     dim, h, hkv, d, vocab, s = 32, 4, 2, 8, 50, 24
-    L = _tiny_layers(2, dim, 48, h, hkv, d, vocab, s, torch.float32)
-    x, pos = rnd(1, 1, dim), torch.tensor([11], device=DEV)
-    cos, sin = rnd(1, d), rnd(1, d)
-    ref = {k: ([t.clone() for t in v] if isinstance(v, list) else v) for k, v in L.items()}
+    L = _tiny_layers(2, dim, 48, h, hkv, d, vocab, s, dtype)
+    for name in ("k_caches", "v_caches"):
+        L[name] = [c.expand(b, -1, -1, -1).contiguous() for c in L[name]]
+    x, pos = rnd(b, t, dim, dtype=dtype), torch.tensor([11, 12][:t], device=DEV)
+    cos, sin = rnd(t, d, dtype=dtype), rnd(t, d, dtype=dtype)
     order = ["input_norms", "wqs", "wks", "wvs", "wos", "post_norms", "gates", "ups", "downs", "k_caches",
              "v_caches", "final_norm", "lm_head"]
-    want = K.reference_transformer_tkg(x, pos, cos, sin, *[ref[k] for k in order], h, hkv, 1e-5)
-    out = torch.empty(1, 1, vocab, device=DEV)
+    ref = {k: ([t.clone().float() for t in v] if isinstance(v, list) else v.float()) for k, v in L.items()}
+    want = K.reference_transformer_tkg(x.float(), pos, *f32(cos, sin), *[ref[k] for k in order], h, hkv, 1e-5)
+    out = torch.empty(b, t, vocab, dtype=dtype, device=DEV)
     tr("transformer").transformer_tkg(x, pos, cos, sin, *[L[k] for k in order], h, hkv, 1e-5, out)
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-    for a, b in zip(L["k_caches"] + L["v_caches"], ref["k_caches"] + ref["v_caches"]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    close_products(out, want, dtype)
+    for got, exp in zip(L["k_caches"] + L["v_caches"], ref["k_caches"] + ref["v_caches"]):
+        close_products(got, exp, dtype)
 
 
 def _cpu_sample(logits, seed, counter, *args):
