@@ -47,6 +47,27 @@ def test_import_survives_an_emulator_that_cannot_register():
     assert "the emulated device is not registered" in r.stderr
 
 
+class _Replay:
+    """A CPU stand-in for the captured CUDA graph: a replay runs the static step once more."""
+
+    def __init__(self, step):
+        self.replay = step
+
+
+@pytest.mark.parametrize("tier", ["base", pytest.param("core", marks=pytest.mark.slow)])  # core: top-p sampler
+def test_the_static_decode_step_reproduces_the_decode_loop(tier):
+    """What the experimental tier captures on CUDA (static token / position buffers, the next token fed back
+    and recorded on the device) gives the tokens of the ordinary decode loop, run after run."""
+    m = Llama.random("tiny", tier, seed=0)
+    m.setup_cache()
+    s = Sampling(greedy=tier == "base", seed=3)
+    want = Generator(m, s).generate([10, 200, 33, 7], 10)
+    g = Generator(m, s)
+    g.cuda_graph, g._graph = True, _Replay(g._static_step())
+    assert g.generate([10, 200, 33, 7], 10) == want
+    assert g.generate([10, 200, 33, 7], 10) == want
+
+
 def cuda(*shape, dtype=torch.bfloat16, scale=1.0):
     return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 

@@ -112,7 +112,7 @@ def norm_gate_up_silu(X, NW, G, U, A, eps, DIM, INTER, BLOCK_N: tl.constexpr, BL
 
 def _qkv_weight(wq, wk, wv) -> torch.Tensor:
     """[Wq; Wk; Wv], concatenated once per weight version (the fused kernel walks one matrix)."""
-    key = tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in (wq, wk, wv))
+    key = tuple((w.data_ptr(), 0 if w.is_inference() else w._version, tuple(w.shape)) for w in (wq, wk, wv))
     w = _concat.get(key)
     if w is None:
         if len(_concat) >= _MAX_CONCAT:

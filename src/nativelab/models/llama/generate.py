@@ -84,9 +84,9 @@ class Generator:
         self.prefill_step = torch.compile(self._prefill_step, backend=backend, fullgraph=False)
         return self
 
-    def _capture(self) -> None:
-        """Capture one decode step over static buffers: it reads the token and position, writes the next token
-        into `_history[pos]`, then feeds it back and advances the position, all on the device."""
+    def _static_step(self):
+        """One decode step over static buffers: it reads the token and position, writes the next token into
+        `_history[pos]`, then feeds it back and advances the position, all on the device (what is captured)."""
         dev, n = self.device, self.model.cfg.max_seq_len
         self._token = torch.zeros(1, dtype=torch.int64, device=dev)
         self._pos = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -98,6 +98,10 @@ class Generator:
             self._token.copy_(nxt)
             self._pos.add_(1)
 
+        return step
+
+    def _capture(self) -> None:
+        step, dev = self._static_step(), self.device
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm up outside the capture: Triton compiles, cuBLAS picks its kernels
