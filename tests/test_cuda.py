@@ -94,10 +94,11 @@ DT = [torch.float32, torch.bfloat16]
 
 @gpu
 @pytest.mark.parametrize("dtype", DT)
-def test_rmsnorm_rope_qkv_mlp(dtype):
-    x, nw = cuda(2, 37, 512, dtype=dtype), cuda(512, dtype=dtype)
+@pytest.mark.parametrize("b,t", [(2, 37), (1, 1)])  # prefill rows; one decode row (the fused kernels)
+def test_rmsnorm_rope_qkv_mlp(dtype, b, t):
+    x, nw = cuda(b, t, 512, dtype=dtype), cuda(512, dtype=dtype)
     close(K.rmsnorm(x, nw), K.reference_rmsnorm(*f32(x, nw)), dtype)
-    q, cos, sin = cuda(2, 8, 37, 64, dtype=dtype), cuda(37, 64, dtype=dtype), cuda(37, 64, dtype=dtype)
+    q, cos, sin = cuda(b, 8, t, 64, dtype=dtype), cuda(t, 64, dtype=dtype), cuda(t, 64, dtype=dtype)
     close(K.rope(q, cos, sin), K.reference_rope(*f32(q, cos, sin)), dtype)
     wq, wk, wv = cuda(2048, 512, dtype=dtype, scale=0.04), cuda(512, 512, dtype=dtype, scale=0.04), \
         cuda(512, 512, dtype=dtype, scale=0.04)

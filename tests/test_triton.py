@@ -88,21 +88,22 @@ def test_rope_strided_in_place_and_into_cache_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_qkv_grouped(dtype):
-    x = rnd(2, 3, 32, dtype=dtype)
+@pytest.mark.parametrize("t", [3, 9])  # 6 rows: the fused decode kernel; 18 rows: norm, cuBLAS, RoPE
+def test_qkv_grouped(dtype, t):
+    x = rnd(2, t, 32, dtype=dtype)
     nw = rnd(32, dtype=dtype)
     wq, wk, wv = rnd(32, 32, dtype=dtype, scale=0.2), rnd(16, 32, dtype=dtype, scale=0.2), rnd(16, 32, dtype=dtype)
-    cos, sin = rnd(3, 8, dtype=dtype), rnd(3, 8, dtype=dtype)
-    outs = [torch.empty(2, h, 3, 8, dtype=dtype, device=DEV) for h in (4, 2, 2)]
+    cos, sin = rnd(t, 8, dtype=dtype), rnd(t, 8, dtype=dtype)
+    outs = [torch.empty(2, h, t, 8, dtype=dtype, device=DEV) for h in (4, 2, 2)]
     tr("qkv").qkv(x, nw, wq, wk, wv, cos, sin, 4, 2, 1e-5, *outs)
     for got, want in zip(outs, K.reference_qkv(*f32(x, nw, wq, wk, wv, cos, sin), 4, 2, 1e-5)):
         close_products(got, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("norm,residual", [(True, True), (False, False)])
-def test_mlp(dtype, norm, residual):
-    x = rnd(2, 3, 32, dtype=dtype)
+@pytest.mark.parametrize("norm,residual,t", [(True, True, 3), (True, False, 9), (False, False, 3)])
+def test_mlp(dtype, norm, residual, t):  # 6 rows with a norm: the fused decode kernel
+    x = rnd(2, t, 32, dtype=dtype)
     g, u, d = rnd(48, 32, dtype=dtype, scale=0.3), rnd(48, 32, dtype=dtype, scale=0.3), rnd(32, 48, dtype=dtype,
                                                                                               scale=0.3)
     nw = rnd(32, dtype=dtype) if norm else None

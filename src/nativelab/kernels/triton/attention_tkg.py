@@ -27,7 +27,7 @@ def decode_attention(Q, Kc, Vc, Pos, O, scale, H, GROUP, T, sqb, sqh, sqt, skb, 
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     q = tl.load(Q + b * sqb + h * sqh + t * sqt + offs_d, mask=dmask, other=0.0).to(tl.float32)
-    last = tl.load(Pos + t)  # attends to cache positions 0..last
+    last = tl.load(Pos + t).to(tl.int32)  # attends to cache positions 0..last
     m_i = tl.full([], float("-inf"), tl.float32)
     l_i = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)

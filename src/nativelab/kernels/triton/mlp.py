@@ -1,5 +1,6 @@
-"""The SwiGLU MLP for CUDA: RMSNorm and SiLU(gate) * up in Triton, the projections on cuBLAS, the residual
-folded into the down projection (`addmm`)."""
+"""The SwiGLU MLP for CUDA, the residual folded into the down projection (`addmm`). A few rows with a norm
+(decode): RMSNorm + gate / up + SiLU * up in one fused kernel (fused_gemv.py); otherwise RMSNorm and
+SiLU(gate) * up in Triton, the gate / up projections on cuBLAS."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ._launch import rows
+from .fused_gemv import MAX_ROWS, fused_norm_swiglu
 from .rmsnorm import rmsnorm_into
 
 _BLOCK = 1024
@@ -35,8 +37,11 @@ def swiglu(h: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor) -> torch.T
 
 def mlp_into(x, gate_w, up_w, down_w, norm_w, eps, residual, out):
     x2 = rows(x)
-    h = rmsnorm_into(x2, norm_w, eps, torch.empty_like(x2)) if norm_w is not None else x2
-    act = swiglu(h, gate_w, up_w)
+    if norm_w is not None and x2.shape[0] <= MAX_ROWS and gate_w.is_contiguous() and up_w.is_contiguous():
+        act = fused_norm_swiglu(x2, norm_w, gate_w, up_w, eps)
+    else:
+        h = rmsnorm_into(x2, norm_w, eps, torch.empty_like(x2)) if norm_w is not None else x2
+        act = swiglu(h, gate_w, up_w)
     o2 = out.view(-1, out.shape[-1])
     if residual:
         torch.addmm(x2, act, down_w.t(), out=o2)
