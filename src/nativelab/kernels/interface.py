@@ -64,11 +64,11 @@ class Kernel:
         if len(devices) > 1:
             raise ValueError(f"kernel {self.name}: all tensors must be on one device, got {sorted(map(str, devices))}")
         kind = next(iter(devices)).type if devices else "cpu"
-        if kind not in (DEVICE, "cpu"):
-            impl = self.targets.get(kind)
-            if impl is None:
-                raise NotImplementedError(f"kernel {self.name} has no implementation for {kind} tensors "
-                                          f"(it has: {', '.join([DEVICE, 'cpu', *self.targets])})")
+        impl = self.targets.get(kind)  # a target for this device type wins over the traced path
+        if impl is None and kind not in (DEVICE, "cpu"):
+            raise NotImplementedError(f"kernel {self.name} has no implementation for {kind} tensors "
+                                      f"(it has: {', '.join([DEVICE, 'cpu', *self.targets])})")
+        if impl is not None:
             if isinstance(impl, str):
                 module, _, attr = impl.partition(":")
                 impl = self.targets[kind] = getattr(importlib.import_module(module), attr)
