@@ -38,12 +38,12 @@ echo "smollm2-135m: not run here (its 98 MB GGUF file and the gguf reader are no
 cat "$OUT/env.log"
 
 # The headline: the three tiers compiled (Inductor) and eager, greedy, against the HBM roofline.
-step lab2 210 $PY bench/lab2.py --device cuda --size small --tokens 50 --repeats 3 --skip-top-p || true
+step lab2 250 $PY bench/lab2.py --device cuda --size small --tokens 50 --repeats 3 --skip-top-p || true
 # (not slow: the one slow test checks CPU-only logic through the CPU kernel compiler, not this machine's concern)
-step tests 150 $PY -m pytest -q -p no:cacheprovider -rfE -m "not slow" tests/test_cuda.py tests/test_triton.py || true
-step kernels 50 $PY bench/kernels.py --device cuda --skip-compiled --iters 100 || true
+step tests 120 $PY -m pytest -q -p no:cacheprovider -rfE -m "not slow" tests/test_cuda.py tests/test_triton.py || true
+step kernels 40 $PY bench/kernels.py --device cuda --skip-compiled --iters 100 || true
 # Top-p through the device sampler (eager; no compile), the Lab 2 table format.
-step run_top_p 40 $PY -m nativelab.cli run --device cuda --model all --size small --tokens 50 --warmup 1 --repeat 3 || true
+step run_top_p 30 $PY -m nativelab.cli run --device cuda --model all --size small --tokens 50 --warmup 1 --repeat 3 || true
 
 {
   echo "---- figures"

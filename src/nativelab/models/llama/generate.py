@@ -74,14 +74,17 @@ class Generator:
         return self._sample(self.model(token.view(1, 1), input_pos)[:, -1])
 
     def compile(self, backend: str | None = None) -> "Generator":
-        """torch.compile the steps: backend "neuron" on the emulated device, Inductor (its default mode, no
-        CUDA graphs of its own) on CUDA. A decode step replayed as a CUDA graph is not compiled: it is already
-        one launch per token."""
+        """torch.compile the steps: backend "neuron" on the emulated device; on CUDA, Inductor (its default
+        mode, no CUDA graphs of its own) for the decode step only: the prefill runs once per generation and
+        Inductor's compile time is better not spent on it. A decode step replayed as a CUDA graph is not
+        compiled: it is already one launch per token."""
+        cuda = self.device.type == "cuda"
         if backend is None:
-            backend = "inductor" if self.device.type == "cuda" else "neuron"
+            backend = "inductor" if cuda else "neuron"
         if not self.cuda_graph:
             self.decode_step = torch.compile(self._decode_step, backend=backend, fullgraph=False)
-        self.prefill_step = torch.compile(self._prefill_step, backend=backend, fullgraph=False)
+        if not cuda:
+            self.prefill_step = torch.compile(self._prefill_step, backend=backend, fullgraph=False)
         return self
 
     def _static_step(self):
