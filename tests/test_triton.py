@@ -100,6 +100,22 @@ def test_qkv_grouped(dtype, t):
         close_products(got, want, dtype)
 
 
+def test_fused_qkv_sees_weights_written_in_place_or_replaced():
+    """The fused kernel's concatenated [Wq; Wk; Wv] is remade when a weight changes (no stale copy)."""
+    x, nw = rnd(1, 1, 32), rnd(32)
+    wq, wk, wv = rnd(32, 32), rnd(16, 32), rnd(16, 32)
+    cos, sin = rnd(1, 8), rnd(1, 8)
+    for change in (lambda: wk.mul_(-2.0), lambda: wv.copy_(rnd(16, 32)), None):
+        if change is None:
+            wv = rnd(16, 32)  # another tensor altogether
+        else:
+            change()
+        outs = [torch.empty(1, h, 1, 8, device=DEV) for h in (4, 2, 2)]
+        tr("qkv").qkv(x, nw, wq, wk, wv, cos, sin, 4, 2, 1e-5, *outs)
+        for got, want in zip(outs, K.reference_qkv(x, nw, wq, wk, wv, cos, sin, 4, 2, 1e-5)):
+            close(got, want, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm,residual,t", [(True, True, 3), (True, False, 9), (False, False, 3)])
 def test_mlp(dtype, norm, residual, t):  # 6 rows with a norm: the fused decode kernel

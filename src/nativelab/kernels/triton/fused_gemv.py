@@ -15,8 +15,6 @@ from ._launch import block
 MAX_ROWS = 16  # beyond this many rows the per-row weight walk loses to a cuBLAS product
 _BLOCK_K = 128
 _BLOCK_N = 32
-_MAX_CONCAT = 64  # concatenated Q/K/V weights kept (one per layer and weight version)
-_concat: dict = {}
 
 
 @triton.jit
@@ -109,14 +107,15 @@ def norm_gate_up_silu(X, NW, G, U, A, eps, DIM, INTER, BLOCK_N: tl.constexpr, BL
 
 
 def _qkv_weight(wq, wk, wv) -> torch.Tensor:
-    """[Wq; Wk; Wv], concatenated once per weight version (the fused kernel walks one matrix)."""
-    key = tuple((w.data_ptr(), 0 if w.is_inference() else w._version, tuple(w.shape)) for w in (wq, wk, wv))
-    w = _concat.get(key)
-    if w is None:
-        if len(_concat) >= _MAX_CONCAT:
-            del _concat[next(iter(_concat))]
-        w = _concat[key] = torch.cat([wq, wk, wv]).contiguous()
-    return w
+    """[Wq; Wk; Wv] for the fused kernel, which walks one matrix: made once and kept on wq itself (so it lives
+    and dies with the weight: a key by address could outlive it and match a new weight at the same address),
+    made again when wk / wv are other tensors or any of the three was written since."""
+    versions = tuple(0 if w.is_inference() else w._version for w in (wq, wk, wv))
+    cached = getattr(wq, "_nativelab_qkv", None)
+    if cached is None or cached[0] is not wk or cached[1] is not wv or cached[2] != versions:
+        cached = (wk, wv, versions, torch.cat([wq, wk, wv]))
+        wq._nativelab_qkv = cached
+    return cached[3]
 
 
 def fused_qkv(h, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps, q_out, k_out, v_out, pos=None):
