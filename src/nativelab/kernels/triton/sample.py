@@ -77,8 +77,9 @@ def sample(logits, seed_state, temperature, top_k, top_p, out):
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     blk = triton.next_power_of_2(v)
+    warps = max(1, min(32, blk // 1024))  # the row in registers, ~32 values per thread
     if b:
         sample_rows[(b,)](logits, seed_state, out, v, logits.stride(0), float(temperature), int(top_k),
                           float(top_p), BLOCK=blk, GREEDY=temperature <= 0.0, TOP_K=0 < top_k < v,
-                          TOP_P=top_p < 1.0, STEPS=_BISECT_STEPS, num_warps=max(1, min(16, blk // 2048)))
+                          TOP_P=top_p < 1.0, STEPS=_BISECT_STEPS, num_warps=warps)
     seed_state[1:].add_(1)  # the next draw uses fresh noise (a device op: no host sync)
