@@ -19,7 +19,9 @@ __all__ = ["device", "get_fallback_ops", "get_executed_ops", "get_op_counts", "c
 def _register_device() -> None:
     try:
         device.register()
-    except Exception as e:  # noqa: BLE001 - any failure here only costs the emulated device
+    except ValueError:
+        raise  # a bad setting (NEURON_RT_NUM_CORES=four, ...): the user's to fix, not a reason to go on
+    except Exception as e:  # noqa: BLE001 - PyTorch's private APIs differ: it only costs the emulated device
         import torch
 
         warnings.warn(f"nativelab: the emulated neuron device is unavailable on torch {torch.__version__} "
