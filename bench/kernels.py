@@ -1,10 +1,11 @@
 """Each library kernel against the unfused plain-PyTorch reference, on the device, measured in one run.
 
-    python bench/kernels.py [--dtype bfloat16] [--iters 50]
+    python bench/kernels.py [--dtype bfloat16] [--iters 50] [--device cuda]
 
 Shapes are the guide's `small` Llama at decode (batch 1, one token; hidden 512, 8 heads of 64, MLP 2048,
 vocabulary 32000). Eager reference = the reference implementation run op by op on the device; compiled
-reference = the same through torch.compile(backend="neuron"). Targets: mlp and qkv >= 1.5x the unfused eager
+reference = the same through torch.compile(backend="neuron") (with --device cuda: the Triton kernels against
+the reference eager on CUDA and compiled by Inductor). Targets: mlp and qkv >= 1.5x the unfused eager
 reference; transformer_tkg (a whole decode step) >= 2x the unfused eager layers; sample top-p >= 5x the
 sort + multinomial path.
 """
@@ -23,14 +24,15 @@ from nativelab.kernels.ops.sample import seed_state
 from nativelab.models.llama import Llama
 
 
-def timed(fn, iters: int) -> float:
+def timed(fn, iters: int, device: str) -> float:
+    sync = (torch.cuda if device == "cuda" else torch.neuron).synchronize
     for _ in range(3):
         fn()
-    torch.neuron.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    torch.neuron.synchronize()
+    sync()
     return (time.perf_counter() - t0) / iters * 1e6
 
 
@@ -49,9 +51,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="neuron", choices=["neuron", "cuda"])
+    ap.add_argument("--skip-compiled", action="store_true", help="no compiled reference (saves the compiles)")
     args = ap.parse_args()
     dt = getattr(torch, args.dtype)
-    d = "neuron"
+    d = args.device
+    backend = "inductor" if d == "cuda" else "neuron"
     torch.manual_seed(0)
     x = torch.randn(1, 1, 512, dtype=dt).to(d)
     nw = torch.ones(512, dtype=dt).to(d)
@@ -90,16 +95,17 @@ def main() -> None:
                                           lambda: ops.reference_linear_cross_entropy(hs, model.lm_head.weight,
                                                                                       labels)),
     }
-    print(f"torch {torch.__version__}, {args.dtype}, {torch.get_num_threads()} threads, medians of {args.repeats}")
+    where = torch.cuda.get_device_name() if d == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {d} ({where}), {args.dtype}, medians of {args.repeats}")
     print(f"  {'kernel':<28} {'kernel us':>10} {'ref eager us':>13} {'ref compiled us':>16} {'vs eager':>9}")
     for name, (kern, ref) in cases.items():
-        ref_c = torch.compile(ref, backend="neuron")
+        ref_c = None if args.skip_compiled else torch.compile(ref, backend=backend)
         with torch.inference_mode():
             ks, es, cs = [], [], []
             for _ in range(args.repeats):
-                ks.append(timed(kern, args.iters))
-                es.append(timed(ref, args.iters))
-                cs.append(timed(ref_c, args.iters))
+                ks.append(timed(kern, args.iters, d))
+                es.append(timed(ref, args.iters, d))
+                cs.append(timed(ref_c, args.iters, d) if ref_c else float("nan"))
         k, e, c = statistics.median(ks), statistics.median(es), statistics.median(cs)
         print(f"  {name:<28} {k:>10.1f} {e:>13.1f} {c:>16.1f} {e / k:>8.2f}x")
 

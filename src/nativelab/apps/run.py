@@ -3,6 +3,9 @@
 Builds the Llama in the chosen tier(s) on one set of weights, optionally compiles the decode and prefill steps
 with `torch.compile(backend="neuron")`, warms up, then times the generation of `--tokens` tokens between
 `synchronize()` fences and prints the guide's report, the CPU fallback ops, and with `--model all` a table.
+
+`--device cuda` runs the same on a GPU: the library kernels in Triton, `--compile` with Inductor, and the
+experimental tier's decode step replayed as one CUDA graph per token.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ DEFAULT_PROMPT = [1, 15043, 29892, 590, 1024, 338]  # a fixed prompt for random-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="nativelab run", description="The Lab 2 Llama benchmark.")
     ap.add_argument("--model", default="base", choices=[*TIERS, "all"])
-    ap.add_argument("--compile", action="store_true", help='torch.compile(backend="neuron") the model steps')
+    ap.add_argument("--compile", action="store_true",
+                    help='torch.compile the model steps (backend "neuron"; Inductor on cuda)')
     ap.add_argument("--greedy", action="store_true", help="greedy decoding (default: top-p sampling)")
     ap.add_argument("--size", default="small", choices=[*sorted(SIZES), *REAL_SIZES],
                     help="random-weight tiny/small, or smollm2-135m: the real SmolLM2-135M-Instruct (offline)")
@@ -40,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="timed runs; the median is reported")
-    ap.add_argument("--device", default="neuron", choices=["neuron", "cpu"])
+    ap.add_argument("--device", default="neuron", choices=["neuron", "cpu", "cuda"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--prompt", default=None,
                     help="text (models with a tokenizer) or comma-separated token ids (random-weight models)")
@@ -53,6 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--tokens must be at least 1")
     if args.repeat < 1 or args.warmup < 0:
         ap.error("--repeat must be >= 1 and --warmup >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available to this PyTorch")
+    if args.device == "neuron" and not (nativelab.device.is_registered() or nativelab.device.real_neuron_installed()):
+        ap.error("--device neuron: the emulated device is not registered (see the warning at import)")
     return args
 
 
@@ -74,6 +82,8 @@ def prompt_ids(args, vocab: int, tokenizer: Tokenizer | None = None) -> list[int
 def sync(device: str) -> None:
     if device == "neuron":
         torch.neuron.synchronize()
+    elif device == "cuda":
+        torch.cuda.synchronize()
 
 
 def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
@@ -90,6 +100,8 @@ def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
     print(f"Model   : {tier} — {DESCRIPTIONS[tier]}")
     print(f"Size    : {args.size}")
     print(f"Compile : {args.compile}")
+    if gen.cuda_graph:
+        print("Decode  : one CUDA graph replay per token")
     print(f"Tokens  : {args.tokens}")
     n = model.num_parameters()
     print(f"\nParams  : {n:,}  ({n * dtype.itemsize / 2**20:.1f} MB {args.dtype})\n")

@@ -32,11 +32,13 @@ def register_python_backend(name: str, module, hooks, guard) -> None:
 
 
 def hooks_base() -> type:
-    return torch._C._acc.PrivateUse1Hooks
+    # `object` where this PyTorch lacks the class: importing nativelab must still work (its CUDA and CPU
+    # paths need no device); registering then fails, with a warning (nativelab/__init__.py).
+    return getattr(getattr(torch._C, "_acc", None), "PrivateUse1Hooks", object)
 
 
 def guard_base() -> type:
-    return torch._C._acc.DeviceGuard
+    return getattr(getattr(torch._C, "_acc", None), "DeviceGuard", object)
 
 
 def device_storage(host_ptr: int, device: torch.device, nbytes: int) -> torch.UntypedStorage:

@@ -19,6 +19,7 @@ the same call works in eager mode and inside `torch.compile`, where it stays one
 from __future__ import annotations
 
 import hashlib
+import importlib
 import time
 from collections.abc import Callable
 
@@ -39,7 +40,8 @@ class Kernel:
     """A kernel function compiled per input signature, launchable on device, CPU and fake tensors.
 
     `targets` maps other device types to their own implementation of the same signature (`{"cuda": f}`:
-    a Triton launcher, say); the traced-and-compiled path serves the emulated device and the CPU.
+    a Triton launcher, say), or to its "module:function" name, imported on first use (so a CPU-only install
+    never imports Triton); the traced-and-compiled path serves the emulated device and the CPU.
 
     `weights` names argument positions holding weights (a tensor or a list of tensors). When the kernel runs
     without autograd (inference), those are baked into the generated code as constants, so their layout is
@@ -49,7 +51,7 @@ class Kernel:
     `threads` caps the generated code's parallelism: a kernel made of many small passes (the sampler's
     bisection) runs faster on one thread than paying a thread fork/join per pass."""
 
-    def __init__(self, fn: Callable, targets: dict[str, Callable] | None = None, weights: tuple[int, ...] = (),
+    def __init__(self, fn: Callable, targets: dict[str, Callable | str] | None = None, weights: tuple[int, ...] = (),
                  threads: int | None = None):
         self.fn = fn
         self.targets = dict(targets or {})
@@ -66,11 +68,14 @@ class Kernel:
         if len(devices) > 1:
             raise ValueError(f"kernel {self.name}: all tensors must be on one device, got {sorted(map(str, devices))}")
         kind = next(iter(devices)).type if devices else "cpu"
-        if kind not in (DEVICE, "cpu"):
-            impl = self.targets.get(kind)
-            if impl is None:
-                raise NotImplementedError(f"kernel {self.name} has no implementation for {kind} tensors "
-                                          f"(it has: {', '.join([DEVICE, 'cpu', *self.targets])})")
+        impl = self.targets.get(kind)  # a target for this device type wins over the traced path
+        if impl is None and kind not in (DEVICE, "cpu"):
+            raise NotImplementedError(f"kernel {self.name} has no implementation for {kind} tensors "
+                                      f"(it has: {', '.join([DEVICE, 'cpu', *self.targets])})")
+        if impl is not None:
+            if isinstance(impl, str):
+                module, _, attr = impl.partition(":")
+                impl = self.targets[kind] = getattr(importlib.import_module(module), attr)
             return impl(*args)
         frozen = self._frozen_positions(spec) if self.weights and not torch.is_grad_enabled() else ()
         key = (
@@ -186,7 +191,7 @@ def _spec_key(s):
     return s if s[0] != "v" else ("v", repr(s[1]))
 
 
-def wrap_kernel(fn: Callable | None = None, *, targets: dict[str, Callable] | None = None,
+def wrap_kernel(fn: Callable | None = None, *, targets: dict[str, Callable | str] | None = None,
                 weights: tuple[int, ...] = (), threads: int | None = None):
     """Make `fn(*inputs, *outputs)` a kernel compiled per signature and launchable on the device; `targets`
     adds implementations for other device types (e.g. {"cuda": triton_launcher}); `weights` marks argument

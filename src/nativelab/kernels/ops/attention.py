@@ -34,12 +34,12 @@ def reference_attention_tkg(q, k_new, v_new, k_cache, v_cache, pos):
     return probs @ _expand_kv(v_cache, q.shape[1])
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.attention_cte:attention_cte"})
 def attention_cte_kernel(q, k, v, out):
     out.copy_(reference_attention_cte(q, k, v))
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.attention_tkg:attention_tkg"})
 def attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos, out):
     out.copy_(reference_attention_tkg(q, k_new, v_new, k_cache, v_cache, pos))
 

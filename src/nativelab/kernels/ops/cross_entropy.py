@@ -39,26 +39,26 @@ def _grad_logits(grad, logits, target, lse, ignore_index):
     return (probs - onehot) * valid * scale
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.cross_entropy:ce_forward"})
 def ce_forward_kernel(logits, target, ignore_index, loss_out, lse_out):
     loss, lse = _loss_and_lse(logits, target, ignore_index)
     loss_out.copy_(loss)
     lse_out.copy_(lse)
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.cross_entropy:ce_backward"})
 def ce_backward_kernel(grad, logits, target, lse, ignore_index, grad_out):
     grad_out.copy_(_grad_logits(grad, logits, target, lse, ignore_index))
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.cross_entropy:lce_forward"})
 def lce_forward_kernel(h, weight, target, ignore_index, loss_out, lse_out):
     loss, lse = _loss_and_lse(F.linear(h, weight), target, ignore_index)
     loss_out.copy_(loss)
     lse_out.copy_(lse)
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.cross_entropy:lce_backward"})
 def lce_backward_kernel(grad, h, weight, target, lse, ignore_index, grad_h, grad_w):
     g = _grad_logits(grad, F.linear(h, weight), target, lse, ignore_index)
     grad_h.copy_(g @ weight.float())

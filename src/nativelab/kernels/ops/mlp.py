@@ -17,12 +17,12 @@ def reference_mlp(x, gate_w, up_w, down_w, norm_w=None, eps: float = 1e-5, resid
     return x + y if residual else y
 
 
-@wrap_kernel(weights=(1, 2, 3, 4))
+@wrap_kernel(weights=(1, 2, 3, 4), targets={"cuda": "nativelab.kernels.triton.mlp:mlp"})
 def mlp_kernel(x, gate_w, up_w, down_w, norm_w, eps, residual, out):
     out.copy_(reference_mlp(x, gate_w, up_w, down_w, norm_w, eps, residual))
 
 
-@wrap_kernel(weights=(1, 2, 3))
+@wrap_kernel(weights=(1, 2, 3), targets={"cuda": "nativelab.kernels.triton.mlp:mlp_no_norm"})
 def mlp_kernel_no_norm(x, gate_w, up_w, down_w, residual, out):
     out.copy_(reference_mlp(x, gate_w, up_w, down_w, None, 0.0, residual))
 

@@ -13,7 +13,7 @@ def reference_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) 
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.rmsnorm:rmsnorm"})
 def rmsnorm_kernel(x, weight, eps, out):
     out.copy_(reference_rmsnorm(x, weight, eps))
 

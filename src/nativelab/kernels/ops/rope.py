@@ -14,7 +14,7 @@ def reference_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return (x * cos + rotated * sin).type_as(x)
 
 
-@wrap_kernel
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.rope:rope"})
 def rope_kernel(x, cos, sin, out):
     out.copy_(reference_rope(x, cos, sin))
 

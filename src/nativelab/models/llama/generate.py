@@ -1,7 +1,9 @@
 """Generation with the static KV cache (gpt-fast style): prefill the prompt, then one token per decode step.
 
 The decode step (model + sampling) is the unit `torch.compile` captures: fixed shapes (one token, one position),
-so it compiles once and never again during generation.
+so it compiles once and never again during generation. On CUDA the experimental tier goes further: its whole
+decode step (every layer, final norm, LM head, sampling, the cache position update) is captured once as a CUDA
+graph over static buffers, so each generated token is one graph replay with no host sync in between.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ def sample_torch(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 
 
 class Generator:
-    """Prefill + decode for one model; `decode_step` is what `compile()` replaces with a compiled graph."""
+    """Prefill + decode for one model; `decode_step` is what `compile()` replaces with a compiled graph.
 
-    def __init__(self, model: Llama, sampling: Sampling):
+    `cuda_graph` (default: the experimental tier on CUDA) replays the decode step as a captured CUDA graph."""
+
+    def __init__(self, model: Llama, sampling: Sampling, cuda_graph: bool | None = None):
         self.model = model
         self.sampling = sampling
         device = model.embed_tokens.weight.device
@@ -50,6 +54,12 @@ class Generator:
         self.seed_state = seed_state(sampling.seed, device)
         self.decode_step = self._decode_step
         self.prefill_step = self._prefill_step
+        if cuda_graph is None:
+            cuda_graph = model.tier == "experimental" and device.type == "cuda"
+        if cuda_graph and device.type != "cuda":
+            raise ValueError(f"cuda_graph: the model is on {device}, CUDA graphs need a CUDA device")
+        self.cuda_graph = cuda_graph
+        self._graph = None
 
     def _sample(self, logits: torch.Tensor) -> torch.Tensor:
         s = self.sampling
@@ -63,10 +73,55 @@ class Generator:
     def _decode_step(self, token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         return self._sample(self.model(token.view(1, 1), input_pos)[:, -1])
 
-    def compile(self, backend: str = "neuron") -> "Generator":
-        self.decode_step = torch.compile(self._decode_step, backend=backend, fullgraph=False)
-        self.prefill_step = torch.compile(self._prefill_step, backend=backend, fullgraph=False)
+    def compile(self, backend: str | None = None) -> "Generator":
+        """torch.compile the steps: backend "neuron" on the emulated device; on CUDA, Inductor (its default
+        mode, no CUDA graphs of its own) for the decode step only: the prefill runs once per generation and
+        Inductor's compile time is better not spent on it. A decode step replayed as a CUDA graph is not
+        compiled: it is already one launch per token."""
+        cuda = self.device.type == "cuda"
+        if backend is None:
+            backend = "inductor" if cuda else "neuron"
+        if not self.cuda_graph:
+            self.decode_step = torch.compile(self._decode_step, backend=backend, fullgraph=False)
+        if not cuda:
+            self.prefill_step = torch.compile(self._prefill_step, backend=backend, fullgraph=False)
         return self
+
+    def _static_step(self):
+        """One decode step over static buffers: it reads the token and position, writes the next token into
+        `_history[pos]`, then feeds it back and advances the position, all on the device (what is captured)."""
+        dev, n = self.device, self.model.cfg.max_seq_len
+        self._token = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._pos = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._history = torch.zeros(n, dtype=torch.int64, device=dev)
+
+        def step():
+            nxt = self._decode_step(self._token, self._pos)
+            self._history.index_copy_(0, self._pos, nxt)
+            self._token.copy_(nxt)
+            self._pos.add_(1)
+
+        return step
+
+    def _capture(self) -> None:
+        step, dev = self._static_step(), self.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm up outside the capture: Triton compiles, cuBLAS picks its kernels
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        self._graph = graph
+
+    def _decode_replayed(self, first: torch.Tensor, start: int, n: int) -> torch.Tensor:
+        self._token.copy_(first.view(1))
+        self._pos.fill_(start)
+        for _ in range(n):
+            self._graph.replay()
+        return self._history[start:start + n]
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -78,10 +133,14 @@ class Generator:
                              f"maximum sequence length {cfg.max_seq_len}")
         if any(t < 0 or t >= cfg.vocab_size for t in prompt):
             raise ValueError(f"prompt: token ids must be in [0, {cfg.vocab_size})")
+        if self.cuda_graph and self._graph is None:
+            self._capture()  # before the prefill: the capture's warm-up steps write cache rows and the counter
         self.seed_state.copy_(seed_state(self.sampling.seed, self.device))
         tokens = torch.tensor([prompt], dtype=torch.int32).to(self.device)
         positions = torch.arange(cfg.max_seq_len, dtype=torch.int64).to(self.device)
         nxt = self.prefill_step(tokens, positions[: len(prompt)])
+        if self.cuda_graph:
+            return torch.cat([nxt, self._decode_replayed(nxt, len(prompt), max_new_tokens - 1)]).cpu().tolist()
         out = [nxt]
         for i in range(max_new_tokens - 1):
             pos = positions[len(prompt) + i: len(prompt) + i + 1]
