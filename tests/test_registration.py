@@ -33,6 +33,23 @@ def test_notice_is_printed_once_on_first_use_and_can_be_silenced():
     assert "emulated" not in r.stderr
 
 
+def test_stands_aside_on_a_cuda_machine_unless_asked():
+    # A registered PrivateUse1 backend becomes torch's accelerator and breaks CUDA backward, so a machine with
+    # a GPU keeps CUDA as its accelerator. No GPU here: pretend one is present.
+    code = (
+        "import torch\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "import nativelab\n"
+        "print(nativelab.device.is_registered(), hasattr(torch, 'neuron'))\n"
+    )
+    r = run_python(code, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+    r = run_python(code, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NATIVELAB_EMULATE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]
+
+
 def test_stands_aside_when_the_real_neuron_stack_is_installed(tmp_path):
     fake = tmp_path / "torch_neuronx"
     fake.mkdir()

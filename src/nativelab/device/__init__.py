@@ -1,7 +1,10 @@
 """The emulated `neuron` device: PyTorch's PrivateUse1 backend, implemented in Python on host memory.
 
 `register()` is what `import torch` runs through the `torch.backends` entry point. It does nothing when
-the real Neuron stack (`torch_neuronx`) is installed: then the real device serves `neuron`.
+the real Neuron stack (`torch_neuronx`) is installed: then the real device serves `neuron`. It also stands
+aside when a CUDA GPU is present (NATIVELAB_EMULATE=1 registers anyway): PyTorch takes a registered
+PrivateUse1 backend as *the* accelerator, and from then on every CUDA backward fails inside the autograd
+engine (`opt_ready_stream && opt_parent_stream`, pytorch/pytorch#161129).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ def real_neuron_installed() -> bool:
     return importlib.util.find_spec("torch_neuronx") is not None
 
 
+def cuda_present() -> bool:
+    """A real CUDA GPU, which the emulator must not displace as PyTorch's accelerator."""
+    return torch.cuda.is_available()
+
+
 def is_registered() -> bool:
     return _state["registered"]
 
@@ -37,6 +45,8 @@ def register() -> bool:
     if _state["registered"]:
         return True
     if real_neuron_installed():
+        return False
+    if cuda_present() and not config.emulate_beside_cuda():
         return False
     current = torch._C._get_privateuse1_backend_name()
     if current != "privateuseone":

@@ -67,6 +67,11 @@ def _virtual_core_size() -> int:
     return lnc
 
 
+def emulate_beside_cuda() -> bool:
+    """NATIVELAB_EMULATE=1: register the emulated device on a CUDA machine too (CUDA backward then fails)."""
+    return _flag_env("NATIVELAB_EMULATE", False)
+
+
 def load() -> Config:
     lnc = _virtual_core_size()
     return Config(
