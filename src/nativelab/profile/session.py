@@ -98,6 +98,8 @@ class Session:
 
     def run(self, name: str, fn, args):
         """Run one unit of device work: a queued entry, or a graph the host runs at once."""
+        # Counted before it runs: the dtype policy rewrites an op's host arguments (int64 -> int32) as it runs.
+        counted = self._traffic(name, fn, args)
         t0 = _perf_ns()
         if _private.torch_profiler_enabled():
             with _record_function("neuron::" + name):
@@ -105,7 +107,7 @@ class Session:
         else:
             res = fn(*args)
         t1 = _perf_ns()
-        kind, read, written = self._traffic(name, fn, args, res)
+        kind, read, written = counted if counted is not None else self._traffic_of_result(fn, args, res)
         if kind == "transfer":
             self._count_transfer("host_to_device", written)
             self._add(name, "host sync", "transfer", t0, t1, 0, written)
@@ -163,8 +165,9 @@ class Session:
                 self.dropped_events += 1
         return st
 
-    def _traffic(self, name: str, fn, args, res) -> tuple[str, int, int]:
-        """(kind, read, written) of one unit of device work, from what the device queued."""
+    def _traffic(self, name: str, fn, args) -> tuple[str, int, int] | None:
+        """(kind, read, written) of one unit of device work, from what the device queued; None for a graph
+        run at launch, whose outputs are known only after it ran."""
         if fn is _ops._run_functional or fn is _ops._run_functional_policy:
             rec, hargs, houts = args
             return "op", *op_traffic(rec, hargs, houts)
@@ -180,12 +183,16 @@ class Session:
             if fn.__name__ == "run":
                 hargs, houts = args
                 return "graph", *io.traffic(hargs, houts)
-            return "graph", *io.traffic(args, _fresh_outputs(res, args))
+            return None
         if name == _runtime_ops.H2D_QUEUED:
             return "transfer", 0, tensor_bytes(args[0])
         if isinstance(owner, torch.Tensor):  # a device-to-device copy: dst.copy_(src)
             return "op", tensor_bytes(args[0]), tensor_bytes(owner)
         return "op", 0, 0  # markers (event records)
+
+    def _traffic_of_result(self, fn, args, res) -> tuple[str, int, int]:
+        io = self._io(fn.__self__.source, False)
+        return "graph", *io.traffic(args, _fresh_outputs(res, args))
 
     def _io(self, source, kernel: bool) -> GraphIO:
         io = self._graph_io.get(id(source))

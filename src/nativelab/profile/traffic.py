@@ -31,6 +31,10 @@ _SCATTER_VALUES = {
 }
 
 
+# In-place ops that overwrite their destination without reading it.
+_OVERWRITES = (torch.ops.aten.copy_.default,)
+
+
 def nbytes(t: _Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -113,7 +117,7 @@ class GraphIO:
                     continue
                 if pos in mutated:
                     written[root] = written.get(root, 0) + _write_bytes(n, a)
-                    if not mutated[pos]:  # in-place (self): also read
+                    if not mutated[pos] and n.target not in _OVERWRITES:  # in-place (self): also read
                         read_roots.add(root)
                 else:  # a functional update of an input (AOTAutograd's KV-cache write) reads it too
                     read_roots.add(root)
