@@ -67,6 +67,7 @@ class Session:
         self.dynamo: dict = {}
         self.drains = 0
         self.backend_compile_seconds = 0.0
+        self._backend_inside_dynamo = 0.0
 
     # -- the session's lifetime --------------------------------------------------------------------------
 
@@ -201,13 +202,15 @@ class Session:
         return io
 
     def _compile_start(self, args) -> None:
-        self._compile_open[args.compile_id] = _perf_ns()
+        self._compile_open[args.compile_id] = (_perf_ns(), _compile_metrics.current().compile_seconds)
 
     def _compile_end(self, args) -> None:
-        t0 = self._compile_open.pop(args.compile_id, None)
-        if t0 is None:
+        opened = self._compile_open.pop(args.compile_id, None)
+        if opened is None:
             return
+        t0, backend0 = opened
         t1 = _perf_ns()
+        self._backend_inside_dynamo += _compile_metrics.current().compile_seconds - backend0
         self.compiles.append((str(args.compile_id), (t1 - t0) / 1e9))
         self._add(f"dynamo compile {args.compile_id}", "compile", "compile", t0, t1, 0, 0, track="host")
 
@@ -233,7 +236,7 @@ class Session:
         """Dynamo's compilations (which include the backend's work they trigger) plus backend compiles that
         happen outside them (graphs with frozen weights and kernels compile at their first launch)."""
         dynamo = sum(s for _, s in self.compiles)
-        return max(dynamo, self.backend_compile_seconds)
+        return dynamo + max(self.backend_compile_seconds - self._backend_inside_dynamo, 0.0)
 
     def recompiles(self) -> int:
         return sum(1 for cid, _ in self.compiles if _private.compile_id_of_str(cid)[1] > 0)
