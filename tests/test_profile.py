@@ -52,6 +52,16 @@ def test_scatter_into_a_cache_writes_only_the_scattered_values():
     torch.testing.assert_close(cache.cpu()[:, 3:4], k.cpu())
 
 
+def test_lookups_read_only_the_rows_they_return():
+    table = dev(100, 8)
+    ids = torch.tensor([3, 7, 7], dtype=torch.int32).to("neuron")
+    with Session() as s:
+        rows = torch.nn.functional.embedding(ids, table)
+    st = s.ops["aten::embedding"] if "aten::embedding" in s.ops else s.ops["aten::index_select"]
+    assert (st.read, st.written) == (3 * 8 * F32 + 3 * 4, 3 * 8 * F32)  # 3 rows and 3 int32 ids, not the table
+    torch.testing.assert_close(rows.cpu(), table.cpu()[[3, 7, 7]])
+
+
 def test_fallback_counts_bytes_and_host_syncs():
     x = dev(4, 16)
     with Session() as s:

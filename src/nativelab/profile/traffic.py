@@ -31,6 +31,10 @@ _SCATTER_VALUES = {
 }
 
 
+# Lookups into a table (the embedding, RoPE tables indexed by position): the table's bytes read are the
+# rows looked up, i.e. the output's bytes.
+_GATHER_SOURCE = {"embedding": "weight", "index_select": "self", "index": "self", "gather": "self", "take": "self"}
+
 # In-place ops that overwrite their destination without reading it.
 _OVERWRITES = (torch.ops.aten.copy_.default,)
 
@@ -60,10 +64,19 @@ def _scatter_base(schema_name: str) -> str | None:
     return short if short in _SCATTER_VALUES else None
 
 
+def _gather_source(schema_name: str) -> str | None:
+    """The table argument of a lookup (embedding, index_select, ...): it reads only the rows it returns."""
+    return _GATHER_SOURCE.get(schema_name.split("::", 1)[-1].split(".", 1)[0])
+
+
 def op_traffic(rec, hargs: list, houts: list | None) -> tuple[int, int]:
     """(read, written) bytes of one eager op (its record and host arguments; `houts` for functional ops)."""
     if houts is not None:
-        return sum(tensor_bytes(a) for a in hargs), sum(tensor_bytes(o) for o in houts)
+        written = sum(tensor_bytes(o) for o in houts)
+        source = _gather_source(rec.name)
+        skip = rec.arg_pos.get(source) if source is not None else None
+        read = sum(tensor_bytes(a) for i, a in enumerate(hargs) if i != skip)
+        return read + (written if skip is not None else 0), written
     read = written = 0
     scatter = _scatter_base(rec.name)
     for i, a in enumerate(hargs):
@@ -98,6 +111,7 @@ class GraphIO:
             if n.op == "get_attr":
                 base_of[n] = n
         read_roots: set = set()
+        partial: dict = {}  # inputs only looked up into -> bytes of the rows looked up
         written: dict = {}
         for n in nodes:
             if n.op != "call_function":
@@ -119,6 +133,8 @@ class GraphIO:
                     written[root] = written.get(root, 0) + _write_bytes(n, a)
                     if not mutated[pos] and n.target not in _OVERWRITES:  # in-place (self): also read
                         read_roots.add(root)
+                elif pos == _gather_pos(n):  # a lookup: only the rows it returns
+                    partial[root] = partial.get(root, 0) + _val_bytes(n)
                 else:  # a functional update of an input (AOTAutograd's KV-cache write) reads it too
                     read_roots.add(root)
         out_node = next(n for n in nodes if n.op == "output")
@@ -128,15 +144,19 @@ class GraphIO:
             for p, o in zip(placeholders, outs):
                 if o is not p and isinstance(o, torch.fx.Node) and p not in written and base_of.get(o) is not p:
                     written[p] = _val_bytes(p)  # a new value copied back into the argument
-        self.reads = tuple(p in read_roots for p in placeholders)
+        # per input: True (read whole) or the bytes looked up in it
+        self.reads = tuple(True if p in read_roots else partial.get(p, 0) for p in placeholders)
         self.writes = tuple(written.get(p, 0) for p in placeholders)
         self.constant_bytes = sum(
-            tensor_bytes(_get_attr(gm, n.target)) for n in nodes if n.op == "get_attr" and n in read_roots
+            tensor_bytes(_get_attr(gm, n.target)) if n in read_roots else partial.get(n, 0)
+            for n in nodes if n.op == "get_attr"
         )
 
     def traffic(self, inputs, outputs=None) -> tuple[int, int]:
         """(read, written) bytes of one launch on these input tensors (and these output tensors)."""
-        read = self.constant_bytes + sum(tensor_bytes(t) for t, r in zip(inputs, self.reads) if r)
+        read = self.constant_bytes + sum(
+            (tensor_bytes(t) if r is True else r) for t, r in zip(inputs, self.reads) if r
+        )
         written = sum(self.writes)
         if outputs is not None and not self.outputs_are_inputs:
             written += sum(tensor_bytes(o) for o in outputs if o is not None)
@@ -156,6 +176,16 @@ def _tensor_args(n: torch.fx.Node):
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
             if isinstance(x, torch.fx.Node):
                 yield pos, x
+
+
+def _gather_pos(n: torch.fx.Node) -> int | None:
+    """Schema position of the table argument when `n` is a lookup, else None."""
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return None
+    source = _gather_source(n.target.name())
+    if source is None:
+        return None
+    return next((i for i, a in enumerate(n.target._schema.arguments) if a.name == source), None)
 
 
 def _mutated_args(n: torch.fx.Node) -> dict:
