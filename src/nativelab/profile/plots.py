@@ -39,9 +39,10 @@ def _category_axes(ax, rows) -> None:
         if any(vals):
             ax.bar(names, vals, bottom=bottom, label=cat, color=_COLORS.get(cat))
             bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylim(0, 1.45 * max(bottom, default=0) or 1)  # room for the legend above the bars
     ax.set_ylabel("profiled time per token (ms)")
     ax.set_title("time by category")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
 
 
 def _traffic_axes(ax, rows) -> None:
@@ -50,11 +51,12 @@ def _traffic_axes(ax, rows) -> None:
     writes = [r["written_per_token"] / 1e6 for r in rows]
     ax.bar(names, reads, label="read", color="#4c72b0")
     ax.bar(names, writes, bottom=reads, label="written", color="#dd8452")
-    for i, (r, w) in enumerate(zip(reads, writes)):
-        ax.text(i, r + w, f"{r + w:.2f}", ha="center", va="bottom", fontsize=8)
+    for i, (r, w) in enumerate(zip(reads, writes)):  # writes are small next to weight reads: say them
+        ax.text(i, r + w, f"{r + w:.2f}\n({w:.2f} written)", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("device memory traffic per token (MB)")
     ax.set_title("traffic per token")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.2 * max(r + w for r, w in zip(reads, writes)) or 1)
+    ax.legend(fontsize=8, loc="lower right")
 
 
 def plot_compare(rows: list[dict], path, title: str = "") -> None:

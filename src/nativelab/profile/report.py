@@ -82,10 +82,11 @@ def print_report(session, console: Console | None = None, top: int = 15) -> None
 
 
 def compare_rows(sessions) -> list[dict]:
-    """Per session, the per-token figures the comparison table and plots show."""
+    """Per session (or its `summary()`, e.g. read back from the JSON), the per-token figures the comparison
+    table and plots show."""
     rows = []
     for session in sessions:
-        s = session.summary()
+        s = session if isinstance(session, dict) else session.summary()
         tok = s["tokens"] or 1
         per_cat = {k: v / tok for k, v in s["seconds_by_category"].items() if k != "compile"}
         device = sum(per_cat.values())
