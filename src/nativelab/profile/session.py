@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from .. import device as _device
 from ..compiler import metrics as _compile_metrics
 from ..device import ops as _ops
 from ..device import queue as _queue
@@ -72,6 +73,9 @@ class Session:
     # -- the session's lifetime --------------------------------------------------------------------------
 
     def __enter__(self) -> "Session":
+        if not _device.is_registered():
+            raise RuntimeError("nativelab.profile measures nativelab's emulated device, which is not registered "
+                               "here (the real torch_neuronx serves 'neuron': use the Neuron profiler)")
         if _queue.observer is not None:
             raise RuntimeError("nativelab.profile: a profiling session is already active (sessions do not nest)")
         _queue.drain()  # earlier work belongs to no session
@@ -280,8 +284,8 @@ class Session:
 
 def traffic_per_token(generate) -> float | None:
     """Device-memory bytes (read + written) per token of one `generate()` call (which returns the tokens);
-    None when a profiling session is already active (sessions do not nest)."""
-    if _queue.observer is not None:
+    None when a profiling session is already active (sessions do not nest) or the emulator stepped aside."""
+    if _queue.observer is not None or not _device.is_registered():
         return None
     with Session("traffic", timeline=False) as s:
         tokens = generate()
