@@ -193,6 +193,8 @@ def test_sessions_do_not_nest_and_always_detach():
 
 
 def _tiny_generator(tier: str, greedy: bool, compile: bool = False) -> Generator:
+    if compile:
+        torch._dynamo.reset()  # fresh static graphs, whatever other tests compiled before
     model = Llama.random("tiny", tier).eval().to("neuron")
     model.setup_cache()
     gen = Generator(model, Sampling(greedy=greedy))
