@@ -2,6 +2,7 @@
 the plots, Dynamo graph breaks, the guide's Step 6 and the `nativelab profile` command."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -273,3 +274,19 @@ def test_profile_command_rejects_bad_input(tmp_path, capsys):
             parse_args(argv)
         assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # refused before writing anything
+
+
+def test_profiler_stands_aside_with_the_real_neuron_stack(tmp_path):
+    (tmp_path / "torch_neuronx").mkdir()
+    (tmp_path / "torch_neuronx" / "__init__.py").write_text("")
+    code = """
+from nativelab.profile import Session, traffic_per_token
+assert traffic_per_token(lambda: [1]) is None
+try:
+    Session().__enter__()
+except RuntimeError as e:
+    print(e)
+"""
+    r = run_python(code, {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "torch_neuronx serves 'neuron'" in r.stdout
