@@ -59,8 +59,9 @@ def print_report(session, console: Console | None = None, top: int = 15) -> None
     for k in CATEGORIES:
         v = by.get(k, 0.0)
         if v:
-            share = "" if k == "compile" else f"{100 * v / total:.1f}%"
-            cats.add_row(k, _ms(v), _ms(v / tok) if tok else "-", share)
+            once = k == "compile"  # paid once, not per token nor a share of the device's time
+            share = "" if once else f"{100 * v / total:.1f}%"
+            cats.add_row(k, _ms(v), _ms(v / tok) if tok and not once else "-", share)
     console.print(cats)
 
     ops = Table(title=f"device work (top {top} by time)")
