@@ -264,7 +264,9 @@ class Session:
             "device_bytes": {"read": read, "written": written, "total": read + written},
             "device_bytes_per_token": per(read + written),
             "seconds_by_category": self.seconds_by_category(),
-            "seconds_per_token_by_category": {k: per(v) for k, v in self.seconds_by_category().items()},
+            "seconds_per_token_by_category": {
+                k: per(v) for k, v in self.seconds_by_category().items() if k != "compile"  # compile: paid once
+            },
             "fallback_ops": self.fallback_ops(),
             "fallbacks": {n: dataclasses.asdict(st) for n, st in self.ops.items() if st.kind == "fallback"},
             "executed_ops": [n for n, st in self.ops.items() if st.kind in ("op", "graph", "kernel")],
