@@ -31,12 +31,16 @@ def test_eager_elementwise_traffic_is_inputs_read_and_outputs_written():
         c.add_(a)  # in place: reads c and a, writes c
         torch.mul(a, b, out=out)  # out=: reads a and b, only writes out
         d = c * 2  # the scalar is an immediate, not memory traffic
+        torch.neuron.Event(enable_timing=True).record()  # a marker on the queue: no device work
+        c.clone()  # a device-to-device copy (clone is empty + copy_)
     ops = s.summary()["ops"]
+    assert "event_record" not in ops
+    assert (ops["aten::copy_"]["read"], ops["aten::copy_"]["written"]) == (16 * F32, 16 * F32)  # clone = copy_
     assert (ops["aten::add.Tensor"]["read"], ops["aten::add.Tensor"]["written"]) == (2 * 16 * F32, 16 * F32)
     assert (ops["aten::add_.Tensor"]["read"], ops["aten::add_.Tensor"]["written"]) == (2 * 16 * F32, 16 * F32)
     assert (ops["aten::mul.out"]["read"], ops["aten::mul.out"]["written"]) == (2 * 16 * F32, 16 * F32)
     assert (ops["aten::mul.Tensor"]["read"], ops["aten::mul.Tensor"]["written"]) == (16 * F32, 16 * F32)
-    assert s.traffic() == (7 * 16 * F32, 4 * 16 * F32)
+    assert s.traffic() == (8 * 16 * F32, 5 * 16 * F32)
     torch.testing.assert_close(d.cpu(), ((a.cpu() + b.cpu()) + a.cpu()) * 2)
     assert queue.observer is None  # off again: zero cost outside a session
 

@@ -113,6 +113,8 @@ class Session:
             res = fn(*args)
         t1 = _perf_ns()
         kind, read, written = counted if counted is not None else self._traffic_of_result(fn, args, res)
+        if kind == "marker":
+            return res
         if kind == "transfer":
             self._count_transfer("host_to_device", written)
             self._add(name, "host sync", "transfer", t0, t1, 0, written)
@@ -193,17 +195,17 @@ class Session:
             return "transfer", 0, tensor_bytes(args[0])
         if isinstance(owner, torch.Tensor):  # a device-to-device copy: dst.copy_(src)
             return "op", tensor_bytes(args[0]), tensor_bytes(owner)
-        return "op", 0, 0  # markers (event records)
+        return "marker", 0, 0  # event records: no work
 
     def _traffic_of_result(self, fn, args, res) -> tuple[str, int, int]:
         io = self._io(fn.__self__.source, False)
         return "graph", *io.traffic(args, _fresh_outputs(res, args))
 
     def _io(self, source, kernel: bool) -> GraphIO:
-        io = self._graph_io.get(id(source))
-        if io is None:
-            io = self._graph_io[id(source)] = GraphIO(source, outputs_are_inputs=kernel)
-        return io
+        hit = self._graph_io.get(id(source))
+        if hit is None:  # keyed by id, so the graph is kept alive with its entry (an id is never reused)
+            hit = self._graph_io[id(source)] = (source, GraphIO(source, outputs_are_inputs=kernel))
+        return hit[1]
 
     def _compile_start(self, args) -> None:
         self._compile_open[args.compile_id] = (_perf_ns(), _compile_metrics.current().compile_seconds)
