@@ -108,3 +108,25 @@ def test_process_group_methods_the_neuron_backend_overrides():
     for name in ("AllreduceOptions", "AllgatherOptions", "ReduceScatterOptions", "BarrierOptions", "AllToAllOptions"):
         assert hasattr(c10d, name), name
     assert dist.ReduceOp.RedOpType.PREMUL_SUM is not None
+
+
+def test_profiler_private_apis():
+    """The profiler's private PyTorch calls (src/nativelab/profile/_private.py)."""
+    from nativelab.profile import _private as prof_private
+
+    assert prof_private.torch_profiler_enabled() is False
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert prof_private.torch_profiler_enabled() is True
+    assert isinstance(prof_private.dynamo_counters(), dict)
+    seen = []
+    start, end = (lambda a: seen.append(("start", a.compile_id))), (lambda a: seen.append(("end", a.compile_id)))
+    prof_private.add_compile_callbacks(start, end)
+    try:
+        f = torch.compile(lambda x: x + 1, backend="eager")
+        f(torch.ones(2))
+        f(torch.ones(3))  # a recompile of the same frame
+    finally:
+        prof_private.remove_compile_callbacks(start, end)
+    ids = [prof_private.compile_id_of_str(cid) for kind, cid in seen if kind == "end"]
+    assert ids[0][1] == 0 and any(attempt > 0 for _, attempt in ids), seen
+    assert seen and all(kind in ("start", "end") for kind, _ in seen)

@@ -11,7 +11,7 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     r = run_python(
         "import sys; from nativelab.cli import main; "
         f"sys.exit(main(['run', '--model', 'all', '--size', 'tiny', '--greedy', '--tokens', '8', '--warmup', '1', "
-        f"'--dtype', 'float32', '--json', {str(out)!r}]))",
+        f"'--dtype', 'float32', '--json', {str(out)!r}, '--plot', {str(tmp_path / 'tiers.png')!r}]))",
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -27,6 +27,11 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     # 2 layers x (4096 + 2048 + 2048 + 4096 attention + 3 x 64 x 160 MLP + 2 x 64 norms) + 256 x 64 tied
     # embedding + 64 final norm = 102,720: the LM head shares the embedding, also on the device
     assert len({tuple(x["generated"]) for x in results}) == 1  # fp32: every tier says the same
+    # the traffic column: eager base round-trips every intermediate, the fused tiers do not
+    assert "Device MB/token" in text
+    assert results[0]["device_bytes_per_token"] > results[1]["device_bytes_per_token"] > 0
+    assert results[0]["device_bytes_per_token"] > results[2]["device_bytes_per_token"] > 0
+    assert (tmp_path / "tiers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Plot: " in text
 
 
 def test_bad_flags_are_clear_errors():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -21,6 +22,8 @@ import nativelab
 from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling
 from ..models.llama import checkpoint
 from ..models.llama.tokenizer import Tokenizer
+from ..profile import plots as _plots
+from ..profile import traffic_per_token
 
 REAL_SIZES = ("smollm2-135m",)
 
@@ -52,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--plot", default="lab2_tiers.png", help="--model all: a PNG bar chart of tok/s per tier")
     args = ap.parse_args(argv)
     if args.tokens < 1:
         ap.error("--tokens must be at least 1")
@@ -61,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--device cuda: no CUDA device is available to this PyTorch")
     if args.device == "neuron" and not (nativelab.device.is_registered() or nativelab.device.real_neuron_installed()):
         ap.error("--device neuron: the emulated device is not registered (see the warning at import)")
+    if args.model == "all" and not os.path.isdir(os.path.dirname(args.plot) or "."):
+        ap.error(f"--plot: directory {os.path.dirname(args.plot)!r} does not exist")
     return args
 
 
@@ -126,10 +132,12 @@ def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
         print(f"Text: {tokenizer.decode(prompt)!r} -> {tokenizer.decode(tokens)!r}")
     fallbacks = nativelab.get_fallback_ops()
     print(f"\nCPU fallback ops: {fallbacks}\n", flush=True)
+    # One more, untimed generation under the profiler's traffic counter (it would slow the timed ones).
+    traffic = traffic_per_token(lambda: gen.generate(prompt, args.tokens)) if args.device == "neuron" else None
     return {
         "model": tier, "size": args.size, "compile": args.compile, "greedy": args.greedy, "dtype": args.dtype,
         "device": args.device, "tokens": len(tokens), "seconds": times, "tok_per_s": [len(tokens) / t for t in times],
-        "fallback_ops": fallbacks, "generated": tokens,
+        "fallback_ops": fallbacks, "generated": tokens, "device_bytes_per_token": traffic,
     }
 
 
@@ -151,6 +159,10 @@ def main(argv=None) -> list[dict]:
     results = [run_tier(t, args, base, tokenizer) for t in tiers]
     if len(results) > 1:
         print_table(results)
+        _plots.plot_throughput([r["model"] for r in results], [statistics.median(r["tok_per_s"]) for r in results],
+                               args.plot, title=f"Lab 2 tiers ({args.size}, {args.dtype}, "
+                               f"{'compiled' if args.compile else 'eager'}, {'greedy' if args.greedy else 'top-p'})")
+        print(f"Plot: {args.plot}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
@@ -176,10 +188,12 @@ def load_model(args) -> tuple[Llama, Tokenizer | None]:
 
 def print_table(results: list[dict]) -> None:
     base = statistics.median(results[0]["tok_per_s"])
-    print(f"{'Variant':<14} {'Throughput (tok/s)':>26} {'vs. base':>9}  CPU fallback ops")
+    print(f"{'Variant':<14} {'Throughput (tok/s)':>26} {'vs. base':>9} {'Device MB/token':>16}  CPU fallback ops")
     for r in results:
         med, lo, hi = statistics.median(r["tok_per_s"]), min(r["tok_per_s"]), max(r["tok_per_s"])
         span = f"{med:.1f} ({lo:.1f}-{hi:.1f})"
-        print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x  {r['fallback_ops']}")
+        traffic = r.get("device_bytes_per_token")
+        mb = f"{traffic / 1e6:.3f}" if traffic is not None else "-"
+        print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x {mb:>16}  {r['fallback_ops']}")
     same = all(r["generated"] == results[0]["generated"] for r in results)
     print(f"\nSame tokens from every tier: {same}")

@@ -67,10 +67,15 @@ def write(key: str, payload: bytes) -> Path:
     path = entry_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
-    fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
+    return write_atomic(path, blob, prefix=f".{key[:16]}.")
+
+
+def write_atomic(path: Path, data: bytes, prefix: str | None = None) -> Path:
+    """Write a whole file or nothing: a temporary file in the same directory, fsync, rename over `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(blob)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -39,7 +39,7 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
     metrics.current().partitions += 1
     n_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     metrics.log.info("neuron: %s %s (%d ops, key %s) in %.2fs", how, name, n_ops, (key or "-")[:12], seconds)
-    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single)
+    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single, source=gm)
 
 
 def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | None, freeze: bool = False,

@@ -17,10 +17,13 @@ class DeviceGraph(torch.nn.Module):
     A graph whose outputs alias its inputs runs at launch instead (after draining the queue), so the aliases
     can point into the inputs' device memory."""
 
-    def __init__(self, name: str, fn, out_specs, aliasing: bool, single: bool):
+    def __init__(self, name: str, fn, out_specs, aliasing: bool, single: bool, source=None):
         super().__init__()
         self.name = name
         self.fn = fn
+        # The device graph it was lowered from (what the profiler reads its traffic from); kept out of the
+        # module tree so it adds no parameters.
+        object.__setattr__(self, "source", source)
         self.out_specs = out_specs  # per output: (shape, stride, dtype) or None for non-tensors
         self.aliasing = aliasing
         self.single = single  # the graph returns one value, not a tuple
@@ -33,26 +36,30 @@ class DeviceGraph(torch.nn.Module):
         tracking.graphs[self.name] += 1
         if self.aliasing:
             queue.drain()
-            outs = [_back_to_device(r, args, index) for r in _as_tuple(self.fn(*hargs))]
+            outs = [_back_to_device(r, args, index) for r in _as_tuple(queue.run_now(self.name, self.run_now, hargs))]
         else:
             outs = [
                 memory.empty_strided(spec[0], spec[1], spec[2], index) if spec is not None else None
                 for spec in self.out_specs
             ]
             houts = [memory.host_view(o) if o is not None else None for o in outs]
-            queue.submit(self.name, _run, (self.fn, hargs, houts))
+            queue.submit(self.name, self.run, (hargs, houts))
         return outs[0] if self.single else tuple(outs)
+
+    def run_now(self, *hargs):
+        """The launch of a graph whose outputs alias its inputs: run at once, results returned."""
+        return self.fn(*hargs)
+
+    def run(self, hargs, houts):
+        """The queued launch: the generated code on host views, results written into the outputs."""
+        res = _as_tuple(self.fn(*hargs))
+        for h, r in zip(houts, res):
+            if h is not None:
+                h.copy_(r)
 
 
 def _as_tuple(res):
     return (res,) if isinstance(res, torch.Tensor) or not isinstance(res, (list, tuple)) else res
-
-
-def _run(fn, hargs, houts):
-    res = _as_tuple(fn(*hargs))
-    for h, r in zip(houts, res):
-        if h is not None:
-            h.copy_(r)
 
 
 def _back_to_device(r, args, index):

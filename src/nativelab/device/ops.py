@@ -474,7 +474,8 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
         narrowed = _finish_policy(rec, hargs)
     elif rec.int64_args:
         _widen_indices(rec, hargs)
-    res = _call(rec, hargs)
+    obs = queue.observer  # the profiler times the host run and counts the bytes moved
+    res = _call(rec, hargs) if obs is None else obs.host_op(name, fallback, _call, (rec, hargs), args)
     if narrowed:
         res = _widen_results(res, args)
     if index < 0:

@@ -4,6 +4,7 @@ scalar, resizing, and re-pointing tensors at storages."""
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
@@ -14,6 +15,7 @@ DEVICE = memory.DEVICE
 
 
 quiet = False
+H2D_QUEUED = "aten::copy_ (host to device)"  # the queue entry of a host-to-device copy made in program order
 _noticed = False
 
 
@@ -63,12 +65,12 @@ def copy_(dst, src, non_blocking=False):
             raise RuntimeError(f"copy_: cannot copy a tensor of shape {tuple(src.shape)} into a 0-d tensor")
         hd = memory.host_view(dst)
         if queue.idle():
-            hd.copy_(src)
+            _transfer("host_to_device", hd.copy_, src)
         else:  # earlier queued ops may still read dst: copy in program order, from a snapshot of src
-            queue.submit("aten::copy_", hd.copy_, (src.clone(),))
+            queue.submit(H2D_QUEUED, hd.copy_, (src.clone(),))
     else:  # device to host: the host needs the value now
         queue.drain()
-        dst.copy_(memory.host_view(src))
+        _transfer("device_to_host", dst.copy_, memory.host_view(src))
     tracking.executed["aten::copy_"] += 1
     return dst
 
@@ -89,7 +91,18 @@ def copy_from_and_resize(src, dst):
 
 def local_scalar_dense(t):
     queue.drain()
-    return memory.host_view(t).item()
+    return _transfer("device_to_host", torch.Tensor.item, memory.host_view(t))
+
+
+def _transfer(kind: str, copy, src):
+    """A copy between host and device memory, timed and counted by the profiler when one is active."""
+    obs = queue.observer
+    if obs is None:
+        return copy(src)
+    t0 = time.perf_counter()
+    out = copy(src)
+    obs.transfer(kind, src.nbytes, time.perf_counter() - t0)
+    return out
 
 
 def resize_(t, size, memory_format=None):

@@ -3,7 +3,6 @@ grouped-query aware. q (B, H, T, D), k / v (B, Hkv, T, D), any strides with unit
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

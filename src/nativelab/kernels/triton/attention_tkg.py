@@ -5,7 +5,6 @@ from a device tensor, so a CUDA graph replays it at every step."""
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

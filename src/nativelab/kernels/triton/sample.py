@@ -6,7 +6,6 @@ CPU kernel's bisection on the kept mass. The counter is read from and advanced o
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

@@ -1,0 +1,142 @@
+"""`nativelab profile`: profile a nativelab command, a script, or the Lab 2 tiers side by side.
+
+    nativelab profile -- run --model core --compile --greedy
+    nativelab profile my_script.py --its-args
+    nativelab profile --compare base core experimental --compile --greedy --plot tiers.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import runpy
+import sys
+
+from ..models.llama import SIZES, TIERS, Generator
+from . import compare, plots, report, trace
+from .session import Session
+
+COMMANDS = ("run",)  # nativelab commands that can be profiled
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="nativelab profile",
+        description="Profile device work: CPU fallbacks, device-memory traffic, time by category, host syncs, "
+                    "Dynamo graph breaks; tables, JSON, a Chrome/Perfetto trace and PNG plots.",
+        epilog="examples: nativelab profile -- run --model core --compile --greedy | nativelab profile script.py | "
+               "nativelab profile --compare base core experimental --compile --greedy",
+    )
+    ap.add_argument("--compare", nargs="+", choices=TIERS, metavar="TIER",
+                    help="profile these Lab 2 tiers side by side (base core experimental)")
+    ap.add_argument("--size", default="small", choices=sorted(SIZES), help="--compare: model size")
+    ap.add_argument("--compile", action="store_true", help='--compare: torch.compile(backend="neuron") the steps')
+    ap.add_argument("--greedy", action="store_true", help="--compare: greedy decoding (default: top-p sampling)")
+    ap.add_argument("--tokens", type=int, default=50, help="--compare: tokens to generate")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="--compare: weights dtype")
+    ap.add_argument("--out", default=None, help="write profile.json, trace.json and profile.png into this directory")
+    ap.add_argument("--json", default=None, help="write the measurements to this JSON file")
+    ap.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace to this file")
+    ap.add_argument("--plot", default=None, help="write the PNG plots (time by category, traffic per token) here")
+    ap.add_argument("--torch-profiler", action="store_true",
+                    help="also record torch.profiler CPU events and merge them into the trace")
+    ap.add_argument("--top", type=int, default=15, help="rows in the device work table")
+    ap.add_argument("target", nargs=argparse.REMAINDER,
+                    help="after --: a nativelab command (run ...) or a Python script and its arguments")
+    args = ap.parse_args(argv)
+    if args.target and args.target[0] == "--":
+        args.target = args.target[1:]
+    if bool(args.compare) == bool(args.target):
+        ap.error("give either --compare TIER... or a command to profile (-- run ... | script.py ...)")
+    if args.target and args.target[0] not in COMMANDS and not args.target[0].endswith(".py"):
+        ap.error(f"{args.target[0]!r} is neither a nativelab command ({', '.join(COMMANDS)}) nor a .py script")
+    if args.target and args.target[0].endswith(".py") and not os.path.isfile(args.target[0]):
+        ap.error(f"script {args.target[0]!r} not found")
+    if args.tokens < 1:
+        ap.error("--tokens must be at least 1")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        args.json = args.json or os.path.join(args.out, "profile.json")
+        args.trace = args.trace or os.path.join(args.out, "trace.json")
+        args.plot = args.plot or os.path.join(args.out, "profile.png")
+    for flag in ("json", "trace", "plot"):
+        path = getattr(args, flag)
+        if path and not os.path.isdir(os.path.dirname(path) or "."):
+            ap.error(f"--{flag}: directory {os.path.dirname(path)!r} does not exist")
+    return args
+
+
+@contextlib.contextmanager
+def counting_tokens(session: Session):
+    """Count the tokens every `Generator.generate` returns while profiling (for per-token figures)."""
+    original = Generator.generate
+
+    def generate(self, *a, **k):
+        out = original(self, *a, **k)
+        session.tokens += len(out)
+        return out
+
+    Generator.generate = generate
+    try:
+        yield
+    finally:
+        Generator.generate = original
+
+
+def _run_target(target: list[str]) -> int:
+    if target[0] in COMMANDS:
+        from .. import cli
+
+        return cli.main(target)
+    saved = sys.argv
+    sys.argv = list(target)
+    try:
+        runpy.run_path(target[0], run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    torch_data = None
+    with trace.torch_profiler() if args.torch_profiler else contextlib.nullcontext() as prof:
+        if args.compare:
+            try:
+                sessions = compare.profile_tiers(
+                    args.compare, size=args.size, compile=args.compile, greedy=args.greedy, tokens=args.tokens,
+                    dtype=args.dtype)
+            except ValueError as e:
+                print(f"nativelab profile: {e}", file=sys.stderr)
+                return 2
+            code = 0
+        else:
+            name = " ".join(args.target)
+            with Session(name) as s, counting_tokens(s):
+                code = _run_target(args.target)
+            sessions = [s]
+    if prof is not None:
+        torch_data = trace.torch_trace(prof)
+    if args.compare:
+        rows = report.compare_rows(sessions)
+        for r, s in zip(rows, sessions):
+            r["compile_seconds"] = s.warmup.compile_seconds()
+        mode = f"{args.size}, {args.dtype}, {'compiled' if args.compile else 'eager'}, " \
+               f"{'greedy' if args.greedy else 'top-p'}, {args.tokens} tokens"
+        report.print_compare(rows, title=f"Lab 2 tiers profiled ({mode})")
+    else:
+        report.print_report(sessions[0], top=args.top)
+        rows = report.compare_rows(sessions)
+    if args.json:
+        report.write_json(args.json, sessions)
+    if args.trace:
+        trace.write_trace(args.trace, sessions, torch_data)
+    if args.plot:
+        plots.plot_compare(rows, args.plot, title="nativelab profile" + (f" ({mode})" if args.compare else ""))
+    for flag in ("json", "trace", "plot"):
+        if getattr(args, flag):
+            print(f"{flag}: {getattr(args, flag)}")
+    return code
