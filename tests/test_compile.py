@@ -128,6 +128,18 @@ def test_new_shape_compiles_a_new_static_graph():
     assert compiler.stats()["partitions"] == 3  # one static graph per shape (4, 7, 9)
 
 
+def test_new_prompt_length_under_inference_mode_compiles_again():
+    # The second prompt length makes Dynamo's graph symbolic; specializing it must not trace autograd over
+    # the inference-mode inputs (it once raised "Inference tensors cannot be saved for backward").
+    from nativelab.models.llama import Generator, Llama, Sampling
+
+    m = Llama.random("tiny").to("neuron")
+    m.setup_cache()
+    eager, compiled = Generator(m, Sampling(greedy=True)), Generator(m, Sampling(greedy=True)).compile()
+    for prompt in ([1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [9, 8, 7]):
+        assert compiled.generate(prompt, 3) == eager.generate(prompt, 3), prompt
+
+
 def test_unknown_option_is_a_clear_error():
     f = torch.compile(lambda x: x + 1, backend="neuron", options={"max_autotune_everything": True})
     with pytest.raises(Exception, match="unsupported options"):

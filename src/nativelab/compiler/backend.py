@@ -195,7 +195,9 @@ def _specialize(gm: torch.fx.GraphModule, args) -> torch.fx.GraphModule:
     static = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
-    with mode:
+    # no_grad: this runs in a fresh thread, where grad mode is on again; the graph is already functional
+    # (AOTAutograd made it), and tracing autograd over inference-mode inputs would fail.
+    with mode, torch.no_grad():
         FakeTensorProp(static, mode).propagate_dont_convert_inputs(*fakes)
     # Size arithmetic is now plain numbers: write them into the graph, so the lowering sees a static graph.
     for node in reversed(list(static.graph.nodes)):
