@@ -48,3 +48,69 @@ def mlp(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch
     else:
         mlp_kernel_no_norm(x, gate_w, up_w, down_w, residual, out)
     return out
+
+
+# Training (without the optional norm): the backward kernels recompute the gate / up activations from x
+# instead of saving them. Frozen weights (LoRA elsewhere, or the MLP not trained) skip the weight gradients.
+def _mlp_grad_x(grad, x, gate_w, up_w, down_w, residual):
+    a, b = F.linear(x, gate_w).float(), F.linear(x, up_w).float()
+    sig = torch.sigmoid(a)
+    s = a * sig
+    gh = F.linear(grad, down_w.t()).float()
+    ga = (gh * b * sig * (1 + a * (1 - sig))).to(x.dtype)
+    gb = (gh * s).to(x.dtype)
+    gx = F.linear(ga, gate_w.t()) + F.linear(gb, up_w.t())
+    return (gx + grad if residual else gx), ga, gb, (s * b).to(x.dtype)
+
+
+@wrap_kernel
+def mlp_backward_x_kernel(grad, x, gate_w, up_w, down_w, residual, grad_x):
+    grad_x.copy_(_mlp_grad_x(grad, x, gate_w, up_w, down_w, residual)[0])
+
+
+@wrap_kernel
+def mlp_backward_kernel(grad, x, gate_w, up_w, down_w, residual, grad_x, grad_gate, grad_up, grad_down):
+    gx, ga, gb, h = _mlp_grad_x(grad, x, gate_w, up_w, down_w, residual)
+    rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    grad_x.copy_(gx)
+    grad_gate.copy_(rows(ga).t() @ rows(x))
+    grad_up.copy_(rows(gb).t() @ rows(x))
+    grad_down.copy_(rows(grad).t() @ rows(h))
+
+
+@kernel_op("nativelab::mlp_bwd_x", mutates_args=())
+def _mlp_bwd_x(grad: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor,
+               down_w: torch.Tensor, residual: bool) -> torch.Tensor:
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mlp_backward_x_kernel(grad, x, gate_w, up_w, down_w, residual, grad_x)
+    return grad_x
+
+
+@kernel_op("nativelab::mlp_bwd", mutates_args=())
+def _mlp_bwd(grad: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor,
+             residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    grads = [torch.empty(t.shape, dtype=t.dtype, device=x.device) for t in (x, gate_w, up_w, down_w)]
+    mlp_backward_kernel(grad, x, gate_w, up_w, down_w, residual, *grads)
+    return tuple(grads)
+
+
+def _setup(ctx, inputs, output):
+    x, gate_w, up_w, down_w, norm_w, eps, residual = inputs
+    if norm_w is not None and any(ctx.needs_input_grad):
+        raise NotImplementedError("mlp: training with the fused norm (norm_w) is not implemented; "
+                                  "apply rmsnorm first and pass norm_w=None")
+    ctx.save_for_backward(x, gate_w, up_w, down_w)
+    ctx.residual = residual
+    ctx.weight_grads = any(ctx.needs_input_grad[1:4])
+
+
+def _backward(ctx, grad):
+    x, gate_w, up_w, down_w = ctx.saved_tensors
+    grad = grad.contiguous()
+    if ctx.weight_grads:
+        gx, gg, gu, gd = _mlp_bwd(grad, x, gate_w, up_w, down_w, ctx.residual)
+        return gx, gg, gu, gd, None, None, None
+    return _mlp_bwd_x(grad, x, gate_w, up_w, down_w, ctx.residual), None, None, None, None, None, None
+
+
+mlp.register_autograd(_backward, setup_context=_setup)
