@@ -1,4 +1,4 @@
-"""The `nativelab` command: `nativelab run ...` (Lab 2)."""
+"""The `nativelab` command: `nativelab run ...` (Lab 2), `nativelab finetune ...` (SFT, LoRA or full)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: nativelab run [options]   (nativelab run --help for the options)")
+        print("usage: nativelab run|finetune [options]   (nativelab <command> --help for the options)")
         return 0
     command, rest = argv[0], argv[1:]
     if command == "run":
@@ -16,7 +16,11 @@ def main(argv=None) -> int:
 
         run.main(rest)
         return 0
-    print(f"nativelab: unknown command {command!r} (known: run)", file=sys.stderr)
+    if command == "finetune":
+        from .apps import finetune
+
+        return finetune.main(rest)
+    print(f"nativelab: unknown command {command!r} (known: run, finetune)", file=sys.stderr)
     return 2
 
 

@@ -81,6 +81,9 @@ def apply_kernels(model) -> dict[str, int]:
     """Patch the model (a transformers causal LM, possibly inside a PEFT wrapper) in place; returns how many
     modules of each kind now run a kernel."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kind = next(base.parameters()).device.type
+    if kind not in ("neuron", "cpu"):
+        raise ValueError(f"--kernels: the kernel library runs on the neuron device and the CPU, not {kind}")
     counts = {"rmsnorm": 0, "rope": 0, "mlp": 0, "lm_head+loss": 0}
     for module in base.modules():
         name = type(module).__name__

@@ -63,6 +63,7 @@ class Result:
     sample_after: str = ""
     saved: Path | None = None
     steps: int = 0
+    model: object = None  # the trained model (PEFT-wrapped for LoRA), on the device
 
 
 def _autocast(cfg: Config, device: torch.device):
@@ -116,10 +117,25 @@ def build(cfg: Config, model):
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)  # LoRA's initial weights
     model = _lora(model, cfg) if cfg.method == "lora" else model
-    model.to(device)
+    to_device_keeping_ties(model, device)
     model.config.use_cache = False
     patched = kernels.apply_kernels(model) if cfg.kernels else {}
     return model, patched
+
+
+def to_device_keeping_ties(model, device: torch.device) -> None:
+    """model.to(device), keeping shared parameters shared (tied embeddings / LM head). nn.Module._apply swaps
+    a parameter in place only for devices whose tensors PyTorch deems shallow-copy compatible with CPU ones
+    (CPU, CUDA, ...); for PrivateUse1 (the neuron device) it makes a new Parameter per module, untying them."""
+    groups: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            groups.setdefault(id(p), []).append((module, name))
+    model.to(device)
+    for places in groups.values():
+        first = getattr(*places[0])
+        for module, name in places[1:]:
+            setattr(module, name, first)
 
 
 def schedule(optimizer, cfg: Config, total: int):
@@ -240,6 +256,7 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
     log(f"Saving final {what} to {cfg.output_dir}")
     res.saved = save.save_model(model, tokenizer, cfg.output_dir, lora=cfg.method == "lora")
     log("Training complete")
+    res.model = model
     return res
 
 
