@@ -261,3 +261,37 @@ def test_compiled_training_step_matches_eager(tmp_path, dataset):
         compiled = run(_cfg(tmp_path / f"c{kernels}", dataset, compile=True, kernels=kernels, **kw),
                        model=tiny_model(), tokenizer=tiny_tokenizer(), log=_quiet)
         torch.testing.assert_close(compiled.losses, eager.losses, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,method", [("run_lora_finetune_hf.sh", "lora"), ("run_full_finetune_hf.sh", "full")])
+def test_lab_scripts_with_a_local_checkpoint(tmp_path, dataset, script, method):
+    """The guide's scripts, pointed (MODEL_PATH) at a local Hugging Face checkpoint: the guide's step lines,
+    the banner, and a saved adapter / model that loads."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ckpt = tmp_path / "tiny-llama"
+    tiny_model().save_pretrained(ckpt)
+    tiny_tokenizer().save_pretrained(ckpt)
+    out = tmp_path / "coder"
+    env = dict(os.environ, MODEL_PATH=str(ckpt), OUTPUT_DIR=str(out), PYTHON=sys.executable, HF_HUB_OFFLINE="1")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["bash", str(root / "labs" / "lab1" / script), "--dataset", str(dataset), "--max-steps", "4",
+                        "--seq-len", "48", "--log-every", "2", "--sample-tokens", "4", "--precision", "fp32",
+                        "--no-progress"], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [ln for ln in r.stdout.splitlines() if ln.startswith("step=")]
+    assert [s.split()[0] for s in steps] == ["step=2/4", "step=4/4"], r.stdout
+    assert "Held-out loss before:" in r.stdout and "Sample after :" in r.stdout
+    saved_as = "LoRA adapter saved to" if method == "lora" else "Model saved to"
+    assert f"Training completed. {saved_as}: {out}" in r.stdout
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if method == "lora":
+        assert PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(ckpt)), str(out)) is not None
+    else:
+        assert AutoModelForCausalLM.from_pretrained(str(out)).config.num_hidden_layers == 2
