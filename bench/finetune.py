@@ -20,8 +20,9 @@ import time
 
 import torch
 
-import nativelab  # noqa: F401
-from nativelab.finetune import Config, model as model_mod, train
+import nativelab
+from nativelab.finetune import Config, train
+from nativelab.finetune import model as model_mod
 
 VARIANTS = {"plain HF + PEFT": dict(), "--kernels": dict(kernels=True), "--compile": dict(compile=True),
             "--kernels --compile": dict(kernels=True, compile=True)}
@@ -108,8 +109,8 @@ def main() -> None:
     tokens = args.batch_size * args.seq_len
     ref = variants[0]
     ref_t, ref_m = statistics.median(ref.times), max(ref.peaks)
-    print(f"\n| variant | ms/step (median, min-max) | tok/s | vs plain | peak step memory | vs plain |"
-          f" max loss diff vs plain |")
+    print("\n| variant | ms/step (median, min-max) | tok/s | vs plain | peak step memory | vs plain |"
+          " max loss diff vs plain |")
     print("|---|---|---|---|---|---|---|")
     for v in variants:
         t, m = statistics.median(v.times), max(v.peaks)

@@ -6,8 +6,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import run_python
+
 from nativelab.finetune import Config, data, run, save
 
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -218,10 +218,9 @@ def test_atomic_dir_leaves_the_old_directory_on_failure(tmp_path):
     target = tmp_path / "adapter"
     with save.atomic_dir(target) as d:
         (d / "a.txt").write_text("one")
-    with pytest.raises(RuntimeError):
-        with save.atomic_dir(target) as d:
-            (d / "a.txt").write_text("two")
-            raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError), save.atomic_dir(target) as d:
+        (d / "a.txt").write_text("two")
+        raise RuntimeError("disk full")
     assert (target / "a.txt").read_text() == "one"
     assert [p.name for p in tmp_path.iterdir()] == ["adapter"]
 

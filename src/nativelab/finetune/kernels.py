@@ -11,8 +11,8 @@ import inspect
 import types
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from ..kernels import ops
 from .data import IGNORE

@@ -86,7 +86,10 @@ def mlp_backward_x_kernel(grad, a, b, gate_w, up_w, down_w, residual, grad_x):
 @wrap_kernel
 def mlp_backward_kernel(grad, x, a, b, gate_w, up_w, down_w, residual, grad_x, grad_gate, grad_up, grad_down):
     gx, ga, gb, h = _mlp_grad_x(grad, a, b, gate_w, up_w, down_w, residual)
-    rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+
+    def rows(t):
+        return t.reshape(-1, t.shape[-1])
+
     grad_x.copy_(gx)
     grad_gate.copy_(rows(ga).t() @ rows(x))
     grad_up.copy_(rows(gb).t() @ rows(x))

@@ -66,7 +66,7 @@ def _rope_bwd(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def _setup(ctx, inputs, output):
-    x, cos, sin = inputs
+    _, cos, sin = inputs
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         raise NotImplementedError("rope: gradients with respect to cos / sin are not implemented "
                                   "(they are position tables; detach them)")
