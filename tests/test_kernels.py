@@ -321,3 +321,55 @@ def test_inference_bakes_weights_and_follows_in_place_updates():
 
     frozen_keys = [k for k in mlp_kernel_no_norm._compiled if k[2] and k[2][0][0] == gd.data_ptr()]
     assert len(frozen_keys) == 2  # one baked variant per weight version
+
+
+def _grads_match(op, ref, inputs, grad_out, needs, tol):
+    """op on the device and the reference on CPU give the same gradients for the inputs in `needs`."""
+    cpu = [t.detach().clone().requires_grad_(n) if isinstance(t, torch.Tensor) else t for t, n in zip(inputs, needs)]
+    dev = [t.detach().to("neuron").requires_grad_(n) if isinstance(t, torch.Tensor) else t
+           for t, n in zip(inputs, needs)]
+    (ref(*cpu) * grad_out).sum().backward()
+    out = op(*dev)
+    (out * grad_out.to("neuron")).sum().backward()
+    for c, d, n in zip(cpu, dev, needs):
+        if n:
+            torch.testing.assert_close(d.grad.cpu(), c.grad, **tol)
+        elif isinstance(d, torch.Tensor):
+            assert d.grad is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_gradients(dtype):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 5, 48, dtype=dtype), torch.randn(48, dtype=dtype)
+    g = torch.randn(2, 5, 48, dtype=dtype)
+    tol = TOL[dtype] if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    _grads_match(ops.rmsnorm, ops.reference_rmsnorm, [x, w, 1e-6], g, [True, True, False], tol)
+
+
+def test_rope_gradient_on_a_transposed_view():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8)  # (B, T, H, D) transposed to (B, H, T, D) as Hugging Face attention does
+    cos, sin = torch.randn(5, 8), torch.randn(5, 8)
+    g = torch.randn(2, 3, 5, 8)
+    _grads_match(lambda x, c, s: ops.rope(x.transpose(1, 2), c, s),
+                 lambda x, c, s: ops.reference_rope(x.transpose(1, 2), c, s),
+                 [x, cos, sin], g, [True, False, False], TOL[torch.float32])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("train_weights", [True, False], ids=["full", "frozen"])
+def test_mlp_gradients(residual, train_weights):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32)
+    gw, uw, dw = torch.randn(80, 32) * 0.2, torch.randn(80, 32) * 0.2, torch.randn(32, 80) * 0.2
+    g = torch.randn(2, 3, 32)
+    _grads_match(ops.mlp, ops.reference_mlp, [x, gw, uw, dw, None, 1e-5, residual], g,
+                 [True] + [train_weights] * 3 + [False] * 3, TOL[torch.float32])
+
+
+def test_linear_cross_entropy_frozen_head_gives_no_weight_gradient():
+    torch.manual_seed(0)
+    h, w, target = torch.randn(6, 16), torch.randn(50, 16) * 0.3, torch.randint(0, 50, (6,))
+    _grads_match(ops.linear_cross_entropy, ops.reference_linear_cross_entropy, [h, w, target],
+                 torch.tensor(1.0), [True, False, False], TOL[torch.float32])

@@ -1,4 +1,5 @@
-"""The `nativelab` command: `nativelab run ...` (Lab 2), `nativelab profile ...` (profiling)."""
+"""The `nativelab` command: `nativelab run ...` (Lab 2), `nativelab profile ...` (profiling),
+`nativelab finetune ...` (SFT, LoRA or full)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: nativelab run [options]       (nativelab run --help for the options)\n"
-              "       nativelab profile [options]   (nativelab profile --help)")
+              "       nativelab profile [options]   (nativelab profile --help)\n"
+              "       nativelab finetune [options]  (nativelab finetune --help)")
         return 0
     command, rest = argv[0], argv[1:]
     if command == "run":
@@ -21,7 +23,11 @@ def main(argv=None) -> int:
         from .profile import cli as profile_cli
 
         return profile_cli.main(rest)
-    print(f"nativelab: unknown command {command!r} (known: run, profile)", file=sys.stderr)
+    if command == "finetune":
+        from .apps import finetune
+
+        return finetune.main(rest)
+    print(f"nativelab: unknown command {command!r} (known: run, profile, finetune)", file=sys.stderr)
     return 2
 
 

