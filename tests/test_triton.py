@@ -274,8 +274,13 @@ def test_the_llama_tiers_run_on_the_triton_kernels(monkeypatch):
     from nativelab.models.llama import Generator, Llama, Sampling
 
     modules = [importlib.import_module(f"{ops_pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(ops_pkg.__path__)]
-    kernels = {k for m in modules for k in vars(m).values() if isinstance(k, Kernel)}
-    assert len(kernels) == 13 and all("cuda" in k.targets for k in kernels)
+    every = {k for m in modules for k in vars(m).values() if isinstance(k, Kernel)}
+    # the training kernels (backward passes, fused training forwards) run on the device and the CPU only so far
+    kernels = {k for k in every if "cuda" in k.targets}
+    assert len(kernels) == 13
+    assert sorted(k.name for k in every - kernels) == sorted([
+        "lce_train_kernel", "lce_train_with_weight_kernel", "mlp_train_kernel", "mlp_backward_x_kernel",
+        "mlp_backward_kernel", "rmsnorm_backward_kernel", "rope_backward_kernel"])
     for k in kernels:
         monkeypatch.setitem(k.targets, "cpu", k.targets["cuda"])
     prompt = [10, 200, 33, 7]
