@@ -42,10 +42,9 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
     return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single, source=gm)
 
 
-def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | None, freeze: bool = False,
-                   threads: int | None = None):
+def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | None, freeze: bool = False):
     """Inductor-compile a CPU graph, going through the on-disk cache under `key` (None: do not cache).
-    `threads`: cap the generated code's parallelism (1: no OpenMP regions at all). Returns (callable artifact, "cache hit" | "compiled" | ...) and keeps the compile statistics."""
+    Returns (callable artifact, "cache hit" | "compiled" | ...) and keeps the compile statistics."""
     s = metrics.current()
     t0 = time.perf_counter()
     artifact, how = None, "compiled"
@@ -61,7 +60,7 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
         with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable(freeze):
             artifact = torch._inductor.standalone_compile(
                 cpu_gm, cpu_inputs, dynamic_shapes="from_example_inputs",
-                options={"config_patches": {"freezing": freeze, **({"cpp.threads": threads} if threads else {})}},
+                options={"config_patches": {"freezing": freeze}},
             )
         if key is None:
             how = "compiled (frozen weights, not cached)" if freeze else "compiled (not cached)"

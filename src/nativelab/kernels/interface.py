@@ -46,17 +46,13 @@ class Kernel:
     `weights` names argument positions holding weights (a tensor or a list of tensors). When the kernel runs
     without autograd (inference), those are baked into the generated code as constants, so their layout is
     prepacked once (Inductor freezing), as an NKI kernel keeps weights resident in SBUF; a weight that is
-    replaced or written in place gets a fresh compile. With autograd on, weights stay ordinary inputs.
+    replaced or written in place gets a fresh compile. With autograd on, weights stay ordinary inputs."""
 
-    `threads` caps the generated code's parallelism: a kernel made of many small passes (the sampler's
-    bisection) runs faster on one thread than paying a thread fork/join per pass."""
-
-    def __init__(self, fn: Callable, targets: dict[str, Callable | str] | None = None, weights: tuple[int, ...] = (),
-                 threads: int | None = None):
+    def __init__(self, fn: Callable, targets: dict[str, Callable | str] | None = None,
+                 weights: tuple[int, ...] = ()):
         self.fn = fn
         self.targets = dict(targets or {})
         self.weights = tuple(weights)
-        self.threads = threads
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._compiled: dict = {}
 
@@ -120,9 +116,9 @@ class Kernel:
         t0 = time.perf_counter()
         if frozen:
             gm = _bake_constants(gm, {i: tensors[i] for i in frozen})
-            artifact, how = compile_cached(gm, [examples[i] for i in live], None, freeze=True, threads=self.threads)
+            artifact, how = compile_cached(gm, [examples[i] for i in live], None, freeze=True)
         else:
-            artifact, how = compile_cached(gm, examples, self._key(gm, examples), threads=self.threads)
+            artifact, how = compile_cached(gm, examples, self._key(gm, examples))
         metrics.log.info("kernel %s: %s for %s in %.2fs", self.name, how, [tuple(t.shape) for t in tensors],
                          time.perf_counter() - t0)
 
@@ -137,7 +133,7 @@ class Kernel:
     def _key(self, gm: torch.fx.GraphModule, examples) -> str:
         """What was traced (so an edited kernel, or a helper it calls, gets a new entry) and for which inputs."""
         h = hashlib.sha256()
-        for part in (KERNEL_VERSION, torch.__version__, self.name, gm.code, repr(self.threads)):
+        for part in (KERNEL_VERSION, torch.__version__, self.name, gm.code):
             h.update(part.encode())
         h.update(repr([(tuple(t.shape), t.stride(), t.dtype) for t in examples]).encode())
         return h.hexdigest()
@@ -193,14 +189,13 @@ def _spec_key(s):
 
 
 def wrap_kernel(fn: Callable | None = None, *, targets: dict[str, Callable | str] | None = None,
-                weights: tuple[int, ...] = (), threads: int | None = None):
+                weights: tuple[int, ...] = ()):
     """Make `fn(*inputs, *outputs)` a kernel compiled per signature and launchable on the device; `targets`
     adds implementations for other device types (e.g. {"cuda": triton_launcher}); `weights` marks argument
-    positions to bake in as prepacked constants for inference; `threads` caps its parallelism. Usable as
-    `@wrap_kernel(weights=(1, 2))`."""
+    positions to bake in as prepacked constants for inference. Usable as `@wrap_kernel(weights=(1, 2))`."""
     if fn is None:
-        return lambda f: wrap_kernel(f, targets=targets, weights=weights, threads=threads)
-    return fn if isinstance(fn, Kernel) else Kernel(fn, targets, weights, threads)
+        return lambda f: wrap_kernel(f, targets=targets, weights=weights)
+    return fn if isinstance(fn, Kernel) else Kernel(fn, targets, weights)
 
 
 def kernel_op(name: str, *, mutates_args=()):

@@ -76,8 +76,7 @@ def _sample(logits, seed_state, temperature, top_k, top_p):
     return race.argmax(-1)
 
 
-# ~40 short passes over the vocabulary: one thread beats a thread fork/join per pass
-@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.sample:sample"}, threads=1)
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.sample:sample"})
 def sample_kernel(logits, seed_state, temperature, top_k, top_p, out):
     out.copy_(_sample(logits, seed_state, temperature, top_k, top_p))
     seed_state[1:].add_(1)  # the next draw uses fresh noise
