@@ -233,3 +233,21 @@ def test_compiling_while_device_work_is_queued():
     with torch.no_grad():
         got = f(x.to("neuron"))
     torch.testing.assert_close(got.cpu(), model.cpu()(x) + 2, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_tile_read_twice_in_one_kernel_matches_eager():
+    """One bf16 tensor read transposed by two outputs of one fused kernel (the RoPE backward's pattern). On
+    AVX-512 machines Inductor moves it through 32x32 tile transposes that GCC 12 miscompiles when a kernel has
+    more than one; the compiler rewrites them (compiler/_private.py). Without that: garbage and NaN here."""
+
+    def f(x):
+        t = x.transpose(1, 2)
+        return (t * 2).reshape(512, 192), t.contiguous()
+
+    compiled = torch.compile(f, backend="neuron")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x = torch.randn(4, 192, 128).to(torch.bfloat16)
+        got = compiled(x.to("neuron"))
+        for g, want in zip(got, f(x)):
+            assert torch.equal(g.cpu(), want)

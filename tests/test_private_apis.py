@@ -1,6 +1,7 @@
 """Every private PyTorch API nativelab uses, exercised directly: if a PyTorch upgrade changes one, the
 failure names it here (see src/nativelab/device/_private.py)."""
 
+import pytest
 import torch
 
 from nativelab.device import _private, memory
@@ -130,3 +131,29 @@ def test_profiler_private_apis():
     ids = [prof_private.compile_id_of_str(cid) for kind, cid in seen if kind == "end"]
     assert ids[0][1] == 0 and any(attempt > 0 for _, attempt in ids), seen
     assert seen and all(kind in ("start", "end") for kind, _ in seen)
+
+
+@pytest.mark.slow
+def test_compiler_private_apis(monkeypatch):
+    """The compiler's hook on Inductor's C++ kernels (src/nativelab/compiler/_private.py): the hook point still
+    exists, every kernel's source passes through it, and on an AVX-512 machine the bf16 32x32 tile transpose it
+    rewrites is still spelled as it expects (if Inductor renames it, the rewrite silently stops: fail here)."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    from nativelab.compiler import _private as cc_private
+
+    cc_private.install_cpp_source_filter()
+    assert hasattr(AsyncCompile.cpp_pybinding, "__wrapped__")
+    seen = []
+    rewrite = cc_private.split_bf16_tile_transposes
+    monkeypatch.setattr(cc_private, "split_bf16_tile_transposes", lambda s: seen.append(s) or rewrite(s))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x.transpose(1, 2) * 2, x.transpose(1, 2).contiguous()), backend="inductor")
+    x = torch.randn(4, 192, 128).to(torch.bfloat16)
+    doubled, moved = f(x)
+    assert torch.equal(doubled, x.transpose(1, 2) * 2) and torch.equal(moved, x.transpose(1, 2))
+    assert seen and all(cc_private.PREFIX in s for s in seen)
+    if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX"):
+        tiled = [s for s in seen if cc_private.TILE_32 in s]
+        assert tiled, "Inductor no longer emits the tile transpose we rewrite"
+        assert cc_private.TILE_32 not in rewrite(tiled[0]) and "nativelab_transpose_bf16_32x32(" in rewrite(tiled[0])

@@ -15,10 +15,10 @@ import torch
 import torch.fx
 
 from ..device import memory, queue
-from . import cache, metrics
+from . import _private, cache, metrics
 from .runtime import DeviceGraph
 
-COMPILER_VERSION = "nativelab-neuron-cc 1"  # bump when the lowering changes what it generates
+COMPILER_VERSION = "nativelab-neuron-cc 2"  # bump when the lowering changes what it generates (2: tile-load fix)
 DEVICE = "neuron"
 
 
@@ -45,6 +45,7 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
 def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | None, freeze: bool = False):
     """Inductor-compile a CPU graph, going through the on-disk cache under `key` (None: do not cache).
     Returns (callable artifact, "cache hit" | "compiled" | ...) and keeps the compile statistics."""
+    _private.install_cpp_source_filter()  # before any kernel is built or loaded (see its docstring)
     s = metrics.current()
     t0 = time.perf_counter()
     artifact, how = None, "compiled"
