@@ -87,16 +87,19 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return layers
 
 
-def shard(model, precision: str) -> None:
+def shard(model, precision: str, world: World) -> None:
     """fully_shard each decoder layer, then the root, in place. The root is the transformers model, inside
     a PEFT wrapper too: PEFT's generate() calls it directly, so the root's hooks must sit on it."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # fully_shard's default mesh is on the accelerator: --device cpu needs its own
+    mesh = init_device_mesh(world.device.type, (world.size,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16" else MixedPrecisionPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(save._base(model), mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(save._base(model), mesh=mesh, mp_policy=policy)
 
 
 def sums(world: World, *values: float) -> list[float]:

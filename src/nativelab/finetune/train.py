@@ -245,7 +245,7 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
     arch = type(model).__name__
     model, patched = build(cfg, model)
     if world.distributed:
-        parallel.shard(model, cfg.precision)
+        parallel.shard(model, cfg.precision, world)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_train, n_all = sum(p.numel() for p in trainable), sum(p.numel() for p in model.parameters())
     lr = cfg.lr if cfg.lr is not None else (2e-4 if cfg.method == "lora" else 2e-5)
