@@ -238,7 +238,8 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
         if resume_from is None:
             raise FileNotFoundError(f"--resume latest: no checkpoint in {cfg.checkpoints}")
         if not (resume_from / save.STATE).is_file():
-            raise FileNotFoundError(f"--resume {resume_from}: no checkpoint there ({save.STATE} missing)")
+            dcp = " (a torchrun checkpoint: resume it under torchrun)" if (resume_from / ".metadata").is_file() else ""
+            raise FileNotFoundError(f"--resume {resume_from}: no checkpoint there ({save.STATE} missing){dcp}")
         save.check_fits(resume_from, model)
     total = cfg.max_steps or cfg.epochs * len(train_b)
     device = torch.device(cfg.device)
