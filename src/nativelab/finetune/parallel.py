@@ -2,9 +2,9 @@
 
 - Every rank binds to its own device (`neuron:{LOCAL_RANK}`, `cuda:{LOCAL_RANK}` or the CPU) and joins the
   default process group (`neuron` backend for the device, gloo for the CPU, nccl for CUDA).
-- `fully_shard` wraps every decoder layer, then the transformers model (embeddings, final norm, LM head). Tied embeddings
-  stay one parameter: FSDP2 manages a parameter shared by two modules of the same group once. LoRA goes the
-  same way (frozen base weights and trainable adapters share the groups), so one code path serves both.
+- `fully_shard` wraps every decoder layer, then the transformers model (embeddings, final norm, LM head).
+  Tied embeddings stay one parameter: FSDP2 manages a parameter shared by two modules of the same group once.
+  LoRA goes the same way (frozen base weights and trainable adapters share the groups): one code path.
 - bf16 is FSDP2's MixedPrecisionPolicy (bf16 parameters all-gathered and computed, fp32 gradient reduction,
   fp32 sharded weights and optimizer) instead of autocast: the all-gathers move half the bytes.
 - Checkpoints are torch.distributed.checkpoint (DCP) directories under --checkpoint-dir, written by every rank
