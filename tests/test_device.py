@@ -126,6 +126,19 @@ def test_event_without_timing_cannot_measure():
         a.elapsed_time(b)
 
 
+def test_accelerator_streams_wait_on_device_events():
+    """torch.accelerator's streams are C++ torch.Streams; FSDP2 makes them wait on torch.neuron.Event()s."""
+    x = torch.ones(256, 256, device="neuron")
+    y = x @ x  # queued
+    e = torch.neuron.Event()
+    e.record()
+    assert isinstance(e, torch.Event)
+    torch.accelerator.current_stream().wait_event(e)
+    torch.neuron.current_stream().wait_event(e)
+    e.synchronize()
+    assert e.query() and torch.equal(y.cpu(), torch.full((256, 256), 256.0))
+
+
 def test_rng_seeding_reproduces_and_states_roundtrip():
     torch.manual_seed(123)
     a = torch.randn(5, device="neuron").cpu()

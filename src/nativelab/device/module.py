@@ -191,8 +191,14 @@ def empty_cache() -> None:
 # -- events and streams -------------------------------------------------------------------------------------
 
 
-class Event:
-    """A marker in the device's queue; with enable_timing it stamps the time the device reached it."""
+class Event(torch.Event):
+    """A marker in the device's queue; with enable_timing it stamps the time the device reached it.
+
+    A torch.Event underneath, so the C++ streams that torch.accelerator hands out accept it
+    (`torch.accelerator.current_stream().wait_event(torch.neuron.Event())`, as FSDP2 does)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(cls, device="neuron")
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing

@@ -78,8 +78,7 @@ def _sharded(model) -> bool:
 def _forwards_done(model) -> None:
     """After forwards with no backward (held-out loss, generation): FSDP2 would keep their post-forward
     order, and the next backward would prefetch (all-gather) a layer it has already done, an unshard that is
-    never waited for (its finalization then fails on this device: torch.accelerator's stream rejects the
-    device module's Python Event). Start the next iteration from a clean state instead."""
+    never used. Start the next iteration from a clean state instead."""
     if _sharded(model):
         save._base(model).reset_iter_state()
 
