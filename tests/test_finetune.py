@@ -114,6 +114,30 @@ def test_kernels_give_the_same_training_as_plain_hf(tmp_path, dataset):
     assert fused.eval_after == pytest.approx(plain.eval_after, rel=1e-4)
 
 
+def test_lm_head_takes_only_labeled_rows():
+    """--kernels' LM head + loss runs on the labeled rows (padded to a multiple of 64 with unlabeled ones):
+    the same loss and the same gradients as all rows, by F.cross_entropy on the full logits."""
+    from nativelab.finetune import kernels as ft_kernels
+
+    torch.manual_seed(0)
+    h = torch.randn(300, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    target = torch.full((300,), data.IGNORE)
+    labeled = torch.randperm(300)[:70]
+    target[labeled] = torch.randint(0, 50, (70,))
+    hs, ts = ft_kernels._labeled_rows(h, target)
+    assert hs.shape[0] == 128 and int((ts != data.IGNORE).sum()) == 70  # 70 labeled rows, padded to 2 x 64
+    loss = torch.nn.functional.cross_entropy(hs @ w.T, ts, ignore_index=data.IGNORE)
+    want = torch.nn.functional.cross_entropy(h @ w.T, target, ignore_index=data.IGNORE)
+    torch.testing.assert_close(loss, want)
+    got_grads = torch.autograd.grad(loss, (h, w))
+    want_grads = torch.autograd.grad(want, (h, w))
+    for g, r in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, r)
+    full = torch.randint(0, 50, (300,))  # every row labeled: nothing to drop
+    assert ft_kernels._labeled_rows(h, full)[0] is h
+
+
 def test_resume_continues_exactly(tmp_path, dataset):
     """Interrupted after step 5 with checkpoints every 3 steps, resumed: the same losses and final adapter
     as an uninterrupted run (dropout on, so the RNG state matters too)."""

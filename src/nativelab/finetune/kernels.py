@@ -73,8 +73,29 @@ def _causal_lm_forward(self, input_ids=None, labels=None, **kwargs):
     dtype = _autocast_dtype(h) or h.dtype
     # Next-token targets: shift the labels left (the last position has none) instead of slicing h.
     target = F.pad(labels[:, 1:], (0, 1), value=IGNORE).reshape(-1)
-    loss = ops.linear_cross_entropy(h.reshape(-1, h.shape[-1]).to(dtype), self.lm_head.weight.to(dtype), target)
+    h = h.reshape(-1, h.shape[-1])
+    if not torch.compiler.is_compiling():  # traced, the row count would be a data-dependent shape
+        h, target = _labeled_rows(h, target)
+    loss = ops.linear_cross_entropy(h.to(dtype), self.lm_head.weight.to(dtype), target)
     return CausalLMOutputWithPast(loss=loss, logits=None)
+
+
+ROW_BUCKET = 64  # labeled-row counts are rounded up to this: a handful of kernel shapes, not one per batch
+
+
+def _labeled_rows(h: torch.Tensor, target: torch.Tensor):
+    """Only the rows that carry a label go through the LM head: the loss (a mean over labeled tokens) and its
+    gradient are the same, and an unlabeled row's gradient is zero. In SFT the prompt is unlabeled (86% of
+    the rows of a 128-token HumanEval batch). Rows are taken labeled first, then padded with unlabeled ones
+    up to a multiple of ROW_BUCKET, so the kernel sees few distinct shapes. One host sync (the count)."""
+    unlabeled = target == IGNORE
+    labeled = (~unlabeled).nonzero().squeeze(1)  # nonzero: native on the device (a sort would fall back)
+    n = labeled.numel()
+    keep = min(target.numel(), max(ROW_BUCKET, -(-n // ROW_BUCKET) * ROW_BUCKET))
+    if keep == target.numel():
+        return h, target
+    rows = torch.cat([labeled, unlabeled.nonzero().squeeze(1)[:keep - n]])
+    return h.index_select(0, rows), target.index_select(0, rows)
 
 
 def apply_kernels(model) -> dict[str, int]:
