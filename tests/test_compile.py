@@ -251,3 +251,29 @@ def test_bf16_tile_read_twice_in_one_kernel_matches_eager():
         got = compiled(x.to("neuron"))
         for g, want in zip(got, f(x)):
             assert torch.equal(g.cpu(), want)
+
+
+def test_large_bf16_products_run_as_fp32_gemms_small_ones_stay_bf16():
+    """compiler/gemm.py: a large bf16 product becomes an fp32 GEMM of upcast operands (bf16 x bf16 products are
+    exact in fp32, so only the summation order differs from a bf16 GEMM with fp32 accumulation); a decode-sized
+    one (1 row) stays bf16. The compiled result matches fp32 arithmetic rounded once to bf16."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from nativelab.compiler import gemm
+
+    def f(x, v, w):
+        return x @ w.t(), v @ w.t()
+
+    torch.manual_seed(0)
+    x, v, w = torch.randn(256, 128).bfloat16(), torch.randn(1, 128).bfloat16(), torch.randn(192, 128).bfloat16()
+    gm = make_fx(f, tracing_mode="fake")(x, v, w)
+    rewritten = gemm.with_fp32_gemms(gm, [x, v, w])
+    mms = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.mm.default]
+    assert sorted(str(n.meta["val"].dtype) for n in mms) == ["torch.bfloat16", "torch.float32"]
+    small_only = make_fx(lambda v, w: v @ w.t(), tracing_mode="fake")(v, w)
+    assert gemm.with_fp32_gemms(small_only, [v, w]) is small_only  # nothing to rewrite: the graph as it was
+    compiled = torch.compile(f, backend="neuron")
+    big, small = compiled(x.to("neuron"), v.to("neuron"), w.to("neuron"))
+    assert big.dtype == torch.bfloat16
+    assert torch.equal(big.cpu(), (x.float() @ w.float().t()).bfloat16())
+    torch.testing.assert_close(small.cpu(), v @ w.t(), rtol=1e-2, atol=1e-2)

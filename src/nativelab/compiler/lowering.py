@@ -15,10 +15,10 @@ import torch
 import torch.fx
 
 from ..device import memory, queue
-from . import _private, cache, metrics
+from . import _private, cache, gemm, metrics
 from .runtime import DeviceGraph
 
-COMPILER_VERSION = "nativelab-neuron-cc 2"  # bump when the lowering changes what it generates (2: tile-load fix)
+COMPILER_VERSION = "nativelab-neuron-cc 3"  # bump when the lowering changes what it generates (3: fp32 GEMMs)
 DEVICE = "neuron"
 
 
@@ -60,7 +60,7 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
     if artifact is None:
         with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable(freeze):
             artifact = torch._inductor.standalone_compile(
-                cpu_gm, cpu_inputs, dynamic_shapes="from_example_inputs",
+                gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, dynamic_shapes="from_example_inputs",
                 options={"config_patches": {"freezing": freeze}},
             )
         if key is None:

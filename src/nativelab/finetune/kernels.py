@@ -73,9 +73,7 @@ def _causal_lm_forward(self, input_ids=None, labels=None, **kwargs):
     dtype = _autocast_dtype(h) or h.dtype
     # Next-token targets: shift the labels left (the last position has none) instead of slicing h.
     target = F.pad(labels[:, 1:], (0, 1), value=IGNORE).reshape(-1)
-    h = h.reshape(-1, h.shape[-1])
-    if not torch.compiler.is_compiling():  # traced, the row count would be a data-dependent shape
-        h, target = _labeled_rows(h, target)
+    h, target = _labeled_rows(h.reshape(-1, h.shape[-1]), target)
     loss = ops.linear_cross_entropy(h.to(dtype), self.lm_head.weight.to(dtype), target)
     return CausalLMOutputWithPast(loss=loss, logits=None)
 
@@ -83,6 +81,7 @@ def _causal_lm_forward(self, input_ids=None, labels=None, **kwargs):
 ROW_BUCKET = 64  # labeled-row counts are rounded up to this: a handful of kernel shapes, not one per batch
 
 
+@torch.compiler.disable  # under --compile: a graph break here, the row count stays out of the traced shapes
 def _labeled_rows(h: torch.Tensor, target: torch.Tensor):
     """Only the rows that carry a label go through the LM head: the loss (a mean over labeled tokens) and its
     gradient are the same, and an unlabeled row's gradient is zero. In SFT the prompt is unlabeled (86% of

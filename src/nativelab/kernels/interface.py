@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compiler import metrics
-from ..compiler.lowering import compile_cached
+from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, queue, tracking
 
 DEVICE = memory.DEVICE
@@ -133,7 +133,7 @@ class Kernel:
     def _key(self, gm: torch.fx.GraphModule, examples) -> str:
         """What was traced (so an edited kernel, or a helper it calls, gets a new entry) and for which inputs."""
         h = hashlib.sha256()
-        for part in (KERNEL_VERSION, torch.__version__, self.name, gm.code):
+        for part in (KERNEL_VERSION, COMPILER_VERSION, torch.__version__, self.name, gm.code):
             h.update(part.encode())
         h.update(repr([(tuple(t.shape), t.stride(), t.dtype) for t in examples]).encode())
         return h.hexdigest()
