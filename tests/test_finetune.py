@@ -87,8 +87,15 @@ def test_training_lowers_the_loss_and_the_saved_model_reloads_with_identical_log
         reloaded = AutoModelForCausalLM.from_pretrained(str(out))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing half-written left behind
     trained = res.model.eval()
-    if method == "full":  # the tied LM head stayed tied through .to("neuron") and training
+    if method == "full":  # the tied LM head stayed tied through .to("neuron") and training, and is saved once
         assert trained.lm_head.weight is trained.model.embed_tokens.weight
+        from safetensors import safe_open
+
+        keys = set()
+        for f in out.glob("model*.safetensors"):
+            with safe_open(str(f), "pt") as sf:
+                keys |= set(sf.keys())
+        assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys, sorted(keys)
     saved = dict(reloaded.named_parameters())
     for name, p in trained.named_parameters():
         if p.requires_grad:

@@ -56,7 +56,16 @@ def atomic_dir(final: str | Path):
 
 
 def _cpu(sd: dict) -> dict:
-    return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+    """CPU copies of a state dict; entries that share memory (tied embeddings / LM head) share their copy, so
+    save_pretrained sees the tie and writes the tensor once."""
+    copies: dict = {}
+    out = {}
+    for k, v in sd.items():
+        key = (v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.stride(), v.dtype)
+        if key not in copies:
+            copies[key] = v.detach().to("cpu", copy=True)
+        out[k] = copies[key]
+    return out
 
 
 def trainable_state(model) -> dict:
