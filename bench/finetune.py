@@ -102,6 +102,10 @@ def main() -> None:
         t0 = time.perf_counter()
         v.run(batches[:args.warmup], record=False)
         print(f"  warm-up {v.name}: {time.perf_counter() - t0:.1f} s (compiles included)")
+    # One untimed interleaved step each: two compiled variants share the step function's code, and switching
+    # between them can make Dynamo compile again once (a 130 s step showed up in the timed rounds otherwise).
+    for v in variants:
+        v.run(batches[:1], record=False)
     for r in range(args.repeats):
         chunk = batches[args.warmup + r * args.steps: args.warmup + (r + 1) * args.steps]
         for v in variants:
