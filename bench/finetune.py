@@ -102,8 +102,9 @@ def main() -> None:
         t0 = time.perf_counter()
         v.run(batches[:args.warmup], record=False)
         print(f"  warm-up {v.name}: {time.perf_counter() - t0:.1f} s (compiles included)")
-    # One untimed interleaved step each: two compiled variants share the step function's code, and switching
-    # between them can make Dynamo compile again once (a 130 s step showed up in the timed rounds otherwise).
+    # One untimed interleaved step each: with all four variants a single 130-140 s step (a compile) showed up
+    # in --compile's first timed round, never with --compile alone; switching between the two compiled variants
+    # (same step-function code, different models) is the likely trigger. Pay it here, untimed.
     for v in variants:
         v.run(batches[:1], record=False)
     for r in range(args.repeats):
