@@ -373,3 +373,29 @@ def test_linear_cross_entropy_frozen_head_gives_no_weight_gradient():
     h, w, target = torch.randn(6, 16), torch.randn(50, 16) * 0.3, torch.randint(0, 50, (6,))
     _grads_match(ops.linear_cross_entropy, ops.reference_linear_cross_entropy, [h, w, target],
                  torch.tensor(1.0), [True, False, False], TOL[torch.float32])
+
+
+def test_weights_stay_inputs_compiles_once_for_changing_weights():
+    """Without autograd a kernel bakes its weights (one compiled variant per weight set); inside
+    weights_stay_inputs() (fine-tuning's held-out loss and samples) they stay inputs: one variant serves
+    every layer's weights, and each call sees the weights' current values."""
+    from nativelab.kernels import weights_stay_inputs
+    from nativelab.kernels.ops.mlp import mlp_kernel_no_norm, reference_mlp
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 16, device="neuron")
+    layers = [[torch.randn(32, 16, device="neuron"), torch.randn(32, 16, device="neuron"),
+               torch.randn(16, 32, device="neuron")] for _ in range(3)]
+    with torch.no_grad():
+        before = len(mlp_kernel_no_norm._compiled)
+        with weights_stay_inputs():
+            for w in layers:
+                got = ops.mlp(x, *w)
+                torch.testing.assert_close(got.cpu(), reference_mlp(x.cpu(), *[t.cpu() for t in w]))
+            layers[0][0].mul_(2)  # an optimizer step, say
+            torch.testing.assert_close(ops.mlp(x, *layers[0]).cpu(),
+                                       reference_mlp(x.cpu(), *[t.cpu() for t in layers[0]]))
+        assert len(mlp_kernel_no_norm._compiled) == before + 1
+        for w in layers:  # baked: one variant per weight set
+            ops.mlp(x, *w)
+        assert len(mlp_kernel_no_norm._compiled) == before + 1 + len(layers)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..kernels import weights_stay_inputs
 from . import data, kernels, parallel, save
 from . import model as model_mod
 
@@ -185,7 +186,7 @@ def eval_loss(model, batches: data.Batches, cfg: Config, world: parallel.World |
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad(), _autocast(cfg, device, model):
+    with torch.no_grad(), _autocast(cfg, device, model), weights_stay_inputs():
         for b, counts in work:
             loss = model(input_ids=b["input_ids"].to(device), labels=b["labels"].to(device)).loss
             if counts:
@@ -203,7 +204,7 @@ def generate(model, tokenizer, prompt: str, cfg: Config) -> str:
     ids = torch.tensor([data.prompt_ids(tokenizer, prompt)], device=device)
     was_training = model.training
     model.eval()
-    with torch.no_grad(), _autocast(cfg, device, model):
+    with torch.no_grad(), _autocast(cfg, device, model), weights_stay_inputs():
         # sharded: every rank generates the same greedy tokens; synced_gpus keeps them stepping together
         # (each step's forward is a collective) even if one stopped early
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.sample_tokens,

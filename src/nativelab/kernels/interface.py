@@ -18,6 +18,7 @@ the same call works in eager mode and inside `torch.compile`, where it stays one
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import time
@@ -34,6 +35,22 @@ from ..device import memory, queue, tracking
 DEVICE = memory.DEVICE
 KERNEL_VERSION = "nativelab-kernel 1"
 _MAX_VARIANTS = 256  # compiled variants kept per kernel
+
+
+_weights_stay_inputs = [0]  # > 0 inside weights_stay_inputs()
+
+
+@contextlib.contextmanager
+def weights_stay_inputs():
+    """Within this block kernels take their weights as ordinary inputs even without autograd. For a model in
+    training (the held-out loss, a sample between steps): its weights change, and baking them would compile,
+    and hold a constant copy of, every layer's weights for every shape (fine-tuning's 30 layers x eval /
+    prefill / decode shapes took minutes and 10 GB)."""
+    _weights_stay_inputs[0] += 1
+    try:
+        yield
+    finally:
+        _weights_stay_inputs[0] -= 1
 
 
 class Kernel:
@@ -73,7 +90,8 @@ class Kernel:
                 module, _, attr = impl.partition(":")
                 impl = self.targets[kind] = getattr(importlib.import_module(module), attr)
             return impl(*args)
-        frozen = self._frozen_positions(spec) if self.weights and not torch.is_grad_enabled() else ()
+        bake = self.weights and not torch.is_grad_enabled() and not _weights_stay_inputs[0]
+        frozen = self._frozen_positions(spec) if bake else ()
         key = (
             tuple((tuple(t.shape), t.stride(), t.dtype) for t in tensors), tuple(map(_spec_key, spec)),
             tuple((tensors[i].data_ptr(), tensors[i]._version) for i in frozen),  # which weights, unchanged
