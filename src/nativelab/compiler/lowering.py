@@ -58,7 +58,7 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
             warnings.warn(f"nativelab: cached graph {key[:12]} failed to load ({e}); recompiling")
             s.cache_corrupt += 1
     if artifact is None:
-        with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable(freeze):
+        with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable():
             artifact = torch._inductor.standalone_compile(
                 gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, dynamic_shapes="from_example_inputs",
                 options={"config_patches": {"freezing": freeze}},
@@ -69,17 +69,19 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
             s.cache_misses += 1
             if artifact.is_saveable():
                 cache.write(key, _save(artifact))
+            else:
+                how = "compiled (not saveable: not cached)"
     s.compile_seconds += time.perf_counter() - t0
     return artifact, how
 
 
 @contextlib.contextmanager
-def _quiet_unsaveable(freeze: bool):
-    """Inductor warns that a frozen graph cannot be saved; we know, and say so in our own log line."""
+def _quiet_unsaveable():
+    """Inductor warns when it cannot serialize a compiled graph (frozen weights; a graph of no ops, as Dynamo
+    hands over around a graph break); we skip the disk cache for it and say so in our own log line."""
     logger = logging.getLogger("torch._inductor.standalone_compile")
     old = logger.level
-    if freeze:
-        logger.setLevel(logging.ERROR)
+    logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
