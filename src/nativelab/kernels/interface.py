@@ -45,7 +45,7 @@ def weights_stay_inputs():
     """Within this block kernels take their weights as ordinary inputs even without autograd. For a model in
     training (the held-out loss, a sample between steps): its weights change, and baking them would compile,
     and hold a constant copy of, every layer's weights for every shape (fine-tuning's 30 layers x eval /
-    prefill / decode shapes took minutes and 10 GB)."""
+    prefill / decode shapes: a 3-step run took 265 s and 14.6 GB peak memory instead of 58 s and 3.4 GB)."""
     _weights_stay_inputs[0] += 1
     try:
         yield
