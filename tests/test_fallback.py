@@ -76,3 +76,21 @@ def test_fallback_sees_queued_work_first():
     x.add_(3)  # queued
     assert torch.cumprod(x, 0).cpu()[-1].item() == 3.0**10
     assert nativelab.get_fallback_ops() == ["aten::cumprod.out"]
+
+
+def test_layer_norm_is_native_forward_and_backward():
+    """native_layer_norm is in the real device's list; PyTorch's composite version of it would go through
+    native_batch_norm, which is not (a CPU fallback)."""
+    torch.manual_seed(0)
+    cpu = [torch.randn(4, 8), torch.randn(8), torch.randn(8)]
+    ref_in = [t.clone().requires_grad_() for t in cpu]
+    dev_in = [t.to("neuron").requires_grad_() for t in cpu]
+    nativelab.clear_op_tracking()
+    ref = torch.nn.functional.layer_norm(ref_in[0], (8,), ref_in[1], ref_in[2])
+    out = torch.nn.functional.layer_norm(dev_in[0], (8,), dev_in[1], dev_in[2])
+    ref.pow(2).sum().backward()
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out.cpu(), ref)
+    for d, r in zip(dev_in, ref_in):
+        torch.testing.assert_close(d.grad.cpu(), r.grad)
+    assert nativelab.get_fallback_ops() == []

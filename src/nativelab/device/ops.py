@@ -564,9 +564,14 @@ def direct_kernels() -> dict:
                 )
             except RuntimeError:  # a TorchScript-only overload such as aten::le.int
                 continue
-            if structured:
+            if structured or str(op) in _OVER_COMPOSITE:
                 found[op] = _bind(op)
     return found
+
+
+# Native ops whose CompositeExplicitAutograd kernel would win over the device's fallback and compute them from
+# ops the device does not have: native_layer_norm's math version goes through native_batch_norm (a CPU fallback).
+_OVER_COMPOSITE = {"aten.native_layer_norm.default"}
 
 
 def _bind(op):
