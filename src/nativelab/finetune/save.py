@@ -55,22 +55,9 @@ def atomic_dir(final: str | Path):
         raise
 
 
-def _cpu(sd: dict) -> dict:
-    """CPU copies of a state dict; entries that share memory (tied embeddings / LM head) share their copy, so
-    save_pretrained sees the tie and writes the tensor once."""
-    copies: dict = {}
-    out = {}
-    for k, v in sd.items():
-        key = (v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.stride(), v.dtype)
-        if key not in copies:
-            copies[key] = v.detach().to("cpu", copy=True)
-        out[k] = copies[key]
-    return out
-
-
 def trainable_state(model) -> dict:
     """The trained tensors only (LoRA: the adapter weights; full: every parameter), on the CPU."""
-    return _cpu({n: p for n, p in model.named_parameters() if p.requires_grad})
+    return _to_cpu({n: p for n, p in model.named_parameters() if p.requires_grad})
 
 
 def save_model(model, tokenizer, out: str | Path, lora: bool, max_shard_size: str = "200MB") -> Path:
@@ -80,16 +67,17 @@ def save_model(model, tokenizer, out: str | Path, lora: bool, max_shard_size: st
     with atomic_dir(out) as tmp:
         if lora:
             sd = {k: v for k, v in model.state_dict().items() if "lora_" in k}
-            model.save_pretrained(tmp, state_dict=_cpu(sd))
+            model.save_pretrained(tmp, state_dict=_to_cpu(sd))
         else:
-            model.save_pretrained(tmp, state_dict=_cpu(model.state_dict()), max_shard_size=max_shard_size)
+            model.save_pretrained(tmp, state_dict=_to_cpu(model.state_dict()), max_shard_size=max_shard_size)
         tokenizer.save_pretrained(tmp)
-        (tmp / FINGERPRINT).write_text(json.dumps(model_mod.fingerprint(_base(model)), indent=1))
+        write_fingerprint(tmp, model)
     return Path(out)
 
 
-def _base(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+def write_fingerprint(directory: Path, model) -> None:
+    """Beside what was saved: which base model it fits (check_fits reads it)."""
+    (directory / FINGERPRINT).write_text(json.dumps(model_mod.fingerprint(model), indent=1))
 
 
 def check_fits(saved_dir: str | Path, base_model) -> None:
@@ -97,7 +85,7 @@ def check_fits(saved_dir: str | Path, base_model) -> None:
     path = Path(saved_dir) / FINGERPRINT
     if not path.is_file():
         raise ValueError(f"{saved_dir}: no {FINGERPRINT}; not saved by nativelab finetune")
-    saved, here = json.loads(path.read_text()), model_mod.fingerprint(_base(base_model))
+    saved, here = json.loads(path.read_text()), model_mod.fingerprint(base_model)
     diff = {k: (saved.get(k), v) for k, v in here.items() if saved.get(k) != v}
     if diff:
         what = ", ".join(f"{k} {a} vs {b}" for k, (a, b) in diff.items())
@@ -134,17 +122,24 @@ def save_checkpoint(out: str | Path, model, optimizer, scheduler, step: int, met
         torch.save({"model": trainable_state(model), "optimizer": _to_cpu(optimizer.state_dict()),
                     "scheduler": scheduler.state_dict(), "rng": rng_state(), "step": step, "meta": meta},
                    tmp / STATE)
-        (tmp / FINGERPRINT).write_text(json.dumps(model_mod.fingerprint(_base(model)), indent=1))
+        write_fingerprint(tmp, model)
     return Path(out)
 
 
-def _to_cpu(obj):
+def _to_cpu(obj, copies: dict | None = None):
+    """CPU copies of the tensors in a (nested) state dict. Tensors that share memory (a tied embedding and LM
+    head) share their copy, so save_pretrained sees the tie and writes the tensor once."""
+    copies = {} if copies is None else copies
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        key = (obj.device, obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), obj.stride(),
+               obj.dtype)
+        if key not in copies:
+            copies[key] = obj.detach().to("cpu", copy=True)
+        return copies[key]
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: _to_cpu(v, copies) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        return type(obj)(_to_cpu(v, copies) for v in obj)
     return obj
 
 

@@ -73,7 +73,7 @@ class Result:
 def _sharded(model) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(save._base(model), FSDPModule)  # the FSDP root is the transformers model, also under PEFT
+    return isinstance(model_mod.base_of(model), FSDPModule)  # the FSDP root is the transformers model, also under PEFT
 
 
 def _forwards_done(model) -> None:
@@ -81,7 +81,7 @@ def _forwards_done(model) -> None:
     order, and the next backward would prefetch (all-gather) a layer it has already done, an unshard that is
     never used. Start the next iteration from a clean state instead."""
     if _sharded(model):
-        save._base(model).reset_iter_state()
+        model_mod.base_of(model).reset_iter_state()
 
 
 def _autocast(cfg: Config, device: torch.device, model=None):

@@ -65,7 +65,6 @@ def lce_backward_kernel(grad, h, weight, target, lse, ignore_index, grad_h, grad
     grad_w.copy_(g.transpose(0, 1) @ h.float())
 
 
-
 def _check_target(logits_rows: int, target: torch.Tensor) -> None:
     check_rank("target", target, 1)
     check_dim("target", target, 0, logits_rows, "one label per row")
@@ -159,19 +158,22 @@ _lce_fwd.register_autograd(_lce_backward, setup_context=_lce_setup)
 # Training: the forward also computes the gradients for a unit upstream gradient while the logits are at hand
 # (Liger-Kernel's fused linear cross-entropy), so the logits are used once and never saved or recomputed, and
 # backward only scales. A frozen LM head (LoRA, embeddings not trained) skips the weight gradient.
-@wrap_kernel
-def lce_train_kernel(h, weight, target, ignore_index, loss_out, grad_h):
+def _loss_and_unit_grad_logits(h, weight, target, ignore_index):
     logits = F.linear(h, weight)
     loss, lse = _loss_and_lse(logits, target, ignore_index)
+    return loss, _grad_logits(loss.new_ones(()), logits, target, lse, ignore_index)
+
+
+@wrap_kernel
+def lce_train_kernel(h, weight, target, ignore_index, loss_out, grad_h):
+    loss, g = _loss_and_unit_grad_logits(h, weight, target, ignore_index)
     loss_out.copy_(loss)
-    grad_h.copy_(_grad_logits(loss.new_ones(()), logits, target, lse, ignore_index) @ weight.float())
+    grad_h.copy_(g @ weight.float())
 
 
 @wrap_kernel
 def lce_train_with_weight_kernel(h, weight, target, ignore_index, loss_out, grad_h, grad_w):
-    logits = F.linear(h, weight)
-    loss, lse = _loss_and_lse(logits, target, ignore_index)
-    g = _grad_logits(loss.new_ones(()), logits, target, lse, ignore_index)
+    loss, g = _loss_and_unit_grad_logits(h, weight, target, ignore_index)
     loss_out.copy_(loss)
     grad_h.copy_(g @ weight.float())
     grad_w.copy_(g.transpose(0, 1) @ h.float())

@@ -1,0 +1,13 @@
+# Sourced by run_lora_finetune_hf.sh and run_full_finetune_hf.sh, after they set `args` (their training
+# choices): adds MODEL_PATH and launches `nativelab finetune` with the script's own arguments appended.
+# MODEL_PATH=/path/to/Qwen3-1.7B: a local Hugging Face checkpoint instead of the offline default.
+# NPROC=N: N processes under torchrun, one per device (neuron:0..N-1), the model sharded with FSDP2;
+# --batch-size is then per rank. Default: one process. PYTHON: the interpreter (default python3).
+launch_finetune() {
+  if [ -n "${MODEL_PATH:-}" ]; then args+=(--model-path "$MODEL_PATH"); fi
+  local launch=("${PYTHON:-python3}" -m nativelab.cli)
+  if [ "${NPROC:-1}" -gt 1 ]; then
+    launch=("${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m nativelab.cli)
+  fi
+  "${launch[@]}" finetune "${args[@]}" "$@"
+}
