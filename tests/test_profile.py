@@ -12,7 +12,7 @@ from nativelab.device import queue
 from nativelab.kernels import wrap_kernel
 from nativelab.models.llama import Generator, Llama, Sampling
 from nativelab.profile import Session, plots, report, trace
-from nativelab.profile.cli import parse_args
+from nativelab.apps.profile import parse_args
 from conftest import run_python
 
 F32 = 4  # bytes per float32 element

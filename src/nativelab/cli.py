@@ -20,9 +20,9 @@ def main(argv=None) -> int:
         run.main(rest)
         return 0
     if command == "profile":
-        from .profile import cli as profile_cli
+        from .apps import profile
 
-        return profile_cli.main(rest)
+        return profile.main(rest)
     if command == "finetune":
         from .apps import finetune
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..models.llama import TIERS, Generator, Llama, Sampling
-from .session import Session
+from ..profile import Session
 
 PROMPT = [1, 2, 3, 4, 5, 6]  # any fixed prompt: random-weight models have no tokenizer
 

@@ -14,10 +14,16 @@ import runpy
 import sys
 
 from ..models.llama import SIZES, TIERS, Generator
-from . import compare, plots, report, trace
-from .session import Session
+from ..profile import Session, plots, report, trace
+from . import profile_tiers, run
 
-COMMANDS = ("run",)  # nativelab commands that can be profiled
+
+def _run_command(argv) -> int:
+    run.main(argv)
+    return 0
+
+
+COMMANDS = {"run": _run_command}  # nativelab commands that can be profiled (called directly: no cycle via cli)
 
 
 def parse_args(argv):
@@ -86,9 +92,7 @@ def counting_tokens(session: Session):
 
 def _run_target(target: list[str]) -> int:
     if target[0] in COMMANDS:
-        from .. import cli
-
-        return cli.main(target)
+        return COMMANDS[target[0]](target[1:])
     saved = sys.argv
     sys.argv = list(target)
     try:
@@ -106,7 +110,7 @@ def main(argv=None) -> int:
     with trace.torch_profiler() if args.torch_profiler else contextlib.nullcontext() as prof:
         if args.compare:
             try:
-                sessions = compare.profile_tiers(
+                sessions = profile_tiers.profile_tiers(
                     args.compare, size=args.size, compile=args.compile, greedy=args.greedy, tokens=args.tokens,
                     dtype=args.dtype)
             except ValueError as e:
