@@ -8,12 +8,10 @@ rank-to-core binding, and crash-safe distributed checkpoints.
 
 from __future__ import annotations
 
-import os
-
-import torch
 import torch.distributed as dist
 
 from . import process_group
+from .local_rank import bind_local_rank
 from .process_group import NeuronProcessGroup
 
 __all__ = ["register", "bind_local_rank", "NeuronProcessGroup", "BACKEND"]
@@ -28,22 +26,3 @@ def register() -> None:
     # "cpu" too: one neuron group also serves CPU tensors (object collectives, barriers); CPU's own
     # default backend stays gloo
     dist.Backend.register_backend(BACKEND, process_group.create, devices=[BACKEND, "cpu"])
-
-
-def bind_local_rank() -> torch.device:
-    """Bind this process to `neuron:{LOCAL_RANK}` (torchrun sets LOCAL_RANK; 0 without it)."""
-    raw = os.environ.get("LOCAL_RANK", "0")
-    try:
-        local_rank = int(raw)
-    except ValueError:
-        raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer") from None
-    count = torch.neuron.device_count()
-    if not 0 <= local_rank < count:
-        raise RuntimeError(
-            f"LOCAL_RANK={local_rank} needs neuron:{local_rank}, but this host has {count} logical NeuronCores "
-            f"(NEURON_RT_NUM_CORES={os.environ.get('NEURON_RT_NUM_CORES', 'unset')}, "
-            f"NEURON_RT_VIRTUAL_CORE_SIZE={os.environ.get('NEURON_RT_VIRTUAL_CORE_SIZE', 'unset')}): "
-            f"run at most {count} processes per node"
-        )
-    torch.neuron.set_device(local_rank)
-    return torch.device(BACKEND, local_rank)

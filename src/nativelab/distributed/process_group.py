@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as _c10d
 
 from ..device import memory, queue
+from .local_rank import bind_local_rank
 
 DEVICE = memory.DEVICE
 _AVG = dist.ReduceOp.AVG
@@ -314,7 +315,5 @@ def create(store, rank: int, size: int, timeout: timedelta) -> NeuronProcessGrou
     """The creator `Backend.register_backend` calls for `backend="neuron"` (or the device's default).
     Under torchrun each rank is bound to `neuron:{LOCAL_RANK}` here, before any collective runs."""
     if "LOCAL_RANK" in os.environ:
-        from . import bind_local_rank
-
         bind_local_rank()
     return NeuronProcessGroup(store, rank, size, timeout)
