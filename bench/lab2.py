@@ -36,11 +36,7 @@ def load_weights(size: str) -> Llama:
 
 
 def build(source: Llama, tier: str, dtype, sampling: Sampling, compiled: bool, device: str) -> Generator:
-    m = Llama(source.cfg, tier)
-    m.load_state_dict(source.state_dict())
-    m = m.to(dtype).eval().to(device)
-    m.setup_cache()
-    g = Generator(m, sampling)
+    g = Generator(source.copy_as(tier, dtype, device), sampling)
     return g.compile() if compiled else g
 
 
@@ -126,10 +122,7 @@ def main() -> None:
         ap.error("--device cuda: no CUDA device is available to this PyTorch")
     dtype = getattr(torch, args.dtype)
     source = load_weights(args.size)
-    probe = Llama(source.cfg)
-    probe.load_state_dict(source.state_dict())
-    probe = probe.to(dtype).to(args.device)
-    probe.setup_cache()
+    probe = source.copy_as("base", dtype, args.device)
     if args.device == "cuda":
         nbytes = step_bytes(probe)
         bandwidth, how = copy_bandwidth_cuda(), "copied"

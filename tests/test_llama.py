@@ -38,6 +38,18 @@ def test_tied_embeddings_stay_tied_on_the_device():
     assert m.num_parameters() == Llama.from_size("tiny").num_parameters()
 
 
+def test_copy_as_gives_a_tier_its_own_copy_of_the_weights():
+    base = Llama.random("tiny", seed=3)
+    m = base.copy_as("core", torch.bfloat16, "neuron")
+    assert m.tier == "core" and not m.training and m.lm_head.weight is m.embed_tokens.weight
+    assert m.layers[0].self_attn.k_cache.shape == (1, 2, 64, 16) and m.layers[0].self_attn.k_cache.device.type == "neuron"
+    for (name, p), (_, q) in zip(base.state_dict().items(), m.state_dict().items()):
+        assert q.dtype == torch.bfloat16 and torch.equal(q.cpu(), p.to(torch.bfloat16)), name
+    with torch.no_grad():
+        m.embed_tokens.weight.zero_()  # a copy: the base keeps its weights
+    assert base.embed_tokens.weight.abs().sum() > 0
+
+
 def test_unknown_size_and_tier_are_clear_errors():
     with pytest.raises(ValueError, match="unknown size 'huge'"):
         Llama.from_size("huge")

@@ -47,10 +47,7 @@ def step6(size: str = "tiny", tokens: int = 16, compile: bool = True) -> dict[tu
     prompt = [1, 2, 3, 4, 5, 6]
     found = {}
     for tier in TIERS:
-        model = Llama(base.cfg, tier)
-        model.load_state_dict(base.state_dict())
-        model = model.eval().to("neuron")
-        model.setup_cache()
+        model = base.copy_as(tier, device="neuron")
         for mode in ("greedy", "top-p"):
             gen = Generator(model, Sampling(greedy=mode == "greedy"))
             if compile:

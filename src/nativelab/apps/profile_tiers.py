@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..models.llama import TIERS, Generator, Llama, Sampling
+from ..device.config import DEVICE_NAME
+from ..models.llama import TIERS, Generator, Llama, Sampling, check_fits
 from ..profile import Session
 
 PROMPT = [1, 2, 3, 4, 5, 6]  # any fixed prompt: random-weight models have no tokenizer
@@ -19,15 +20,10 @@ def profile_tiers(tiers=TIERS, size: str = "small", compile: bool = True, greedy
         raise ValueError(f"unknown tier(s) {unknown}; choose from {list(TIERS)}")
     base = Llama.random(size, seed=seed)
     prompt = [t % base.cfg.vocab_size for t in PROMPT]
-    if len(prompt) + tokens > base.cfg.max_seq_len:
-        raise ValueError(f"{len(prompt)} prompt tokens + {tokens} tokens exceed size {size!r}'s maximum sequence "
-                         f"length {base.cfg.max_seq_len}")
+    check_fits(base.cfg, len(prompt), tokens, of=f"size {size!r}")
     sessions = []
     for tier in tiers:
-        model = Llama(base.cfg, tier)
-        model.load_state_dict(base.state_dict())
-        model = model.to(getattr(torch, dtype)).eval().to("neuron")
-        model.setup_cache()
+        model = base.copy_as(tier, getattr(torch, dtype), DEVICE_NAME)
         gen = Generator(model, Sampling(greedy=greedy, seed=seed))
         if compile:
             gen.compile()

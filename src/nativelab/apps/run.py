@@ -19,7 +19,7 @@ import time
 import torch
 
 import nativelab
-from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling
+from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling, check_fits
 from ..models.llama import checkpoint
 from ..models.llama.tokenizer import Tokenizer
 from ..profile import plots as _plots
@@ -94,10 +94,7 @@ def sync(device: str) -> None:
 
 def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
     dtype = getattr(torch, args.dtype)
-    model = Llama(base.cfg, tier)
-    model.load_state_dict(base.state_dict())
-    model = model.to(dtype).eval().to(args.device)
-    model.setup_cache()
+    model = base.copy_as(tier, dtype, args.device)
     sampling = Sampling(greedy=args.greedy, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     gen = Generator(model, sampling)
     if args.compile:
@@ -144,17 +141,10 @@ def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     if args.size in SIZES and args.model_path is None:  # check the request before building anything
-        cfg = SIZES[args.size]
-        n_prompt = len(prompt_ids(args, cfg.vocab_size))
-        if n_prompt + args.tokens > cfg.max_seq_len:
-            raise SystemExit(f"nativelab run: a prompt of {n_prompt} tokens + --tokens {args.tokens} exceeds the "
-                             f"maximum sequence length {cfg.max_seq_len} of size {args.size!r}")
+        check_request(args, SIZES[args.size], of=f"size {args.size!r}")
     base, tokenizer = load_model(args)
     if tokenizer is not None:
-        n_prompt = len(prompt_ids(args, base.cfg.vocab_size, tokenizer))
-        if n_prompt + args.tokens > base.cfg.max_seq_len:
-            raise SystemExit(f"nativelab run: a prompt of {n_prompt} tokens + --tokens {args.tokens} exceeds the "
-                             f"maximum sequence length {base.cfg.max_seq_len}")
+        check_request(args, base.cfg, tokenizer=tokenizer)
     tiers = list(TIERS) if args.model == "all" else [args.model]
     results = [run_tier(t, args, base, tokenizer) for t in tiers]
     if len(results) > 1:
@@ -167,6 +157,14 @@ def main(argv=None) -> list[dict]:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return results
+
+
+def check_request(args, cfg, of: str | None = None, tokenizer: Tokenizer | None = None) -> None:
+    """Exit with one clear line if the prompt and --tokens do not fit in the model's KV cache."""
+    try:
+        check_fits(cfg, len(prompt_ids(args, cfg.vocab_size, tokenizer)), args.tokens, of=of)
+    except ValueError as e:
+        raise SystemExit(f"nativelab run: {e}") from None
 
 
 def load_model(args) -> tuple[Llama, Tokenizer | None]:

@@ -14,7 +14,7 @@ import torch
 
 from ...kernels import ops as K
 from ...kernels.ops.sample import seed_state
-from .model import Llama
+from .model import Llama, LlamaConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,15 @@ class Sampling:
     top_k: int = 0
     top_p: float = 0.9
     seed: int = 0
+
+
+def check_fits(cfg: LlamaConfig, prompt_len: int, max_new_tokens: int, of: str | None = None) -> None:
+    """A ValueError unless a prompt and the tokens generated after it fit in the static KV cache; `of` names
+    whose limit it is in the message (a size, say; default: the model's)."""
+    if prompt_len + max_new_tokens > cfg.max_seq_len:
+        limit = (f"the maximum sequence length {cfg.max_seq_len} of {of}" if of
+                 else f"the model's maximum sequence length {cfg.max_seq_len}")
+        raise ValueError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds {limit}")
 
 
 def sample_torch(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
@@ -128,9 +137,7 @@ class Generator:
         cfg = self.model.cfg
         if not prompt:
             raise ValueError("prompt: at least one token is needed")
-        if len(prompt) + max_new_tokens > cfg.max_seq_len:
-            raise ValueError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the model's "
-                             f"maximum sequence length {cfg.max_seq_len}")
+        check_fits(cfg, len(prompt), max_new_tokens)
         if any(t < 0 or t >= cfg.vocab_size for t in prompt):
             raise ValueError(f"prompt: token ids must be in [0, {cfg.vocab_size})")
         if self.cuda_graph and self._graph is None:

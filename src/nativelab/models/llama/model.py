@@ -189,6 +189,19 @@ class Llama(nn.Module):
                     p.normal_(0.0, 1.0 if name == "embed_tokens.weight" else std, generator=gen)
         return model
 
+    def copy_as(self, tier: str, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "Llama":
+        """A new model of `tier` on a copy of these weights (Lab 2's tiers share one set of weights), cast to
+        `dtype` and moved to `device`, in eval mode with its KV cache allocated: ready to generate."""
+        model = Llama(self.cfg, tier)
+        model.load_state_dict(self.state_dict())
+        if dtype is not None:
+            model = model.to(dtype)
+        model = model.eval()
+        if device is not None:
+            model = model.to(device)
+        model.setup_cache()
+        return model
+
     def _apply(self, fn, recurse=True):
         # Moving to the device makes new Parameter objects per module (the CPU and device tensor types are not
         # shallow-copy compatible), which would untie the LM head from the embedding: tie them again.
