@@ -21,6 +21,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.fx.passes.split_module import split_module
 
 from . import lowering, metrics, partition
+from .freezing import inputs_as_constants
 from .runtime import FallbackNodes
 
 # Options the backend understands (torch.compile(..., options={...})).
@@ -126,19 +127,7 @@ class _FrozenParams:
             self.fn = _in_clean_thread(lambda: build(self.gm, self.kind, {}))
             self.keep = list(range(len(args)))
             return
-        root = torch.nn.Module()
-        graph = copy.deepcopy(self.gm.graph)
-        nodes = [n for n in graph.nodes if n.op == "placeholder"]
-        first = next(n for n in graph.nodes if n.op != "placeholder")
-        for j, i in enumerate(frozen):
-            name = f"frozen_param_{j}"
-            root.register_parameter(name, torch.nn.Parameter(args[i].detach(), requires_grad=False))
-            with graph.inserting_before(first):
-                attr = graph.get_attr(name)
-            attr.meta = dict(nodes[i].meta)
-            nodes[i].replace_all_uses_with(attr)
-            graph.erase_node(nodes[i])
-        gm = torch.fx.GraphModule(root, graph)
+        gm = inputs_as_constants(self.gm, {i: args[i] for i in frozen})
         self.fn = _in_clean_thread(lambda: build(gm, self.kind, {"freeze": True}))
         self.keep = [i for i in range(len(args)) if i not in set(frozen)]
         self.frozen = frozen

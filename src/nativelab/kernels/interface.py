@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compiler import metrics
+from ..compiler.freezing import inputs_as_constants
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, queue, tracking
 
@@ -158,21 +159,11 @@ class Kernel:
 
 
 def _bake_constants(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor]) -> torch.fx.GraphModule:
-    """The traced graph with the placeholders at `constants`' positions replaced by the tensors themselves
-    (zero-copy host views of device weights), as parameters Inductor's freezing can prepack."""
+    """The traced graph with the weights at `constants`' positions as constants (zero-copy host views of
+    device weights, read after the queue drains), which Inductor's freezing can prepack."""
     queue.drain()  # the weights' current values
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    for j, (i, t) in enumerate(sorted(constants.items())):
-        host = memory.host_view(t) if t.device.type == DEVICE else t
-        gm.register_parameter(f"weight_{j}", torch.nn.Parameter(host.detach(), requires_grad=False))
-        with graph.inserting_before(first):
-            attr = graph.get_attr(f"weight_{j}")
-        placeholders[i].replace_all_uses_with(attr)
-        graph.erase_node(placeholders[i])
-    gm.recompile()
-    return gm
+    return inputs_as_constants(gm, {i: memory.host_view(t) if t.device.type == DEVICE else t
+                                    for i, t in constants.items()})
 
 
 def _flatten(args):
