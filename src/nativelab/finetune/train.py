@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from ..kernels import weights_stay_inputs
-from . import data, kernels, parallel, save
+from . import data, kernels, parallel
 from . import model as model_mod
+from .strategy import Sharded, SingleProcess, label_tokens
 
 METHODS = ("lora", "full")
 
@@ -169,10 +170,6 @@ def schedule(optimizer, cfg: Config, total: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _label_tokens(labels: torch.Tensor) -> int:
-    return int((labels[:, 1:] != data.IGNORE).sum())
-
-
 def eval_loss(model, batches: data.Batches, cfg: Config, world: parallel.World | None = None) -> float:
     """Mean next-token loss over the held-out split (token-weighted). Across ranks: rank r takes batches r,
     r + world, ...; every rank runs the same number of forwards (sharded forwards are collectives), a rank
@@ -190,7 +187,7 @@ def eval_loss(model, batches: data.Batches, cfg: Config, world: parallel.World |
         for b, counts in work:
             loss = model(input_ids=b["input_ids"].to(device), labels=b["labels"].to(device)).loss
             if counts:
-                n = _label_tokens(b["labels"])
+                n = label_tokens(b["labels"])
                 total, count = total + float(loss) * n, count + n
     _forwards_done(model)
     model.train(was_training)
@@ -219,56 +216,31 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
     """Fine-tune as `cfg` says. `model` / `tokenizer` may be given (tests: a tiny model from a config);
     `on_step(step, loss)` is called after every optimizer step. Under torchrun (WORLD_SIZE > 1) every rank
     runs this: the model is sharded with FSDP2 (see parallel.py) and only rank 0 logs."""
-    world = parallel.World(device=torch.device(cfg.device))
-    if parallel.launched():
-        _validate(cfg)
-        if cfg.compile:
-            raise ValueError("--compile is not supported under torchrun (FSDP2's hooks are not traced here): "
-                             "drop --compile or run one process")
-        world = parallel.setup(cfg.device)
-        cfg = dataclasses.replace(cfg, device=str(world.device))
-        if not world.main:
-            log, cfg = _silent, dataclasses.replace(cfg, progress=False)
-    model, tokenizer, name, train_b, held_b, eval_ex = prepare(cfg, model, tokenizer, ranks=world.size)
-    resume_from = None
-    if cfg.resume and world.distributed:
-        resume_from = parallel.find_checkpoint(cfg.resume, cfg.checkpoints)
-    elif cfg.resume:
-        resume_from = save.latest_checkpoint(cfg.checkpoints) if cfg.resume == "latest" else Path(cfg.resume)
-        if resume_from is None:
-            raise FileNotFoundError(f"--resume latest: no checkpoint in {cfg.checkpoints}")
-        if not (resume_from / save.STATE).is_file():
-            dcp = " (a torchrun checkpoint: resume it under torchrun)" if (resume_from / ".metadata").is_file() else ""
-            raise FileNotFoundError(f"--resume {resume_from}: no checkpoint there ({save.STATE} missing){dcp}")
-        save.check_fits(resume_from, model)
+    strategy, cfg, log = _strategy(cfg, log)
+    model, tokenizer, name, train_b, held_b, eval_ex = prepare(cfg, model, tokenizer, ranks=strategy.world.size)
+    resume_from = strategy.find_checkpoint(cfg.resume, cfg.checkpoints, model) if cfg.resume else None
     total = cfg.max_steps or cfg.epochs * len(train_b)
     device = torch.device(cfg.device)
     arch = type(model).__name__
     model, patched = build(cfg, model)
-    if world.distributed:
-        parallel.shard(model, cfg.precision, world)
+    strategy.shard(model, cfg.precision)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_train, n_all = sum(p.numel() for p in trainable), sum(p.numel() for p in model.parameters())
     lr = cfg.lr if cfg.lr is not None else (2e-4 if cfg.method == "lora" else 2e-5)
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=cfg.weight_decay)
     scheduler = schedule(optimizer, cfg, total)
     start = 0
-    if resume_from is not None and world.distributed:
-        start = parallel.load_checkpoint(world, resume_from, model, optimizer, scheduler)
+    if resume_from is not None:
+        start = strategy.load_checkpoint(resume_from, model, optimizer, scheduler)
         log(f"Resumed from {resume_from} at step {start}")
-    elif resume_from is not None:
-        start = save.load_checkpoint(resume_from, model, optimizer, scheduler)["step"]
-        log(f"Resumed from {resume_from} at step {start}")
-    where = f"{world.size} ranks ({device.type}, FSDP2)" if world.distributed else str(device)
-    log(f"Model    : {name} ({cfg.method}, {n_train:,} of {n_all:,} parameters trained) on {where}")
-    per_rank = f" ({cfg.batch_size} per rank)" if world.distributed else ""
+    log(f"Model    : {name} ({cfg.method}, {n_train:,} of {n_all:,} parameters trained) on {strategy.where(device)}")
     log(f"Data     : {len(train_b.rows)} train / {len(held_b.rows)} held-out examples, "
-        f"batch {train_b.batch_size}{per_rank} x {cfg.seq_len} tokens, {total} steps")
+        f"batch {train_b.batch_size}{strategy.per_rank(cfg.batch_size)} x {cfg.seq_len} tokens, {total} steps")
     if patched:
         log("Kernels  : " + ", ".join(f"{k} x{v}" for k, v in patched.items()))
 
     res = Result()
-    res.eval_before = eval_loss(model, held_b, cfg, world)
+    res.eval_before = eval_loss(model, held_b, cfg, strategy.world)
     res.sample_before = generate(model, tokenizer, eval_ex[0].prompt, cfg) if cfg.sample_tokens else ""
     log(f"Held-out loss before: {res.eval_before:.4f}")
     if cfg.sample_tokens:
@@ -285,25 +257,13 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
     window, t0, tokens = [], time.perf_counter(), 0
     for step in range(start, total):
         b = train_b.batch(step)  # the global batch: every rank builds it, so each knows all token counts
-        ids, labels, share = b["input_ids"], b["labels"], 1.0
-        if world.distributed:
-            rows = slice(world.rank * cfg.batch_size, (world.rank + 1) * cfg.batch_size)
-            ids, labels = ids[rows], labels[rows]
-            share = _label_tokens(labels) / _label_tokens(b["labels"])  # this rank's part of the global mean
+        ids, labels, share = strategy.local_batch(b, cfg.batch_size)
         loss = step_fn(ids.to(device), labels.to(device))
-        if world.distributed:
-            # FSDP averages gradients over ranks: scaling each rank's token mean by share x ranks makes that
-            # average the gradient of the global batch's token mean, as one process computes it
-            (loss * (share * world.size)).backward()
-        else:
-            loss.backward()
+        strategy.backward(loss, share)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if world.distributed:
-            (value,) = parallel.sums(world, loss.item() * share)  # the global batch's token mean
-        else:
-            value = loss.item()  # also the step's synchronization point
+        value = strategy.global_loss(loss, share)
         res.losses.append(value)
         window.append(value)
         tokens += b["input_ids"].numel()  # every rank's tokens
@@ -317,30 +277,39 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
                              f"tok/s={tokens / dt:.0f} ms/step={dt * 1000 / len(window):.1f}")
             window, t0, tokens = [], time.perf_counter(), 0
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total:
-            meta = {"config": asdict(cfg), "base": name}
-            if world.distributed:
-                parallel.save_checkpoint(world, cfg.checkpoints, model, optimizer, scheduler, step + 1, meta)
-            else:
-                save.save_checkpoint(cfg.checkpoints / f"checkpoint-{step + 1}", model, optimizer, scheduler,
-                                     step + 1, meta)
+            strategy.save_checkpoint(cfg.checkpoints, model, optimizer, scheduler, step + 1,
+                                     {"config": asdict(cfg), "base": name})
     if bar is not None:
         bar.close()
     res.steps = total - start
 
-    res.eval_after = eval_loss(model, held_b, cfg, world)
+    res.eval_after = eval_loss(model, held_b, cfg, strategy.world)
     log(f"Held-out loss after : {res.eval_after:.4f} (before {res.eval_before:.4f})")
     if cfg.sample_tokens:
         res.sample_after = generate(model, tokenizer, eval_ex[0].prompt, cfg)
         log(f"Sample after : {res.sample_after!r}")
     what = "LoRA adapter" if cfg.method == "lora" else "model shards"
     log(f"Saving final {what} to {cfg.output_dir}")
-    if world.distributed:
-        res.saved = parallel.save_model(world, model, tokenizer, cfg.output_dir, cfg.method == "lora", arch)
-    else:
-        res.saved = save.save_model(model, tokenizer, cfg.output_dir, lora=cfg.method == "lora")
+    res.saved = strategy.save_model(model, tokenizer, cfg.output_dir, cfg.method == "lora", arch)
     log("Training complete")
     res.model = model
     return res
+
+
+def _strategy(cfg: Config, log):
+    """One process, or (under torchrun) this rank bound to its device in the process group, the model to be
+    sharded; only rank 0 logs. Returns the strategy and the config and log function this process uses."""
+    if not parallel.launched():
+        return SingleProcess(torch.device(cfg.device)), cfg, log
+    _validate(cfg)
+    if cfg.compile:
+        raise ValueError("--compile is not supported under torchrun (FSDP2's hooks are not traced here): "
+                         "drop --compile or run one process")
+    world = parallel.setup(cfg.device)
+    cfg = dataclasses.replace(cfg, device=str(world.device))
+    if not world.main:
+        log, cfg = _silent, dataclasses.replace(cfg, progress=False)
+    return Sharded(world), cfg, log
 
 
 def _silent(*_):
