@@ -1,6 +1,9 @@
 """Every private PyTorch API nativelab uses, exercised directly: if a PyTorch upgrade changes one, the
 failure names it here (see src/nativelab/device/_private.py)."""
 
+import importlib
+import logging
+
 import pytest
 import torch
 
@@ -131,6 +134,58 @@ def test_profiler_private_apis():
     ids = [prof_private.compile_id_of_str(cid) for kind, cid in seen if kind == "end"]
     assert ids[0][1] == 0 and any(attempt > 0 for _, attempt in ids), seen
     assert seen and all(kind in ("start", "end") for kind, _ in seen)
+
+
+def test_compiler_dynamo_and_fake_tensor_apis():
+    """The compiler's Dynamo, AOTAutograd and fake-tensor calls (src/nativelab/compiler/_private.py)."""
+    import torch.fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from nativelab.compiler import _private as cc_private
+
+    seen = []
+
+    def fw(gm, example_inputs):
+        seen.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+        return cc_private.make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x.sin() + 1, backend=cc_private.aot_autograd(fw_compiler=fw, inference_compiler=fw))
+    assert torch.equal(f(torch.ones(3)), torch.ones(3).sin() + 1) and torch.ops.aten.sin.default in seen[0]
+    assert not cc_private.dynamo_backend_known("nativelab_canary")
+    cc_private.register_dynamo_backend("nativelab_canary", lambda gm, ex: gm.forward)
+    assert cc_private.dynamo_backend_known("nativelab_canary")
+    assert isinstance(torch.ops.aten.add.Tensor, cc_private.OpOverload)
+    assert cc_private.op_base_name(torch.ops.aten.add.Tensor) == "aten::add"
+
+    gm = make_fx(lambda x: x.sum(0))(torch.ones(2, 3))  # traced at one shape, metadata recomputed for another
+    cc_private.recompute_meta(gm, [torch.ones(5, 7)])
+    assert [tuple(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "call_function"] == [(7,)]
+    import inspect
+
+    from torch._inductor import CompiledArtifact
+
+    assert {"dynamic_shapes", "options"} <= set(inspect.signature(torch._inductor.standalone_compile).parameters)
+    assert {"path", "format"} <= set(inspect.signature(CompiledArtifact.load).parameters)
+    importlib.import_module(cc_private.STANDALONE_COMPILE_LOGGER)  # the logger we quiet is that module's own
+    assert cc_private.STANDALONE_COMPILE_LOGGER in logging.Logger.manager.loggerDict
+
+
+def test_kernel_private_apis():
+    """The kernel library's fake-tensor check (src/nativelab/kernels/_private.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nativelab.kernels import _private as k_private
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.ones(2))
+    assert k_private.is_fake(fake) and not k_private.is_fake(torch.ones(2))
+
+
+def test_profiler_sees_an_overload_type():
+    from nativelab.profile import _private as prof_private
+
+    assert isinstance(torch.ops.aten.mm.default, prof_private.OpOverload)
 
 
 @pytest.mark.slow

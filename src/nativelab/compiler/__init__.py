@@ -7,6 +7,7 @@ is not pip-installed (no entry point).
 
 from __future__ import annotations
 
+from ..device.config import DEVICE_NAME
 from .cache import cache_dir
 from .metrics import reset_stats, stats
 
@@ -19,11 +20,11 @@ def register() -> bool:
 
     if real_neuron_installed():
         return False
-    from torch._dynamo.backends.registry import list_backends, register_backend
+    from ._private import dynamo_backend_known, register_dynamo_backend
 
-    if "neuron" in list_backends(exclude_tags=()):
+    if dynamo_backend_known(DEVICE_NAME):
         return False
     from .backend import neuron_backend
 
-    register_backend(compiler_fn=neuron_backend, name="neuron")
+    register_dynamo_backend(DEVICE_NAME, neuron_backend)
     return True

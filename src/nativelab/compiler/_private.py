@@ -1,9 +1,91 @@
-"""Every private PyTorch (Inductor) API the compiler relies on, each behind one named function.
+"""Every private PyTorch API the compiler relies on (Dynamo, AOTAutograd, fake tensors, Inductor), each behind
+one named function or name here; nothing else in nativelab/compiler imports `torch._*`.
 
 `tests/test_private_apis.py` exercises each of them, so a PyTorch upgrade that changes one fails there.
 """
 
 from __future__ import annotations
+
+import torch
+import torch.fx
+from torch._ops import OpOverload  # the type of an ATen operator overload (`torch.ops.aten.mm.default`)
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+__all__ = ["OpOverload", "aot_autograd", "make_boxed_func", "dynamo_backend_known", "register_dynamo_backend",
+           "recompute_meta", "op_base_name", "standalone_compile", "load_artifact", "STANDALONE_COMPILE_LOGGER",
+           "split_bf16_tile_transposes", "install_cpp_source_filter"]
+
+# -- Dynamo and AOTAutograd: how the backend receives graphs ------------------------------------------------
+
+
+def aot_autograd(**compilers):
+    """Dynamo's AOTAutograd backend factory: `fw_compiler` / `bw_compiler` / `inference_compiler` each get
+    an ATen graph; the result is a Dynamo backend."""
+    from torch._dynamo.backends.common import aot_autograd as factory
+
+    return factory(**compilers)
+
+
+def make_boxed_func(fn):
+    """`fn` in AOTAutograd's boxed calling convention (one list of arguments, which it may clear)."""
+    from torch._functorch.aot_autograd import make_boxed_func as boxed
+
+    return boxed(fn)
+
+
+def dynamo_backend_known(name: str) -> bool:
+    """Whether Dynamo knows a `torch.compile` backend by this name (registered or from an entry point)."""
+    from torch._dynamo.backends.registry import list_backends
+
+    return name in list_backends(exclude_tags=())
+
+
+def register_dynamo_backend(name: str, compiler_fn) -> None:
+    from torch._dynamo.backends.registry import register_backend
+
+    register_backend(compiler_fn=compiler_fn, name=name)
+
+
+# -- Fake tensors: node metadata without running anything ---------------------------------------------------
+
+
+def recompute_meta(gm: torch.fx.GraphModule, example_inputs) -> None:
+    """Recompute every node's metadata (`meta["val"]`) of `gm` for these inputs, with static shapes, by
+    running it on fake tensors. Under no_grad: the graphs are already functional (AOTAutograd made them), and
+    tracing autograd over inference-mode inputs would fail (it also runs in fresh threads, where grad mode
+    is on again)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    with mode, torch.no_grad():
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+
+
+def op_base_name(op: OpOverload) -> str:
+    """An overload's operator name without the overload (`aten::add` for `aten.add.Tensor`)."""
+    return op._schema.name
+
+
+# -- Inductor -----------------------------------------------------------------------------------------------
+
+STANDALONE_COMPILE_LOGGER = "torch._inductor.standalone_compile"  # warns about graphs it cannot serialize
+
+
+def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool):
+    """Inductor-compile an ATen graph for these (static-shaped) inputs into a callable artifact, which can be
+    saved (`artifact.save(path=..., format="binary")`) unless `artifact.is_saveable()` says otherwise."""
+    from torch._inductor import standalone_compile as compile_graph
+
+    return compile_graph(gm, example_inputs, dynamic_shapes="from_example_inputs",
+                         options={"config_patches": {"freezing": freezing}})
+
+
+def load_artifact(path: str):
+    """An artifact `standalone_compile` made and saved in binary format, loaded."""
+    from torch._inductor import CompiledArtifact
+
+    return CompiledArtifact.load(path=path, format="binary")
 
 # Inductor's C++ backend moves bf16 data across a transposed 32x32 tile with this call (AVX-512 machines).
 TILE_32 = "transpose_mxn<at::BFloat16,static_cast<int64_t>(32),static_cast<int64_t>(32),false>("

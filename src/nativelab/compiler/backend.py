@@ -14,13 +14,10 @@ import threading
 
 import torch
 import torch.fx
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.fx.passes.split_module import split_module
 
 from . import lowering, metrics, partition
+from ._private import aot_autograd, make_boxed_func, recompute_meta
 from .freezing import inputs_as_constants
 from .runtime import FallbackNodes
 
@@ -182,12 +179,7 @@ def _in_clean_thread(work):
 def _specialize(gm: torch.fx.GraphModule, args) -> torch.fx.GraphModule:
     """A copy of a symbolic-shape graph whose node metadata is recomputed for concrete inputs."""
     static = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
-    # no_grad: this runs in a fresh thread, where grad mode is on again; the graph is already functional
-    # (AOTAutograd made it), and tracing autograd over inference-mode inputs would fail.
-    with mode, torch.no_grad():
-        FakeTensorProp(static, mode).propagate_dont_convert_inputs(*fakes)
+    recompute_meta(static, args)
     # Size arithmetic is now plain numbers: write them into the graph, so the lowering sees a static graph.
     for node in reversed(list(static.graph.nodes)):
         val = node.meta.get("val")

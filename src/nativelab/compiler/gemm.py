@@ -14,8 +14,8 @@ import copy
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from ._private import recompute_meta
 
 aten = torch.ops.aten
 MIN_ROWS = 64
@@ -55,8 +55,5 @@ def with_fp32_gemms(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphM
         graph.erase_node(node)
     graph.lint()
     gm.recompile()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-    with mode, torch.no_grad():
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    recompute_meta(gm, example_inputs)
     return gm

@@ -59,10 +59,7 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
             s.cache_corrupt += 1
     if artifact is None:
         with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable():
-            artifact = torch._inductor.standalone_compile(
-                gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, dynamic_shapes="from_example_inputs",
-                options={"config_patches": {"freezing": freeze}},
-            )
+            artifact = _private.standalone_compile(gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, freeze)
         if key is None:
             how = "compiled (frozen weights, not cached)" if freeze else "compiled (not cached)"
         else:
@@ -79,7 +76,7 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
 def _quiet_unsaveable():
     """Inductor warns when it cannot serialize a compiled graph (frozen weights; a graph of no ops, as Dynamo
     hands over around a graph break); we skip the disk cache for it and say so in our own log line."""
-    logger = logging.getLogger("torch._inductor.standalone_compile")
+    logger = logging.getLogger(_private.STANDALONE_COMPILE_LOGGER)
     old = logger.level
     logger.setLevel(logging.ERROR)
     try:
@@ -192,10 +189,8 @@ def _save(artifact) -> bytes:
 
 
 def _load(payload: bytes):
-    from torch._inductor import CompiledArtifact
-
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "artifact.bin")
         with open(path, "wb") as f:
             f.write(payload)
-        return CompiledArtifact.load(path=path, format="binary")
+        return _private.load_artifact(path)

@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from ..device import ops as device_ops
+from ._private import OpOverload, op_base_name
 
 _NATIVE_BASES = frozenset(n.split(".", 1)[0] for n in device_ops.NATIVE_OPS)
 
@@ -41,13 +42,13 @@ def is_fallback(node: torch.fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
         return False
-    if not isinstance(target, torch._ops.OpOverload):
+    if not isinstance(target, OpOverload):
         return False  # Python scalar arithmetic and prims: part of the device graph
     if target.namespace != "aten":
         return False  # custom ops (kernels) and prims stay in the graph that calls them
     if target.is_view:
         return False
-    base = target._schema.name
+    base = op_base_name(target)
     return base not in _NATIVE_BASES and base not in _DATA_MOVEMENT
 
 

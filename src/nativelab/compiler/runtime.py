@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..device import memory, queue, tracking
-from ..device.ops import _device_index
+from ..device.ops import device_index
 
 DEVICE = memory.DEVICE
 
@@ -29,7 +29,7 @@ class DeviceGraph(torch.nn.Module):
         self.single = single  # the graph returns one value, not a tuple
 
     def forward(self, *args):
-        index = _device_index(args)
+        index = device_index(args)
         if index < 0:
             index = 0
         hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE else a for a in args]

@@ -625,3 +625,27 @@ def resize_storage(st: torch.UntypedStorage, nbytes: int) -> None:
     new = memory.alloc_storage(nbytes, st.device.index)
     memory.copy_bytes(memory.host_storage(new), memory.host_storage(st))
     memory.swap_memory(st, new)  # `new` now holds the old memory and frees it when it goes
+
+
+# -- What the layers above may ask (the graph runtime, the profiler): public, so they import no underscore name.
+
+
+def device_index(args) -> int:
+    """The core all tensor arguments of a call live on (-1: none), by the eager rules (CPU tensors only as
+    0-d scalars): where a compiled graph launches."""
+    return _device_index(args)
+
+
+def is_immediate(t: torch.Tensor) -> bool:
+    """A 0-d CPU constant the device made for a Python scalar (`t * 2`): an immediate, not memory traffic."""
+    return any(t is v for v in _scalars.values())
+
+
+def queued_op(fn, args):
+    """(record, host arguments, host outputs or None) when a queue entry `fn(*args)` is an ATen op the device
+    queued, else None: how a profiler tells op launches from graphs, kernels and copies."""
+    if fn is _run_functional or fn is _run_functional_policy:
+        return args
+    if fn is _run_mutating:
+        return (*args, None)
+    return None

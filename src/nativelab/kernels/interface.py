@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compiler import metrics
 from ..compiler.freezing import inputs_as_constants
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, queue, tracking
+from ._private import is_fake
 
 DEVICE = memory.DEVICE
 KERNEL_VERSION = "nativelab-kernel 1"
@@ -76,7 +76,7 @@ class Kernel:
 
     def __call__(self, *args):
         tensors, spec = _flatten(args)
-        if any(isinstance(t, FakeTensor) or t.device.type == "meta" for t in tensors):
+        if any(is_fake(t) or t.device.type == "meta" for t in tensors):
             return None  # tracing: the caller's outputs already have the right metadata
         devices = {t.device for t in tensors}
         if len(devices) > 1:

@@ -9,6 +9,7 @@ import torch
 import torch.autograd.profiler
 import torch._dynamo.callback
 import torch._dynamo.utils
+from torch._ops import OpOverload  # noqa: F401 - the type of an ATen operator overload, as graph nodes target
 
 
 def torch_profiler_enabled() -> bool:

@@ -175,12 +175,10 @@ class Session:
     def _traffic(self, name: str, fn, args) -> tuple[str, int, int] | None:
         """(kind, read, written) of one unit of device work, from what the device queued; None for a graph
         run at launch, whose outputs are known only after it ran."""
-        if fn is _ops._run_functional or fn is _ops._run_functional_policy:
-            rec, hargs, houts = args
+        op = _ops.queued_op(fn, args)
+        if op is not None:
+            rec, hargs, houts = op
             return "op", *op_traffic(rec, hargs, houts)
-        if fn is _ops._run_mutating:
-            rec, hargs = args
-            return "op", *op_traffic(rec, hargs, None)
         owner = getattr(fn, "__self__", None)
         source = getattr(owner, "source", None) if owner is not None else getattr(fn, "source", None)
         if source is not None:  # a compiled graph (its bound launch method) or a kernel launch

@@ -20,6 +20,7 @@ import torch
 import torch.fx
 
 from ..device import ops as _ops
+from ._private import OpOverload
 
 _Tensor = torch.Tensor
 
@@ -45,9 +46,7 @@ def nbytes(t: _Tensor) -> int:
 
 def _immediate(t: _Tensor) -> bool:
     """A 0-d CPU constant the device made for a Python scalar (`t * 2`): an immediate, not memory traffic."""
-    if t.dim() != 0:
-        return False
-    return any(t is v for v in _ops._scalars.values())
+    return t.dim() == 0 and _ops.is_immediate(t)
 
 
 def tensor_bytes(x) -> int:
@@ -117,7 +116,7 @@ class GraphIO:
             if n.op != "call_function":
                 continue
             target = n.target
-            if isinstance(target, torch._ops.OpOverload) and target.is_view and n.args:
+            if isinstance(target, OpOverload) and target.is_view and n.args:
                 src = n.args[0]
                 if isinstance(src, torch.fx.Node) and src in base_of:
                     base_of[n] = base_of[src]
@@ -180,7 +179,7 @@ def _tensor_args(n: torch.fx.Node):
 
 def _gather_pos(n: torch.fx.Node) -> int | None:
     """Schema position of the table argument when `n` is a lookup, else None."""
-    if not isinstance(n.target, torch._ops.OpOverload):
+    if not isinstance(n.target, OpOverload):
         return None
     source = _gather_source(n.target.name())
     if source is None:
@@ -207,7 +206,7 @@ def _write_bytes(n: torch.fx.Node, target: torch.fx.Node) -> int:
         return _values_bytes(n, scatter)
     if n.target.name() == "aten::copy_" and len(n.args) > 1 and isinstance(n.args[1], torch.fx.Node):
         src = n.args[1]
-        s = _scatter_base(src.target.name()) if isinstance(src.target, torch._ops.OpOverload) else None
+        s = _scatter_base(src.target.name()) if isinstance(src.target, OpOverload) else None
         if s is not None:
             return _values_bytes(src, s)
     return _val_bytes(target)
