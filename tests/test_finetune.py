@@ -124,7 +124,7 @@ def test_kernels_give_the_same_training_as_plain_hf(tmp_path, dataset):
 def test_lm_head_takes_only_labeled_rows():
     """--kernels' LM head + loss runs on the labeled rows (padded to a multiple of 64 with unlabeled ones):
     the same loss and the same gradients as all rows, by F.cross_entropy on the full logits."""
-    from nativelab.finetune import kernels as ft_kernels
+    from nativelab.finetune import hf_patch as ft_kernels
 
     torch.manual_seed(0)
     h = torch.randn(300, 16, requires_grad=True)

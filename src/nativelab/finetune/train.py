@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..kernels import weights_stay_inputs
-from . import data, kernels, parallel
+from . import data, hf_patch, parallel
 from . import model as model_mod
 from .strategy import Sharded, SingleProcess, label_tokens
 
@@ -142,7 +142,7 @@ def build(cfg: Config, model):
     model = _lora(model, cfg) if cfg.method == "lora" else model
     to_device_keeping_ties(model, device)
     model.config.use_cache = False
-    patched = kernels.apply_kernels(model) if cfg.kernels else {}
+    patched = hf_patch.apply_kernels(model) if cfg.kernels else {}
     return model, patched
 
 

@@ -6,7 +6,8 @@ positions and attends over the whole cache with a causal mask, so every decode s
 
 Three tiers run the same weights (Lab 2), chosen with `model.tier`:
 - `base`: plain PyTorch, as written below;
-- `core`: QKV + RoPE, attention and the MLP through the kernel library (`nativelab.kernels.ops`);
+- `core`: QKV + RoPE, attention and the MLP through the kernel library (`nativelab.kernels.ops`), in
+  `Block.forward_kernels`;
 - `experimental`: like core for the prompt, then one `transformer_tkg` call per generated token.
 """
 
@@ -127,7 +128,7 @@ class Block(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), input_pos, cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_core(self, x, input_pos, cos, sin, prefill: bool):
+    def forward_kernels(self, x, input_pos, cos, sin, prefill: bool):
         """The same layer through the kernel library: fused norm+QKV+RoPE, attention, fused norm+MLP+residual."""
         a, m = self.self_attn, self.mlp
         b, t, _ = x.shape
@@ -236,7 +237,7 @@ class Llama(nn.Module):
                 x = layer(x, input_pos, cos, sin, mask)
         else:
             for layer in self.layers:
-                x = layer.forward_core(x, input_pos, cos, sin, prefill)
+                x = layer.forward_kernels(x, input_pos, cos, sin, prefill)
         return self.lm_head(self.norm(x))
 
     def _layer_weights(self) -> list[list[torch.Tensor]]:
