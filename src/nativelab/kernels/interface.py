@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -115,10 +116,10 @@ class Kernel:
         out = []
         for pos in self.weights:
             s = spec[pos]
-            if s[0] == "t":
-                out.append(s[1])
-            elif s[0] == "l":
-                out.extend(range(s[1], s[1] + s[2]))
+            if isinstance(s, TensorArg):
+                out.append(s.index)
+            elif isinstance(s, TensorListArg):
+                out.extend(range(s.start, s.start + s.count))
         return tuple(out)
 
     def _compile(self, tensors, spec, frozen=()) -> Callable:
@@ -166,35 +167,59 @@ def _bake_constants(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor]
                                     for i, t in constants.items()})
 
 
+# How a kernel's arguments map onto the flat list of its tensors (what is traced and compiled). Each type is a
+# NamedTuple with its kind as a fixed first field, so specs of different kinds never compare equal.
+
+
+class TensorArg(NamedTuple):
+    """A tensor argument: tensors[index]."""
+    index: int
+    kind: str = "tensor"
+
+
+class TensorListArg(NamedTuple):
+    """A list of tensors: tensors[start:start + count]."""
+    start: int
+    count: int
+    kind: str = "tensors"
+
+
+class ValueArg(NamedTuple):
+    """Anything else (a float, an int, a flag): fixed in the traced graph, so part of the signature."""
+    value: object
+    kind: str = "value"
+
+
 def _flatten(args):
     """Tensors (also inside lists) in order, and a spec to rebuild the arguments from them."""
     tensors, spec = [], []
     for a in args:
         if isinstance(a, torch.Tensor):
-            spec.append(("t", len(tensors)))
+            spec.append(TensorArg(len(tensors)))
             tensors.append(a)
         elif isinstance(a, (list, tuple)) and a and all(isinstance(x, torch.Tensor) for x in a):
-            spec.append(("l", len(tensors), len(a)))
+            spec.append(TensorListArg(len(tensors), len(a)))
             tensors.extend(a)
         else:
-            spec.append(("v", a))
+            spec.append(ValueArg(a))
     return tensors, spec
 
 
 def _rebuild(spec, tensors):
     out = []
     for s in spec:
-        if s[0] == "t":
-            out.append(tensors[s[1]])
-        elif s[0] == "l":
-            out.append(list(tensors[s[1]:s[1] + s[2]]))
+        if isinstance(s, TensorArg):
+            out.append(tensors[s.index])
+        elif isinstance(s, TensorListArg):
+            out.append(list(tensors[s.start:s.start + s.count]))
         else:
-            out.append(s[1])
+            out.append(s.value)
     return out
 
 
 def _spec_key(s):
-    return s if s[0] != "v" else ("v", repr(s[1]))
+    """A hashable key of one argument's spec (values by their repr: they may be unhashable)."""
+    return s if not isinstance(s, ValueArg) else ValueArg(repr(s.value))
 
 
 def wrap_kernel(fn: Callable | None = None, *, targets: dict[str, Callable | str] | None = None,

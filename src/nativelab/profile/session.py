@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -46,6 +47,17 @@ class OpStat:
     to_device: int = 0  # fallbacks: result bytes copied back to the device
 
 
+class Event(NamedTuple):
+    """One unit of work on the timeline (the trace's events)."""
+    track: str  # "device", "host", ...: the trace's thread
+    name: str
+    category: str
+    start_ns: int
+    dur_ns: int
+    read: int  # bytes read from device memory
+    written: int  # bytes written to device memory
+
+
 class Session:
     """Context manager recording device work, fallbacks, transfers, compiles and Dynamo graph breaks."""
 
@@ -55,7 +67,7 @@ class Session:
         self.max_events = max_events
         self.tokens = 0  # decoded tokens, for per-token figures (set by whoever knows)
         self.ops: dict[str, OpStat] = {}
-        self.events: list[tuple] = []  # (track, name, category, start_ns, dur_ns, args)
+        self.events: list[Event] = []
         self.dropped_events = 0
         self.transfers = collections.Counter()  # "host_to_device"/"device_to_host" -> bytes
         self.transfer_calls = collections.Counter()
@@ -167,7 +179,7 @@ class Session:
         st.written += written
         if self.timeline:
             if len(self.events) < self.max_events:
-                self.events.append((track, name, category, t0, t1 - t0, read, written))
+                self.events.append(Event(track, name, category, t0, t1 - t0, read, written))
             else:
                 self.dropped_events += 1
         return st

@@ -53,11 +53,11 @@ def chrome_trace(sessions, torch_data: dict | None = None) -> dict:
         events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": k}})
         for tid, label in _THREADS.values():
             events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": label}})
-        for track, name, category, t0, dur, read, written in s.events:
-            ts = t0 / 1e3 + offset_us if offset_us is not None else (t0 - origin) / 1e3
-            args = {"bytes read": read, "bytes written": written} if track == "device" else {}
-            events.append({"ph": "X", "pid": pid, "tid": _THREADS[track][0], "name": name, "cat": category,
-                           "ts": ts, "dur": dur / 1e3, "args": args})
+        for e in s.events:
+            ts = e.start_ns / 1e3 + offset_us if offset_us is not None else (e.start_ns - origin) / 1e3
+            args = {"bytes read": e.read, "bytes written": e.written} if e.track == "device" else {}
+            events.append({"ph": "X", "pid": pid, "tid": _THREADS[e.track][0], "name": e.name, "cat": e.category,
+                           "ts": ts, "dur": e.dur_ns / 1e3, "args": args})
     out = dict(torch_data or {})
     out["traceEvents"] = events
     out.setdefault("displayTimeUnit", "ms")
@@ -71,7 +71,7 @@ def write_trace(path, sessions, torch_data: dict | None = None):
 def _clock_offset(sessions, torch_events: list) -> float | None:
     """torch.profiler's microseconds minus ours, from device entries seen by both (in the same order)."""
     theirs = sorted(e["ts"] for e in torch_events if e.get("ph") == "X" and str(e.get("name", "")).startswith("neuron::"))
-    ours = sorted(t0 / 1e3 for s in sessions for track, _, _, t0, _, _, _ in s.events if track == "device")
+    ours = sorted(e.start_ns / 1e3 for s in sessions for e in s.events if e.track == "device")
     if not theirs or not ours:
         return None
     return statistics.median(t - o for t, o in zip(theirs, ours))
