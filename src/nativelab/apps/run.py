@@ -19,6 +19,7 @@ import time
 import torch
 
 import nativelab
+from ..device.config import DEVICE_NAME
 from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling, check_fits
 from ..models.llama import checkpoint
 from ..models.llama.tokenizer import Tokenizer
@@ -47,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="timed runs; the median is reported")
-    ap.add_argument("--device", default="neuron", choices=["neuron", "cpu", "cuda"])
+    ap.add_argument("--device", default=DEVICE_NAME, choices=[DEVICE_NAME, "cpu", "cuda"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--prompt", default=None,
                     help="text (models with a tokenizer) or comma-separated token ids (random-weight models)")
@@ -63,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--repeat must be >= 1 and --warmup >= 0")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available to this PyTorch")
-    if args.device == "neuron" and not (nativelab.device.is_registered() or nativelab.device.real_neuron_installed()):
+    if args.device == DEVICE_NAME and not (nativelab.device.is_registered() or nativelab.device.real_neuron_installed()):
         ap.error("--device neuron: the emulated device is not registered (see the warning at import)")
     if args.model == "all" and not os.path.isdir(os.path.dirname(args.plot) or "."):
         ap.error(f"--plot: directory {os.path.dirname(args.plot)!r} does not exist")
@@ -86,7 +87,7 @@ def prompt_ids(args, vocab: int, tokenizer: Tokenizer | None = None) -> list[int
 
 
 def sync(device: str) -> None:
-    if device == "neuron":
+    if device == DEVICE_NAME:
         torch.neuron.synchronize()
     elif device == "cuda":
         torch.cuda.synchronize()
@@ -130,7 +131,7 @@ def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
     fallbacks = nativelab.get_fallback_ops()
     print(f"\nCPU fallback ops: {fallbacks}\n", flush=True)
     # One more, untimed generation under the profiler's traffic counter (it would slow the timed ones).
-    traffic = traffic_per_token(lambda: gen.generate(prompt, args.tokens)) if args.device == "neuron" else None
+    traffic = traffic_per_token(lambda: gen.generate(prompt, args.tokens)) if args.device == DEVICE_NAME else None
     return {
         "model": tier, "size": args.size, "compile": args.compile, "greedy": args.greedy, "dtype": args.dtype,
         "device": args.device, "tokens": len(tokens), "seconds": times, "tok_per_s": [len(tokens) / t for t in times],

@@ -16,6 +16,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
+from ..device.config import DEVICE_NAME
 from . import lowering, metrics, partition
 from ._private import aot_autograd, make_boxed_func, recompute_meta
 from .freezing import inputs_as_constants
@@ -118,7 +119,7 @@ class _FrozenParams:
         written = {n.args[0] for n in self.gm.graph.nodes if n.op == "call_function" and n.target in _COPY_OPS}
         frozen = [
             i for i, (a, ph) in enumerate(zip(args, placeholders))
-            if isinstance(a, torch.nn.Parameter) and a.device.type == "neuron" and ph not in written
+            if isinstance(a, torch.nn.Parameter) and a.device.type == DEVICE_NAME and ph not in written
         ]
         if not frozen:
             self.fn = _in_clean_thread(lambda: build(self.gm, self.kind, {}))
@@ -211,7 +212,7 @@ def neuron_entry(gm, example_inputs, **kwargs):
         from importlib.metadata import entry_points
 
         for ep in entry_points(group="torch_dynamo_backends"):
-            if ep.name == "neuron" and not ep.value.startswith("nativelab."):
+            if ep.name == DEVICE_NAME and not ep.value.startswith("nativelab."):
                 return ep.load()(gm, example_inputs, **kwargs)
         raise RuntimeError("torch_neuronx is installed but registers no 'neuron' torch.compile backend")
     return neuron_backend(gm, example_inputs, **kwargs)

@@ -15,11 +15,12 @@ import torch
 import torch.fx
 
 from ..device import memory, queue
+from ..device.config import DEVICE_NAME
 from . import _private, cache, gemm, metrics
 from .runtime import DeviceGraph
 
 COMPILER_VERSION = "nativelab-neuron-cc 3"  # bump when the lowering changes what it generates (3: fp32 GEMMs)
-DEVICE = "neuron"
+DEVICE = DEVICE_NAME
 
 
 def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from ..device.config import DEVICE_NAME
 from . import process_group
 from .local_rank import bind_local_rank
 from .process_group import NeuronProcessGroup
 
 __all__ = ["register", "bind_local_rank", "NeuronProcessGroup", "BACKEND"]
 
-BACKEND = "neuron"
+BACKEND = DEVICE_NAME  # the process-group backend is named after the device
 
 
 def register() -> None:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as _c10d
 
 from ..device import memory, queue
+from ..device.config import DEVICE_NAME
 from .local_rank import bind_local_rank
 
 DEVICE = memory.DEVICE
@@ -107,10 +108,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # -- identity (c10d asks a Python group for these; the C++ defaults fail with "name not set") --------
 
     def name(self) -> str:
-        return "neuron"
+        return DEVICE_NAME
 
     def _get_backend_name(self) -> str:
-        return "neuron"
+        return DEVICE_NAME
 
     @property
     def group_name(self) -> str:

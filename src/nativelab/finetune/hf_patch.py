@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device.config import DEVICE_NAME
 from ..kernels import ops
 from .data import IGNORE
 from .model import base_of
@@ -104,7 +105,7 @@ def apply_kernels(model) -> dict[str, int]:
     modules of each kind now run a kernel."""
     base = base_of(model)
     kind = next(base.parameters()).device.type
-    if kind not in ("neuron", "cpu"):
+    if kind not in (DEVICE_NAME, "cpu"):
         raise ValueError(f"--kernels: the kernel library runs on the neuron device and the CPU, not {kind}")
     counts = {"rmsnorm": 0, "rope": 0, "mlp": 0, "lm_head+loss": 0}
     for module in base.modules():

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..device.config import DEVICE_NAME
 from . import model as model_mod
 from . import save
 
@@ -53,7 +54,7 @@ def setup(device: str) -> World:
     (bad input: more ranks than devices), so the CLI reports them in one line."""
     local = int(os.environ.get("LOCAL_RANK", "0"))
     kind = torch.device(device).type
-    if kind == "neuron":
+    if kind == DEVICE_NAME:
         from ..distributed import bind_local_rank
 
         try:

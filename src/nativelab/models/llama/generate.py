@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...device.config import DEVICE_NAME
 from ...kernels import ops as K
 from ...kernels.ops.sample import seed_state
 from .model import Llama, LlamaConfig
@@ -89,7 +90,7 @@ class Generator:
         compiled: it is already one launch per token."""
         cuda = self.device.type == "cuda"
         if backend is None:
-            backend = "inductor" if cuda else "neuron"
+            backend = "inductor" if cuda else DEVICE_NAME
         if not self.cuda_graph:
             self.decode_step = torch.compile(self._decode_step, backend=backend, fullgraph=False)
         if not cuda:
