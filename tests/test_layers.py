@@ -4,6 +4,8 @@
 
 A module may import from its own layer and the layers below it, never above; and no module imports itself back
 through others (no import cycle), counting imports inside functions too: a lazy import only hides a cycle.
+What another layer needs is public there: no module uses another layer's underscore names (its `_private`
+modules included: each layer keeps its own private PyTorch calls).
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ def _modules() -> dict[str, tuple[pathlib.Path, bool]]:
     return mods
 
 
+def _from_target(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` names."""
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(mod: str, path: pathlib.Path, is_pkg: bool, mods) -> set[str]:
     """The nativelab modules `mod` imports, anywhere in its file (`from x import y` counts as x.y when y is a
     module, as x otherwise)."""
@@ -45,15 +56,38 @@ def _imports(mod: str, path: pathlib.Path, is_pkg: bool, mods) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.split(".")[0] == "nativelab"}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(mod, is_pkg, node)
             if target.split(".")[0] == "nativelab":
                 out |= {f"{target}.{a.name}" if f"{target}.{a.name}" in mods else target for a in node.names}
     return out
+
+
+def _underscore_uses(mod: str, source: str, is_pkg: bool, mods) -> list[str]:
+    """Another layer's underscore names that `mod` imports (`from x import _y`) or reads (`x._y`, x a module
+    of another layer imported under some name)."""
+    tree = ast.parse(source)
+    here, found, modules = _layer(mod), [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = _from_target(mod, is_pkg, node)
+            if target.split(".")[0] != "nativelab":
+                continue
+            for a in node.names:
+                full = f"{target}.{a.name}"
+                if _layer(full if full in mods else target) == here:
+                    continue
+                if a.name.startswith("_"):
+                    found.append(f"{mod}: from {target} import {a.name}")
+                if full in mods:
+                    modules[a.asname or a.name] = full
+        elif isinstance(node, ast.Import):
+            modules.update({a.asname: a.name for a in node.names
+                            if a.asname and a.name.split(".")[0] == "nativelab" and _layer(a.name) != here})
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{mod}: {modules[node.value.id]}.{node.attr}")
+    return found
 
 
 def _graph() -> dict[str, set[str]]:
@@ -123,6 +157,12 @@ def test_no_import_cycle():
     assert not _cycles(_graph())
 
 
+def test_no_layer_uses_another_layers_underscore_names():
+    mods = _modules()
+    found = [u for m, (path, is_pkg) in mods.items() for u in _underscore_uses(m, path.read_text(), is_pkg, mods)]
+    assert not found, "make these public in their own layer:\n" + "\n".join(sorted(found))
+
+
 def test_the_walker_sees_imports_and_cycles():
     """The checks above can fail: the walker finds known edges, and a planted cycle."""
     graph = _graph()
@@ -131,3 +171,9 @@ def test_the_walker_sees_imports_and_cycles():
     assert "nativelab.apps.run" in graph["nativelab.cli"]  # an import inside a function counts
     planted = {**graph, "nativelab.device.memory": graph["nativelab.device.memory"] | {"nativelab.compiler.runtime"}}
     assert any("nativelab.device.memory" in c for c in _cycles(planted))
+    mods = _modules()
+    planted_source = "from ..device.ops import _call\nfrom ..device import ops as o\nx = o._scalars\ny = o.DEVICE\n"
+    assert _underscore_uses("nativelab.compiler.example", planted_source, False, mods) == [
+        "nativelab.compiler.example: from nativelab.device.ops import _call",
+        "nativelab.compiler.example: nativelab.device.ops._scalars",
+    ]
