@@ -66,3 +66,27 @@ def test_queue_is_bounded():
         x = x + 1
     assert len(queue._pending) < queue._MAX_PENDING
     assert x[0].item() == 1 + queue._MAX_PENDING * 3
+
+
+def test_cpu_operands_are_read_when_the_op_is_called_not_when_it_runs():
+    # CUDA copies a CPU operand at launch; a queued op must not see later host writes to it.
+    x = torch.ones(3, device="neuron")
+    s = torch.tensor(2.0)
+    r = x * s  # a 0-d CPU tensor operand
+    x.add_(s)  # in place, same operand
+    idx = torch.tensor([0, 2])
+    v = torch.zeros(3, device="neuron")
+    v[idx] = 5.0  # CPU indices (allowed, as on CUDA)
+    w = v[idx]
+    s.fill_(100.0)
+    idx.fill_(1)
+    assert not queue.idle()  # the work above was still queued when the host wrote s and idx
+    cpu_x, cpu_s, cpu_idx = torch.ones(3), torch.tensor(2.0), torch.tensor([0, 2])
+    cpu_r = cpu_x * cpu_s
+    cpu_x.add_(cpu_s)
+    cpu_v = torch.zeros(3)
+    cpu_v[cpu_idx] = 5.0
+    assert torch.equal(r.cpu(), cpu_r)
+    assert torch.equal(x.cpu(), cpu_x)
+    assert torch.equal(v.cpu(), cpu_v)
+    assert torch.equal(w.cpu(), cpu_v[cpu_idx])

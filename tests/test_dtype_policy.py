@@ -78,3 +78,39 @@ def test_policy_can_be_turned_off():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str([2**31 + 6, 8])
     assert "does not support int64" not in r.stderr
+
+
+def test_ops_that_write_out_or_in_place_follow_the_policy():
+    # The policy narrows inputs; what an op writes must follow, or CPU kernels see int32 inputs with an int64
+    # out= (one_hot's scatter.value_out) or an int64 self with an int32 src (scatter_).
+    labels = torch.tensor([0, 2, 1, 2])
+    assert torch.equal(F.one_hot(labels.to("neuron"), 3).cpu(), F.one_hot(labels, 3))
+    src = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    index = torch.tensor([[0, 1, 2], [2, 0, 1]])
+    for dtype in (torch.int64, torch.float64):
+        base = torch.arange(9, dtype=dtype).view(3, 3)
+        want = base.clone().scatter_(0, index, src.to(dtype))
+        got = base.to("neuron").scatter_(0, index.to("neuron"), src.to(dtype).to("neuron"))
+        assert got.dtype == dtype and torch.equal(got.cpu(), want)
+        out = torch.empty(3, 3, dtype=dtype, device="neuron")
+        torch.scatter(base.to("neuron"), 0, index.to("neuron"), src.to(dtype).to("neuron"), out=out)
+        assert torch.equal(out.cpu(), want)
+        vals, idx = torch.sort(base.flip(0).to("neuron"), dim=0)
+        cpu_vals, cpu_idx = torch.sort(base.flip(0), dim=0)
+        assert torch.equal(vals.cpu(), cpu_vals) and torch.equal(idx.cpu(), cpu_idx)
+
+
+def test_pack_padded_sequence_unsorted_in_an_rnn_classifier():
+    torch.manual_seed(0)
+    emb, lstm = torch.nn.Embedding(10, 4), torch.nn.RNN(4, 3, batch_first=True)
+    tokens = torch.randint(0, 10, (3, 5))
+    lengths = torch.tensor([2, 5, 3])
+
+    def run(device):
+        e, m = emb.to(device), lstm.to(device)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(e(tokens.to(device)), lengths, batch_first=True,
+                                                         enforce_sorted=False)
+        _, h = m(packed)
+        return h.cpu()
+
+    torch.testing.assert_close(run("neuron"), run("cpu"))

@@ -105,3 +105,44 @@ def test_bfloat16_and_integer_dtypes():
     torch.testing.assert_close((dev(a) @ dev(a)).cpu(), a @ a)
     i = torch.arange(10, dtype=torch.int32)
     assert torch.equal((dev(i) * 3 % 7).cpu(), i * 3 % 7)
+
+
+def test_cpu_indices_and_masks_where_cuda_allows_them():
+    # Advanced indexing (index, index_put_) moves CPU indices to the device itself, on CUDA as here; other
+    # ops (index_select, gather, where, plain arithmetic) need their tensors on the device, except 0-d scalars.
+    import pytest
+
+    x = torch.arange(12.0).view(3, 4)
+    d = x.to("neuron")
+    idx, mask = torch.tensor([2, 0]), x > 5
+    assert torch.equal(d[idx].cpu(), x[idx])
+    assert torch.equal(d[mask].cpu(), x[mask])
+    assert torch.equal(d[idx, torch.tensor([1, 3])].cpu(), x[idx, torch.tensor([1, 3])])
+    d2, x2 = d.clone(), x.clone()
+    d2[mask] = 0.0
+    x2[mask] = 0.0
+    d2.index_put_((idx,), torch.tensor(7.0), accumulate=True)
+    x2.index_put_((idx,), torch.tensor(7.0), accumulate=True)
+    assert torch.equal(d2.cpu(), x2)
+    for bad in (lambda: torch.index_select(d, 0, idx), lambda: torch.gather(d, 0, idx.view(2, 1).expand(2, 4)),
+                lambda: torch.where(mask, d, d), lambda: d + torch.ones(4)):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            bad()
+
+
+def test_transformer_encoder_in_eval_with_a_padding_mask_takes_the_ordinary_path():
+    # PyTorch's fused fast path (nested tensors from the mask) needs kernels a Python backend cannot have.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        want = enc(x, src_key_padding_mask=pad)
+        want_attn = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        got = enc.to("neuron")(x.to("neuron"), src_key_padding_mask=pad.to("neuron")).cpu()
+        got_attn = mha.to("neuron")(*(x.to("neuron"),) * 3, key_padding_mask=pad.to("neuron"), need_weights=False)
+    keep = ~pad  # what PyTorch specifies: the fast path zeroes padded positions, the ordinary path does not
+    torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_attn[0].cpu(), want_attn, atol=1e-5, rtol=1e-5)

@@ -212,3 +212,16 @@ def test_compiler_private_apis(monkeypatch):
         tiled = [s for s in seen if cc_private.TILE_32 in s]
         assert tiled, "Inductor no longer emits the tile transpose we rewrite"
         assert cc_private.TILE_32 not in rewrite(tiled[0]) and "nativelab_transpose_bf16_32x32(" in rewrite(tiled[0])
+
+
+def test_fused_transformer_paths_read_the_python_backend_name():
+    # nativelab resets this name so the device stays out of PyTorch's fused nested-tensor fast paths.
+    import inspect
+
+    import torch.utils.backend_registration as br
+
+    assert br._privateuse1_backend_name == "privateuseone"
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+    for fn in (torch.nn.TransformerEncoder.forward, torch.nn.TransformerEncoderLayer.forward):
+        assert "backend_registration._privateuse1_backend_name" in inspect.getsource(fn)
+    assert "_check_arg_device" in inspect.getsource(torch.nn.MultiheadAttention.forward)

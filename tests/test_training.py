@@ -92,3 +92,43 @@ def test_module_to_and_back_keeps_parameters():
         assert torch.equal(a, b)
     m.neuron()  # the generated method, like .cuda()
     assert next(m.parameters()).is_neuron
+
+
+class _TiedLM(nn.Module):
+    """An embedding and an LM head sharing one weight (GPT-2, nanoGPT, Llama with tied embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(11, 6)
+        self.lm_head = nn.Linear(6, 11, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        return self.lm_head(torch.tanh(self.wte(idx)))
+
+
+def test_moving_a_module_keeps_its_parameters_and_their_ties():
+    torch.manual_seed(0)
+    m = _TiedLM()
+    ref = copy.deepcopy(m)
+    weight = m.wte.weight
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)  # built before .to(), as CUDA code often does
+    m.to("neuron")
+    assert m.lm_head.weight is m.wte.weight is weight and weight.device.type == "neuron"
+    assert list(m.state_dict()) == list(ref.state_dict())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    idx = torch.tensor([[1, 4, 7], [2, 9, 3]])
+    for model, o, device in ((m, opt, "neuron"), (ref, ref_opt, "cpu")):
+        nn.functional.cross_entropy(model(idx.to(device)).flatten(0, 1), idx.flatten().to(device)).backward()
+        o.step()
+    torch.testing.assert_close(m.wte.weight.grad.cpu(), ref.wte.weight.grad)
+    torch.testing.assert_close(m.wte.weight.detach().cpu(), ref.wte.weight.detach())
+    m.cpu()  # and back: still one parameter, with its gradient
+    assert m.lm_head.weight is m.wte.weight is weight and weight.grad.device.type == "cpu"
+    m.neuron()
+    assert m.lm_head.weight is m.wte.weight is weight
+    with torch.device("meta"):
+        lazy = _TiedLM()
+    lazy.to_empty(device="neuron")
+    assert lazy.lm_head.weight is lazy.wte.weight
+    assert not torch.__future__.get_swap_module_params_on_conversion()  # a CPU-only program converts as before

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..device import memory, queue, tracking
-from ..device.ops import device_index
+from ..device.ops import device_index, host_args_for_queue
 
 DEVICE = memory.DEVICE
 
@@ -32,9 +32,10 @@ class DeviceGraph(torch.nn.Module):
         index = device_index(args)
         if index < 0:
             index = 0
-        hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE else a for a in args]
         tracking.graphs[self.name] += 1
         if self.aliasing:
+            hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE else a
+                     for a in args]
             queue.drain()
             outs = [_back_to_device(r, args, index) for r in _as_tuple(queue.run_now(self.name, self.run_now, hargs))]
         else:
@@ -43,6 +44,7 @@ class DeviceGraph(torch.nn.Module):
                 for spec in self.out_specs
             ]
             houts = [memory.host_view(o) if o is not None else None for o in outs]
+            hargs = host_args_for_queue(args)  # CPU inputs captured at launch, as in eager ops
             queue.submit(self.name, self.run, (hargs, houts))
         return outs[0] if self.single else tuple(outs)
 

@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from . import _private, autocast, config, guard, int32_targets, memory, module, ops, queue, runtime_ops
+from . import _private, autocast, config, conversion, guard, int32_targets, memory, module, ops, queue, runtime_ops
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
 __all__ = [
@@ -58,6 +58,8 @@ def register() -> bool:
     ops.dtype_policy = cfg.dtype_policy
 
     _private.register_python_backend("neuron", _device_module(cfg), guard.Hooks(), guard.Guard())
+    conversion.install()  # after the generated Module.neuron() exists
+    _private.keep_out_of_fused_transformer_paths()
     memory.init(cfg)
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(ops.device_kernel, "PrivateUse1")
@@ -88,6 +90,7 @@ def _device_module(cfg: config.Config) -> types.ModuleType:
     for name in dir(module):
         if not name.startswith("__"):
             setattr(mod, name, getattr(module, name))
+    mod.__getattr__ = module.__getattr__  # attributes computed on access (`_initialized`)
     sys.modules["torch.neuron"] = mod
     return mod
 

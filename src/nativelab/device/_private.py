@@ -194,3 +194,18 @@ def no_python_modes():
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
+
+
+def keep_out_of_fused_transformer_paths() -> None:
+    """`nn.TransformerEncoder`, `TransformerEncoderLayer` and `MultiheadAttention` take their fused fast paths
+    (nested tensors from a padding mask, `_transformer_encoder_layer_fwd`, `_native_multi_head_attention`) on
+    devices named in lists that include `torch.utils.backend_registration._privateuse1_backend_name`, which
+    `rename_privateuse1_backend` sets to our name. Those paths need nested-tensor and fused kernels that only
+    C++ backends can have ("NestedTensorImpl doesn't support sizes"); with the module's name reset, the device
+    is not in those lists and the modules take their ordinary path of device ops. (The C++ name that the
+    rest of PyTorch reads, `torch._C._get_privateuse1_backend_name()`, stays ours.)"""
+    import torch.utils.backend_registration as br
+
+    if not hasattr(br, "_privateuse1_backend_name"):
+        raise RuntimeError("torch.utils.backend_registration._privateuse1_backend_name is gone")
+    br._privateuse1_backend_name = "privateuseone"

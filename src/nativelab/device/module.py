@@ -7,14 +7,19 @@ from collections import namedtuple
 
 import torch
 
-from . import guard, memory, queue
+from . import guard, memory, queue, rng
 
-_initialized = False
+
+def __getattr__(name):
+    # `_initialized` follows the device's first use (torch.utils.checkpoint reads it to decide whether to save
+    # the device's RNG state), so it is looked up, not copied.
+    if name == "_initialized":
+        return rng.is_initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _lazy_init() -> None:
-    global _initialized
-    _initialized = True
+    rng.mark_initialized()
 
 
 # -- device -------------------------------------------------------------------------------------------------
@@ -25,7 +30,7 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return _initialized
+    return rng.is_initialized()
 
 
 def init() -> None:
@@ -92,52 +97,46 @@ def get_device_capability(device=None) -> dict:
     return {}
 
 
-# -- rng ----------------------------------------------------------------------------------------------------
+# -- rng (the state lives in rng.py) ------------------------------------------------------------------------
 
 
 def manual_seed(seed: int) -> None:
-    queue.drain()
-    guard.manual_seed(guard.current_index(), int(seed))
+    rng.manual_seed(guard.current_index(), seed)
 
 
 def manual_seed_all(seed: int) -> None:
     # Called by torch.manual_seed: must not call it back.
-    queue.drain()
     for i in range(guard.num_cores):
-        guard.manual_seed(i, int(seed))
+        rng.manual_seed(i, seed)
 
 
 def seed() -> None:
-    queue.drain()
-    guard.seed(guard.current_index())
+    rng.seed(guard.current_index())
 
 
 def seed_all() -> None:
-    queue.drain()
     for i in range(guard.num_cores):
-        guard.seed(i)
+        rng.seed(i)
 
 
 def initial_seed() -> int:
-    return guard.initial_seed(guard.current_index())
+    return rng.initial_seed(guard.current_index())
 
 
 def get_rng_state(device="neuron") -> torch.Tensor:
-    queue.drain()
-    return guard.generator(guard.index_of(device)).get_state()
+    return rng.get_state(guard.index_of(device))
 
 
 def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
-    queue.drain()
-    guard.generator(guard.index_of(device)).set_state(new_state)
+    rng.set_state(guard.index_of(device), new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
     return [get_rng_state(i) for i in range(guard.num_cores)]
 
 
-def set_rng_state_all(states) -> None:
-    for i, s in enumerate(states):
+def set_rng_state_all(new_states) -> None:
+    for i, s in enumerate(new_states):
         set_rng_state(s, i)
 
 

@@ -12,13 +12,14 @@ their own kernels in `runtime_ops.py`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from importlib import resources
 
 import torch
 
-from . import guard, memory, queue, tracking
+from . import guard, memory, queue, rng, tracking
 
 DEVICE = memory.DEVICE
 _Tensor = torch.Tensor
@@ -52,6 +53,15 @@ _INT64_INDEX_ARGS = {
 }
 _NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
 
+# Arguments that may be CPU tensors of any size, as on CUDA: the `Tensor?[] indices` of advanced indexing
+# (`index`, `index_put_` and their unsafe/impl forms), which PyTorch moves to `self`'s device itself
+# (`device_check: NoCheck` in native_functions.yaml, then `make_info`). Every other CPU operand must be a 0-d
+# scalar, which is what TensorIterator allows; `index_select`, `gather`, `take` ... reject CPU indices on CUDA.
+_CPU_INDEX_ARGS = ("indices",)
+
+
+_MISSING = object()
+
 
 def _load_native_names() -> frozenset[str]:
     text = resources.files(__package__).joinpath("native_ops.txt").read_text()
@@ -66,7 +76,8 @@ class OpRecord:
 
     __slots__ = (
         "op", "name", "route", "arg_pos", "mutable", "returns_alias", "int64_args", "gen_pos", "meta_cache",
-        "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos",
+        "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos", "cpu_ok", "functional",
+        "random",
     )
 
     def __init__(self, op: torch._ops.OpOverload):
@@ -93,6 +104,11 @@ class OpRecord:
         short = base.split("::", 1)[1]
         self.int64_args = tuple(self.arg_pos[n] for n in _INT64_INDEX_ARGS.get(short, ()) if n in self.arg_pos)
         self.gen_pos = self.arg_pos.get("generator")
+        self.random = self.gen_pos is not None or rng.is_random(op)
+        self.cpu_ok = tuple(
+            i for i, a in enumerate(args) if a.name in _CPU_INDEX_ARGS and str(a.type) == "List[Optional[Tensor]]"
+        )
+        self.functional = _MISSING  # an out= op's functional form, looked up when the dtype policy needs it
         # Tensor arguments the dispatcher may hand us as Python numbers (wrapped scalars)
         self.tensor_pos = tuple(i for i, a in enumerate(args) if str(a.type) == "Tensor")
         self.npos = sum(1 for a in args if not a.kwarg_only)
@@ -129,7 +145,7 @@ def _out_variant(op):
 
 
 _records: dict = {}
-_MISSING = object()
+_no_context = contextlib.nullcontext()
 
 
 def record_for(op) -> OpRecord:
@@ -160,23 +176,26 @@ def _call(rec: OpRecord, full: list):
     return rec.op(*full[: rec.npos], **dict(zip(rec.kwnames, full[rec.npos:])))
 
 
-def _device_index(args) -> int:
-    """The device all tensor arguments live on; CUDA's rules: CPU tensors only as 0-d scalars."""
-    return _key_and_index(args)[1]
+def _device_index(args, cpu_ok: tuple = ()) -> int:
+    """The device all tensor arguments live on; CUDA's rules: CPU tensors only as 0-d scalars (or where
+    `cpu_ok` positions allow them)."""
+    return _key_and_index(args, cpu_ok)[1]
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
 _NUMBERS = (int, float, bool, complex)
 _scalars: dict = {}
+_owned_scalars: set = set()
 
 
-def _key_and_index(args) -> tuple[tuple, int]:
+def _key_and_index(args, cpu_ok: tuple = ()) -> tuple[tuple, int]:
     """One pass over an op's arguments: the metadata key of the call, and the device it runs on (every
-    device tensor on one core; CPU tensors only as 0-d scalars, as on CUDA). Fused because it runs per op."""
+    device tensor on one core; CPU tensors only as 0-d scalars, as on CUDA, or in the `cpu_ok` positions).
+    Fused because it runs per op."""
     index = -1
     cpu_bad = None
     key = []
-    for a in args:
+    for pos, a in enumerate(args):
         ta = type(a)
         if ta in _PLAIN:
             key.append(a)
@@ -202,7 +221,7 @@ def _key_and_index(args) -> tuple[tuple, int]:
                         f"Expected all tensors to be on the same device, but found at least two devices, "
                         f"{DEVICE}:{index} and {d}!"
                     )
-            elif cpu_bad is None and t.dim() != 0:
+            elif cpu_bad is None and t.dim() != 0 and pos not in cpu_ok:
                 cpu_bad = d
             sub.append((t.dtype, t.shape, t.stride(), d))
         key.append(sub[0] if single else tuple(sub))
@@ -222,23 +241,34 @@ def _scalar_tensor(v):
         t = torch.tensor(v)
         if len(_scalars) < 4096:
             _scalars[key] = t
+            _owned_scalars.add(id(t))  # alive as long as the cache: the id stays this tensor's
     return t
 
 
-def _to_host(x):
-    """Device tensors -> zero-copy CPU views; `device=neuron` arguments -> cpu."""
+def _to_host(x, capture: bool = False):
+    """Device tensors -> zero-copy CPU views; `device=neuron` arguments -> cpu.
+
+    `capture` is for work that runs later: CPU tensors are copied now, as CUDA copies a CPU operand when the
+    op is launched, since the caller may change them before the queue runs (`r = x * s; s.fill_(100.)`).
+    The scalars made here for Python numbers are never written: not copied."""
     tx = type(x)
     if tx in _PLAIN:
         return x
     if isinstance(x, _Tensor):
-        return memory.host_view(x) if x.device.type == DEVICE else x
+        if x.device.type == DEVICE:
+            return memory.host_view(x)
+        return x.clone() if capture and id(x) not in _owned_scalars else x
     if isinstance(x, (list, tuple)):
         if x and isinstance(x[0], (_Tensor, type(None))):
-            return [_to_host(t) if t is not None else None for t in x]
+            return [_to_host(t, capture) if t is not None else None for t in x]
         return x
     if isinstance(x, torch.device) and x.type == DEVICE:
         return _cpu
     return x
+
+
+def _to_host_queued(x):
+    return _to_host(x, True)
 
 
 def _to_meta(x):
@@ -338,9 +368,8 @@ def _view(rec: OpRecord, args: list, index: int):
 
 
 def _native(rec: OpRecord, args: list, index: int, key: tuple):
-    gp = rec.gen_pos
-    if gp is not None and args[gp] is None:
-        args[gp] = guard.generator(index)
+    if rec.random:  # the generator is read at the call, not when the queue runs (see rng.py)
+        return run_on_host(rec.name, rec, args, index, fallback=False)
     spec = rec.meta_cache.get(key, _MISSING)
     if spec is _MISSING:
         try:
@@ -356,11 +385,11 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
         if t.shape != shape:
             resize_(t, shape)
     if kind == "mutating":
-        queue.submit(rec.name, _run_mutating, (rec, [_to_host(a) for a in args]))
+        queue.submit(rec.name, _run_mutating, (rec, [_to_host_queued(a) for a in args]))
         tracking.executed[rec.name] += 1
         return _alias_returns(rec, args)
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
-    hargs = [_to_host(a) for a in args]
+    hargs = [_to_host_queued(a) for a in args]
     run = _run_functional_policy if policy else _run_functional
     queue.submit(rec.name, run, (rec, hargs, [memory.host_view(o) for o in outs]))
     tracking.executed[rec.name] += 1
@@ -383,8 +412,70 @@ def _finish_policy(rec: OpRecord, hargs: list) -> bool:
 
 
 def _run_mutating(rec, hargs):
-    _finish_policy(rec, hargs)
-    _call(rec, hargs)
+    if _finish_policy(rec, hargs):
+        _call_narrowed(rec, hargs)
+    else:
+        _call(rec, hargs)
+
+
+def _call_narrowed(rec: OpRecord, hargs: list):
+    """Call an op that writes its arguments after the policy narrowed an input. The written arguments follow:
+    an out= op computes its functional form and the copy into `out` casts back (as functional ops do:
+    `scatter.value_out` on int64 must not see an int32 input and an int64 out); an in-place op computes on
+    a narrowed copy of what it writes, stored back afterwards (`x.scatter_(d, i, src)` needs x and src alike)."""
+    if not rec.mutable:
+        return _call(rec, hargs)
+    if all(i >= rec.npos for i in rec.mutable):
+        fn = _functional_of(rec)
+        if fn is not None:
+            fschema = fn._schema
+            fargs = [hargs[rec.arg_pos[a.name]] for a in fschema.arguments]
+            npos = sum(1 for a in fschema.arguments if not a.kwarg_only)
+            res = fn(*fargs[:npos], **{a.name: v for a, v in zip(fschema.arguments[npos:], fargs[npos:])})
+            for i, r in zip(rec.mutable, (res,) if isinstance(res, _Tensor) else res):
+                out = hargs[i]
+                if out.shape != r.shape:
+                    out.resize_(r.shape)
+                out.copy_(r)
+            return _alias_returns(rec, hargs)
+    wide = {}
+    for i in rec.mutable:
+        a = hargs[i]
+        if isinstance(a, _Tensor) and a.dtype in _NARROW:
+            wide[i] = a
+            hargs[i] = a.to(_NARROW[a.dtype])
+        elif isinstance(a, list) and any(isinstance(t, _Tensor) and t.dtype in _NARROW for t in a):
+            wide[i] = a
+            hargs[i] = [t.to(_NARROW[t.dtype]) if isinstance(t, _Tensor) and t.dtype in _NARROW else t for t in a]
+    try:
+        res = _call(rec, hargs)
+        for i, a in wide.items():
+            for dst, src in zip(a, hargs[i]) if isinstance(a, list) else ((a, hargs[i]),):
+                if dst is not src:
+                    if dst.shape != src.shape:
+                        dst.resize_(src.shape)
+                    dst.copy_(src)
+    finally:
+        for i, a in wide.items():
+            hargs[i] = a
+    return res
+
+
+def _functional_of(rec: OpRecord):
+    """The functional overload of an out= op (scatter.value_out -> scatter.value), or None."""
+    if rec.functional is _MISSING:
+        want = [(a.name, str(a.type)) for a in rec.op._schema.arguments if not (a.alias_info and a.alias_info.is_write)]
+        rec.functional = None
+        packet = rec.op.overloadpacket
+        for name in packet.overloads():
+            cand = getattr(packet, name)
+            args = cand._schema.arguments
+            if any(a.alias_info is not None and a.alias_info.is_write for a in args):
+                continue
+            if [(a.name, str(a.type)) for a in args] == want:
+                rec.functional = cand
+                break
+    return rec.functional
 
 
 
@@ -462,8 +553,10 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
         tracking.executed[name] += 1
     elif tracking.record_fallback(name):
         warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=4)
-    if rec.gen_pos is not None and args[rec.gen_pos] is None and index >= 0:
-        args[rec.gen_pos] = guard.generator(index)
+    if index < 0:
+        index = guard.current_index()
+    if rec.gen_pos is not None and args[rec.gen_pos] is None:
+        args[rec.gen_pos] = rng.generator(index)
     hargs = [_to_host(a) for a in args]
     for i in rec.mutable:  # an empty out= argument is for the CPU kernel to size: give it a fresh tensor
         a = args[i]
@@ -474,12 +567,12 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
         narrowed = _finish_policy(rec, hargs)
     elif rec.int64_args:
         _widen_indices(rec, hargs)
+    call = _call_narrowed if narrowed and rec.mutable else _call
     obs = queue.observer  # the profiler times the host run and counts the bytes moved
-    res = _call(rec, hargs) if obs is None else obs.host_op(name, fallback, _call, (rec, hargs), args)
+    with rng.default_generator_drawn_from(index) if rec.random and rec.gen_pos is None else _no_context:
+        res = call(rec, hargs) if obs is None else obs.host_op(name, fallback, call, (rec, hargs), args)
     if narrowed:
         res = _widen_results(res, args)
-    if index < 0:
-        index = guard.current_index()
     for i in rec.mutable:  # the CPU kernel may have resized an out= argument
         _follow_host_resize(args[i], hargs[i])
     if not rec.returns_alias:
@@ -588,9 +681,9 @@ def device_kernel(op, *args, **kwargs):
             full[i] = _scalar_tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
     route = rec.route
     if route == "native":
-        key, index = _key_and_index(full)
+        key, index = _key_and_index(full, rec.cpu_ok)
         return _native(rec, full, guard.current_index() if index < 0 else index, key)
-    index = _device_index(full)
+    index = _device_index(full, rec.cpu_ok)
     if route == "view":
         return _view(rec, full, index)
     return run_on_host(rec.name, rec, full, index)
@@ -634,6 +727,12 @@ def device_index(args) -> int:
     """The core all tensor arguments of a call live on (-1: none), by the eager rules (CPU tensors only as
     0-d scalars): where a compiled graph launches."""
     return _device_index(args)
+
+
+def host_args_for_queue(args) -> list:
+    """Host arguments for work queued now to run later: device tensors as host views, CPU tensors copied (the
+    caller may write them before the queue runs; CUDA copies a CPU operand at launch)."""
+    return [_to_host(a, capture=True) for a in args]
 
 
 def is_immediate(t: torch.Tensor) -> bool:

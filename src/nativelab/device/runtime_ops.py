@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import guard, memory, ops, queue, tracking
+from . import guard, memory, ops, queue, rng, tracking
 
 aten = torch.ops.aten
 DEVICE = memory.DEVICE
@@ -23,6 +23,7 @@ def _notice() -> None:
     """One line on first use, so nobody mistakes the emulator for a real chip."""
     global _noticed
     _noticed = True
+    rng.mark_initialized()  # the device is in use from here (CUDA's lazy init)
     if not quiet:
         print(
             "nativelab: the 'neuron' device is emulated on the host CPU (NATIVELAB_QUIET=1 hides this line)",

@@ -141,25 +141,10 @@ def build(cfg: Config, model):
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)  # LoRA's initial weights
     model = _lora(model, cfg) if cfg.method == "lora" else model
-    to_device_keeping_ties(model, device)
+    model.to(device)  # tied embeddings stay tied (nativelab.device.conversion)
     model.config.use_cache = False
     patched = hf_patch.apply_kernels(model) if cfg.kernels else {}
     return model, patched
-
-
-def to_device_keeping_ties(model, device: torch.device) -> None:
-    """model.to(device), keeping shared parameters shared (tied embeddings / LM head). nn.Module._apply swaps
-    a parameter in place only for devices whose tensors PyTorch deems shallow-copy compatible with CPU ones
-    (CPU, CUDA, ...); for PrivateUse1 (the neuron device) it makes a new Parameter per module, untying them."""
-    groups: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, p in module.named_parameters(recurse=False):
-            groups.setdefault(id(p), []).append((module, name))
-    model.to(device)
-    for places in groups.values():
-        first = getattr(*places[0])
-        for module, name in places[1:]:
-            setattr(module, name, first)
 
 
 def schedule(optimizer, cfg: Config, total: int):

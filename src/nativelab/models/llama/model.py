@@ -203,14 +203,6 @@ class Llama(nn.Module):
         model.setup_cache()
         return model
 
-    def _apply(self, fn, recurse=True):
-        # Moving to the device makes new Parameter objects per module (the CPU and device tensor types are not
-        # shallow-copy compatible), which would untie the LM head from the embedding: tie them again.
-        super()._apply(fn, recurse)
-        if self.cfg.tie_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        return self
-
     def setup_cache(self, batch_size: int = 1) -> None:
         """Allocate the static KV cache (on the model's device, in its dtype), zeroed."""
         p = self.embed_tokens.weight

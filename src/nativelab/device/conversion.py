@@ -1,0 +1,80 @@
+"""`module.to('neuron')` (and back) keeps each Parameter: the same objects, moved, so tied weights stay tied.
+
+PyTorch's `Module._apply` moves a parameter in place (`param.data = moved`) only when the old and new tensors
+are "shallow-copy compatible" (CPU, CUDA, ...: dense tensors of the built-in backends). A PrivateUse1 tensor
+is not, so each module would get a new Parameter: a tied embedding and LM head become two tensors and train
+apart, and an optimizer built before `.to()` holds stale ones. With PyTorch's own swap mode
+(`torch.__future__.set_swap_module_params_on_conversion`) `_apply` swaps the moved tensor into the existing
+Parameter instead. We turn it on for conversions that cross the device boundary only: a program that never
+uses `neuron` converts exactly as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import warnings
+
+import torch
+
+from .config import DEVICE_NAME as DEVICE
+
+_future = torch.__future__
+_installed: dict = {}
+
+
+def _crosses_device(module: torch.nn.Module, device) -> bool:
+    """Whether moving `module` to `device` moves tensors onto or off the neuron device."""
+    if device is None:
+        return False  # a dtype conversion: moved in place already
+    if torch.device(device).type == DEVICE:
+        return True
+    return any(t.device.type == DEVICE for t in itertools.chain(module.parameters(), module.buffers()))
+
+
+def _keeping_parameters(method, target_of):
+    @functools.wraps(method)
+    def convert(self, *args, **kwargs):
+        if _future.get_swap_module_params_on_conversion() or not _crosses_device(self, target_of(*args, **kwargs)):
+            return method(self, *args, **kwargs)
+        _future.set_swap_module_params_on_conversion(True)
+        try:
+            return method(self, *args, **kwargs)
+        except RuntimeError as e:
+            if "Couldn't swap" not in str(e):
+                raise
+            # A parameter PyTorch cannot swap (a weak reference to it, e.g. a compiled model's guards): convert
+            # the rest as PyTorch does without swapping; moved parameters are not moved twice.
+            warnings.warn(
+                f"nativelab: {e}; converting with new Parameter objects, which unties shared parameters "
+                "(tie them again after .to())", stacklevel=2,
+            )
+            _future.set_swap_module_params_on_conversion(False)
+            return method(self, *args, **kwargs)
+        finally:
+            _future.set_swap_module_params_on_conversion(False)
+
+    convert.__wrapped__ = method
+    return convert
+
+
+def _to_target(*args, **kwargs):
+    return torch._C._nn._parse_to(*args, **kwargs)[0]
+
+
+def install() -> None:
+    """Wrap `Module.to`, `.cpu`, `.to_empty` and the generated `.neuron` (called once, at registration)."""
+    if _installed:
+        return
+    cls = torch.nn.Module
+    targets = {
+        "to": _to_target,
+        "cpu": lambda *a, **k: torch.device("cpu"),
+        "to_empty": lambda *, device, recurse=True: device,
+        DEVICE: lambda *a, **k: DEVICE,
+    }
+    for name, target_of in targets.items():
+        method = getattr(cls, name, None)
+        if method is not None:
+            _installed[name] = method
+            setattr(cls, name, _keeping_parameters(method, target_of))

@@ -1,0 +1,61 @@
+"""The device's random numbers: read when a random op is called, with a per-core state that
+`torch.neuron.get_rng_state/set_rng_state`, `torch.random.fork_rng` and `torch.utils.checkpoint` save and restore.
+With the same seed the device draws what the CPU draws (its generators are CPU Mersenne Twisters)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def _block_run(device, use_reentrant):
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to(device)
+    x = torch.randn(4, 8).to(device).requires_grad_()
+    torch.manual_seed(1)
+
+    def block(x):
+        return F.dropout(lin(x), 0.5, training=True) * torch.rand_like(x)
+
+    y = checkpoint(block, x, use_reentrant=use_reentrant)
+    y.sum().backward()
+    return y.detach().cpu(), x.grad.cpu(), lin.weight.grad.cpu()
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpoint_replays_the_same_dropout_and_rand_like_as_cpu(use_reentrant):
+    # The backward pass recomputes the block after restoring the RNG state: its masks must be the forward's.
+    for got, want in zip(_block_run("neuron", use_reentrant), _block_run("cpu", use_reentrant)):
+        torch.testing.assert_close(got, want)
+
+
+def test_random_ops_read_the_generator_when_called():
+    torch.manual_seed(3)
+    x = torch.ones(1000, device="neuron")
+    a = F.dropout(x, 0.5, training=True)
+    torch.manual_seed(3)  # before the queue ran the first dropout
+    b = F.dropout(x, 0.5, training=True)
+    assert torch.equal(a.cpu(), b.cpu())
+    torch.manual_seed(3)
+    assert torch.equal(a.cpu(), F.dropout(torch.ones(1000), 0.5, training=True))  # the CPU's numbers
+    # the device's dropout draws from the device's generator, not the CPU one
+    torch.neuron.manual_seed(5)
+    cpu_state = torch.get_rng_state()
+    F.dropout(x, 0.5, training=True).cpu()
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+
+
+def test_rng_state_api_per_core_and_fork_rng():
+    assert torch.neuron._initialized and torch.neuron.is_initialized()
+    torch.manual_seed(11)
+    states = torch.neuron.get_rng_state_all()
+    assert len(states) == torch.neuron.device_count()
+    a = torch.rand(5, device="neuron:1").cpu()
+    torch.neuron.set_rng_state(states[1], "neuron:1")
+    assert torch.equal(torch.rand(5, device="neuron:1").cpu(), a)
+    with torch.random.fork_rng(devices=[0], device_type="neuron"):
+        inside = torch.randn(4, device="neuron").cpu()
+    assert torch.equal(torch.randn(4, device="neuron").cpu(), inside)
+    with pytest.raises(TypeError, match="RNG state"):
+        torch.neuron.set_rng_state(torch.zeros(3))
