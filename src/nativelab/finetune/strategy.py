@@ -56,6 +56,13 @@ class SingleProcess:
     def global_loss(self, loss: torch.Tensor, share: float) -> float:
         return loss.item()  # also the step's synchronization point
 
+    def eval_share(self, work: list) -> list:
+        """This process's share of the held-out (batch, counts) pairs: all of them."""
+        return work
+
+    def sums(self, *values: float) -> list[float]:
+        return list(values)
+
     def save_checkpoint(self, root: Path, model, optimizer, scheduler, step: int, meta: dict) -> None:
         save.save_checkpoint(root / f"checkpoint-{step}", model, optimizer, scheduler, step, meta)
 
@@ -99,6 +106,16 @@ class Sharded:
     def global_loss(self, loss: torch.Tensor, share: float) -> float:
         (value,) = parallel.sums(self.world, loss.item() * share)  # the global batch's token mean
         return value
+
+    def eval_share(self, work: list) -> list:
+        """Rank r takes batches r, r + ranks, ...; every rank runs the same number of forwards (sharded forwards
+        are collectives): a rank past the end repeats batch 0 and does not count it."""
+        size, rank = self.world.size, self.world.rank
+        rounds = -(-len(work) // size)
+        return [work[i] if i < len(work) else (work[0][0], False) for i in range(rank, rounds * size, size)]
+
+    def sums(self, *values: float) -> list[float]:
+        return parallel.sums(self.world, *values)  # a collective
 
     def save_checkpoint(self, root: Path, model, optimizer, scheduler, step: int, meta: dict) -> None:
         parallel.save_checkpoint(self.world, root, model, optimizer, scheduler, step, meta)

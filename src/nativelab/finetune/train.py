@@ -156,16 +156,12 @@ def schedule(optimizer, cfg: Config, total: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def eval_loss(model, batches: data.Batches, cfg: Config, world: parallel.World | None = None) -> float:
-    """Mean next-token loss over the held-out split (token-weighted). Across ranks: rank r takes batches r,
-    r + world, ...; every rank runs the same number of forwards (sharded forwards are collectives), a rank
-    past the end repeats batch 0 and does not count it."""
+def eval_loss(model, batches: data.Batches, cfg: Config, strategy=None) -> float:
+    """Mean next-token loss over the held-out split (token-weighted), over all ranks under torchrun (each
+    evaluates its share of the batches, see `Sharded.eval_share`)."""
     device = torch.device(cfg.device)
-    work = [(b, True) for b in batches.all()]
-    if world is not None and world.distributed:
-        rounds = -(-len(work) // world.size)
-        work = [work[i] if i < len(work) else (work[0][0], False)
-                for i in range(world.rank, rounds * world.size, world.size)]
+    strategy = strategy or SingleProcess(device)
+    work = strategy.eval_share([(b, True) for b in batches.all()])
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -177,8 +173,7 @@ def eval_loss(model, batches: data.Batches, cfg: Config, world: parallel.World |
                 total, count = total + float(loss) * n, count + n
     _forwards_done(model)
     model.train(was_training)
-    if world is not None and world.distributed:
-        total, count = parallel.sums(world, total, count)
+    total, count = strategy.sums(total, count)
     return total / max(count, 1)
 
 
@@ -226,7 +221,7 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
         log("Kernels  : " + ", ".join(f"{k} x{v}" for k, v in patched.items()))
 
     res = Result()
-    res.eval_before = eval_loss(model, held_b, cfg, strategy.world)
+    res.eval_before = eval_loss(model, held_b, cfg, strategy)
     res.sample_before = generate(model, tokenizer, eval_ex[0].prompt, cfg) if cfg.sample_tokens else ""
     log(f"Held-out loss before: {res.eval_before:.4f}")
     if cfg.sample_tokens:
@@ -269,7 +264,7 @@ def run(cfg: Config, model=None, tokenizer=None, log=print, on_step=None) -> Res
         bar.close()
     res.steps = total - start
 
-    res.eval_after = eval_loss(model, held_b, cfg, strategy.world)
+    res.eval_after = eval_loss(model, held_b, cfg, strategy)
     log(f"Held-out loss after : {res.eval_after:.4f} (before {res.eval_before:.4f})")
     if cfg.sample_tokens:
         res.sample_after = generate(model, tokenizer, eval_ex[0].prompt, cfg)
