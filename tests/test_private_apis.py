@@ -225,3 +225,19 @@ def test_fused_transformer_paths_read_the_python_backend_name():
     for fn in (torch.nn.TransformerEncoder.forward, torch.nn.TransformerEncoderLayer.forward):
         assert "backend_registration._privateuse1_backend_name" in inspect.getsource(fn)
     assert "_check_arg_device" in inspect.getsource(torch.nn.MultiheadAttention.forward)
+
+
+def test_check_reads_dynamo_compilation_metrics():
+    """nativelab.check reads Dynamo's record of frame compilations for recompile reasons and graph-break lines."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from nativelab.check import _private as check_private
+
+    import collections
+    import dataclasses
+
+    assert isinstance(dynamo_utils._compilation_metrics, collections.deque)
+    fields = {f.name for f in dataclasses.fields(dynamo_utils.CompilationMetrics)}
+    assert {"compile_id", "co_name", "co_filename", "co_firstlineno", "recompile_reason", "restart_reasons",
+            "entire_frame_compile_time_s", "start_time_us"} <= fields
+    assert isinstance(check_private.dynamo_compilation_metrics(), list)

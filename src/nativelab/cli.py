@@ -1,5 +1,5 @@
 """The `nativelab` command: `nativelab run ...` (Lab 2), `nativelab profile ...` (profiling),
-`nativelab finetune ...` (SFT, LoRA or full)."""
+`nativelab finetune ...` (SFT, LoRA or full), `nativelab check ...` (a porting report)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: nativelab run [options]       (nativelab run --help for the options)\n"
               "       nativelab profile [options]   (nativelab profile --help)\n"
-              "       nativelab finetune [options]  (nativelab finetune --help)")
+              "       nativelab finetune [options]  (nativelab finetune --help)\n"
+              "       nativelab check [options] script.py [args] | -- run ...  (nativelab check --help)")
         return 0
     command, rest = argv[0], argv[1:]
     if command == "run":
@@ -27,7 +28,11 @@ def main(argv=None) -> int:
         from .apps import finetune
 
         return finetune.main(rest)
-    print(f"nativelab: unknown command {command!r} (known: run, profile, finetune)", file=sys.stderr)
+    if command == "check":
+        from .apps import check
+
+        return check.main(rest)
+    print(f"nativelab: unknown command {command!r} (known: run, profile, finetune, check)", file=sys.stderr)
     return 2
 
 

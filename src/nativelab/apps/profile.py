@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import runpy
 import sys
 
 from ..models.llama import SIZES, TIERS, Generator
-from ..profile import Session, plots, report, trace
+from ..profile import Session, plots, report, running, trace
 from . import profile_tiers, run
 
 
@@ -76,32 +75,18 @@ def parse_args(argv):
 @contextlib.contextmanager
 def counting_tokens(session: Session):
     """Count the tokens every `Generator.generate` returns while profiling (for per-token figures)."""
-    original = Generator.generate
 
-    def generate(self, *a, **k):
-        out = original(self, *a, **k)
-        session.tokens += len(out)
-        return out
+    def add(n: int) -> None:
+        session.tokens += n
 
-    Generator.generate = generate
-    try:
+    with running.on_tokens(add):
         yield
-    finally:
-        Generator.generate = original
 
 
 def _run_target(target: list[str]) -> int:
     if target[0] in COMMANDS:
         return COMMANDS[target[0]](target[1:])
-    saved = sys.argv
-    sys.argv = list(target)
-    try:
-        runpy.run_path(target[0], run_name="__main__")
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = saved
-    return 0
+    return running.run_script(target)
 
 
 def main(argv=None) -> int:

@@ -49,6 +49,7 @@ def _compiler(kind: str, freeze: bool):
         metrics.current().graphs += 1
         if _is_symbolic(example_inputs):
             return make_boxed_func(_PerShape(gm, kind, freeze))
+        metrics.note_graph(kind, example_inputs)
         if freeze:
             return make_boxed_func(_FrozenParams(gm, kind))
         return make_boxed_func(build(gm, kind, {}))
@@ -148,6 +149,7 @@ class _PerShape:
                     for a in args)
         fn = self.compiled.get(key)
         if fn is None:
+            metrics.note_graph(self.kind, args)
             static = _in_clean_thread(lambda: _specialize(self.gm, args))
             if self.freeze:
                 fn = _FrozenParams(static, self.kind)

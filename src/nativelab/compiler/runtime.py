@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..device import memory, queue, tracking
+from ..device import memory, observe, queue, tracking
 from ..device.ops import device_index, host_args_for_queue
 
 DEVICE = memory.DEVICE
@@ -82,6 +82,16 @@ class FallbackNodes(torch.nn.Module):
     def __init__(self, gm: torch.fx.GraphModule):
         super().__init__()
         self.gm = gm
+        # Where the user wrote these ops (Dynamo's stack trace of the node), for tools watching the device:
+        # at run time the Python stack only shows the call of the compiled function.
+        self.stack_trace = next((n.meta["stack_trace"] for n in gm.graph.nodes
+                                 if n.op == "call_function" and n.meta.get("stack_trace")), None)
 
     def forward(self, *args):
-        return self.gm(*args)
+        if observe.dispatch is None:
+            return self.gm(*args)
+        observe.compiled_source = self.stack_trace
+        try:
+            return self.gm(*args)
+        finally:
+            observe.compiled_source = None

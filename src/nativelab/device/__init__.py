@@ -15,7 +15,9 @@ import types
 
 import torch
 
-from . import _private, autocast, config, conversion, guard, int32_targets, memory, module, ops, queue, runtime_ops
+from . import (
+    _private, autocast, config, conversion, guard, int32_targets, memory, module, ops, queue, runtime_ops, tracking,
+)
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
 __all__ = [
@@ -56,6 +58,7 @@ def register() -> bool:
     queue.sync_mode = cfg.sync
     runtime_ops.quiet = cfg.quiet
     ops.dtype_policy = cfg.dtype_policy
+    tracking.strict = cfg.strict
 
     _private.register_python_backend("neuron", _device_module(cfg), guard.Hooks(), guard.Guard())
     conversion.install()  # after the generated Module.neuron() exists

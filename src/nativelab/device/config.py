@@ -53,6 +53,7 @@ class Config:
     sync: bool  # NATIVELAB_SYNC=1: every op completes before returning (like CUDA_LAUNCH_BLOCKING)
     dtype_policy: bool  # the real device's int64->int32 / float64->float32 casting
     quiet: bool  # no "emulated on the host CPU" notice
+    strict: bool = False  # NATIVELAB_STRICT=1: a CPU fallback raises at the line that caused it
 
 
 PHYSICAL_CORES = 8  # trn2.3xlarge: one Trainium2 chip, 8 physical NeuronCores, 96 GB of HBM
@@ -82,4 +83,5 @@ def load() -> Config:
         sync=_flag_env("NATIVELAB_SYNC", False),
         dtype_policy=_flag_env("NATIVELAB_DTYPE_POLICY", True),
         quiet=_flag_env("NATIVELAB_QUIET", False),
+        strict=_flag_env("NATIVELAB_STRICT", False),
     )

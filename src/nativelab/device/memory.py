@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _private, config as _config
+from . import _private, config as _config, observe
 
 DEVICE = _config.DEVICE_NAME
 
@@ -83,6 +83,8 @@ def adopt(host: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
     block = _Block(host, index, nbytes)
     st = _private.device_storage(host.data_ptr(), _devices[index], nbytes)
     st._nl_block = block
+    if observe.alloc is not None:
+        observe.alloc(block)
     return st
 
 
@@ -179,7 +181,9 @@ def from_host(result: torch.Tensor, index: int) -> torch.Tensor:
     nbytes = host.nbytes()
     _reserve(index, nbytes)  # raises OutOfMemoryError; `result` is then freed by the caller's unwinding
     st = _device_storage(host.data_ptr(), _devices[index], nbytes)
-    st._nl_block = _Block(host, index, nbytes)
+    st._nl_block = block = _Block(host, index, nbytes)
+    if observe.alloc is not None:
+        observe.alloc(block)
     inference = _inference_mode()
     tpl = _templates.get((index, result.dtype, inference))
     if tpl is None:

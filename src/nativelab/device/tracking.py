@@ -9,6 +9,11 @@ fallback: collections.Counter = collections.Counter()  # op name -> calls that f
 graphs: collections.Counter = collections.Counter()  # compiled graph name -> launches
 _fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
 _warned: set[str] = set()
+strict = False  # NATIVELAB_STRICT=1: a CPU fallback is an error, raised at the call that caused it
+
+
+class FallbackError(RuntimeError):
+    """NATIVELAB_STRICT=1 and an op would fall back to the CPU."""
 
 
 def get_fallback_ops() -> list[str]:
@@ -35,6 +40,12 @@ def clear_op_tracking() -> None:
 
 def record_fallback(name: str) -> bool:
     """Count a fallback; True the first time this op falls back in the process (time to warn)."""
+    if strict:
+        raise FallbackError(
+            f"NATIVELAB_STRICT=1: operator '{name}' would fall back to the CPU (on Trainium: a device -> host "
+            f"round trip). Replace it with ops the device runs (`nativelab check` names a fix), or unset "
+            f"NATIVELAB_STRICT."
+        )
     fallback[name] += 1
     _fallback_order.setdefault(name, None)
     if name in _warned:

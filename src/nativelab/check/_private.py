@@ -1,0 +1,12 @@
+"""PyTorch private APIs the checker reads, each in one place (canaries in tests/test_private_apis.py)."""
+
+from __future__ import annotations
+
+
+def dynamo_compilation_metrics() -> list:
+    """Dynamo's record of its recent frame compilations (`CompilationMetrics`: compile_id, co_name, co_filename,
+    co_firstlineno, recompile_reason, restart_reasons, entire_frame_compile_time_s), oldest first; a bounded
+    deque (64), so the checker reads it at every compile start."""
+    from torch._dynamo import utils
+
+    return list(utils._compilation_metrics)

@@ -1,0 +1,85 @@
+"""`with nativelab.check.Check() as c: ...; c.report()`: check any code on the emulated device."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+from ..device import is_registered
+from ..profile.running import on_tokens
+from . import collect
+from .estimate import estimate
+from .hardware import Trainium2
+from .report import Report
+from .watch import Watch
+
+_active: list = []
+
+
+class Check:
+    """Watches the device while active; `report()` gives the findings and the Trainium2 estimate.
+
+    steps: optimizer steps count as steps by themselves; `nativelab.check.step()` marks them by hand (and then
+    only marked steps count); `tokens=True` counts the tokens every Llama `Generator.generate` returns.
+    """
+
+    def __init__(self, name: str = "check", hardware: Trainium2 | None = None, tokens: bool = False):
+        self.name = name
+        self.hardware = hardware or Trainium2()
+        self.tokens = tokens
+        self.watch: Watch | None = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "Check":
+        if not is_registered():
+            raise RuntimeError("nativelab check watches nativelab's emulated device, which is not registered here "
+                               "(the real torch_neuronx serves 'neuron': use its own tools on the chip)")
+        if _active:
+            raise RuntimeError("nativelab check: a check is already active (checks do not nest)")
+        self.watch = Watch(self.name)
+        # The device's one-time "fell back to CPU" warnings would point into the check's hook; the report names
+        # every fallback with its line instead.
+        self._stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=r"Operator '.*' fell back to CPU")
+        self._stack.enter_context(self.watch)
+        if self.tokens:
+            self._stack.enter_context(_counting_tokens(self.watch))
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._stack.close()
+        finally:
+            _active.remove(self)
+
+    def step(self) -> None:
+        self.watch.step("marked")
+
+    def report(self, reference: dict | None = None) -> Report:
+        w = self.watch
+        if w is None:
+            raise RuntimeError("Check.report(): the check has not run (use it as `with Check() as c:`)")
+        hw = self.hardware
+        per = w.steps or None
+        return Report(
+            name=self.name, findings=collect.all_findings(w, hw), estimate=estimate(w, hw, per), steps=w.steps,
+            step_kind=w.step_kind, wall_seconds=w.wall_seconds, compile_seconds=w.compile_seconds(),
+            fallback_ops=w.fallback_ops(), reference=reference, memory=collect.memory_summary(w, hw),
+        )
+
+
+def step() -> None:
+    """Mark one step of your program (a training or decode step) for per-step counts; a no-op outside a check."""
+    if _active:
+        _active[-1].step()
+
+
+def _counting_tokens(watch: Watch):
+    """Each token every Llama `Generator.generate` returns is a step (tokens per second on Trainium2)."""
+
+    def add(n: int) -> None:
+        for _ in range(n):
+            watch.step("token")
+
+    return on_tokens(add)

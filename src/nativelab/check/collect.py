@@ -1,0 +1,239 @@
+"""From what a check watched to findings: one function per concern, each returning Finding objects."""
+
+from __future__ import annotations
+
+import re
+
+from . import findings as F
+from .hardware import Trainium2
+from .source import Site, _is_internal_path
+from .watch import FP32_EXACT, INT32_MAX, Watch
+
+GiB = 1 << 30
+MEMORY_WARN = 0.8  # a peak above this share of a core's usable memory is a finding
+
+
+def _per(watch: Watch, n: int) -> float | None:
+    return n / watch.steps if watch.steps else None
+
+
+def _site(site: Site | None) -> tuple[str | None, int | None, str]:
+    return (str(site), site.line, site.code()) if site is not None else (None, None, "")
+
+
+def fallbacks(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    out = []
+    for (op, site), ev in watch.fallback_sites.items():
+        s, line, code = _site(site)
+        moved = ev.to_host + ev.to_device
+        cost = ev.count * hw.host_round_trip_s + moved / hw.host_link_bytes_per_s
+        out.append(F.Finding(
+            "fallback", "error" if (watch.steps and ev.count >= watch.steps) else "warning",
+            f"{op} falls back to the CPU", s, line, ev.count, F.fallback_fix(op), _per(watch, ev.count), cost, code,
+            {"op": op, "bytes_to_host": ev.to_host, "bytes_to_device": ev.to_device,
+             "emulator_seconds": ev.seconds,
+             "emulator_share": ev.seconds / watch.wall_seconds if watch.wall_seconds else None}))
+    return out
+
+
+_SYNC_TITLES = {"item": ".item() reads a device value on the host", "print": "printing a device tensor",
+                "tolist": ".tolist() copies a device tensor to the host", "copy": "a device -> host copy",
+                "branch": "a Python branch on a device value"}
+
+
+def syncs(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    out = []
+    for (kind, site), ev in watch.sync_sites.items():
+        s, line, code = _site(site)
+        if kind.startswith("shape:"):
+            op = kind.split(":", 1)[1]
+            title, fix, key = f"{op} has a data-dependent output shape (the host waits for the device)", \
+                F.SYNC_FIXES["shape"], "shape"
+        else:
+            title, fix, key = _SYNC_TITLES.get(kind, kind), F.SYNC_FIXES.get(kind, F.SYNC_FIXES["copy"]), kind
+        cost = ev.count * hw.host_round_trip_s + ev.to_host / hw.host_link_bytes_per_s
+        out.append(F.Finding("sync", "warning", title, s, line, ev.count, fix, _per(watch, ev.count), cost, code,
+                             {"sync": key, "bytes_to_host": ev.to_host}))
+    return out
+
+
+def dtypes(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    out = []
+    for (op, site), ev in watch.cast_sites.items():
+        s, line, code = _site(site)
+        over = ev.max_value > INT32_MAX
+        out.append(F.Finding(
+            "int64-overflow" if over else "int64-cast", "error" if over else "info",
+            f"{op}: int64 input cast to int32, largest |value| {ev.max_value:,} "
+            f"{'>' if over else '<='} 2^31-1", s, line, ev.count, F.INT64_FIX, _per(watch, ev.count), 0.0, code,
+            {"op": op, "max_abs": ev.max_value, "limit": INT32_MAX}))
+    for (op, site), ev in watch.int_fp32_sites.items():
+        s, line, code = _site(site)
+        over = ev.max_value > FP32_EXACT
+        out.append(F.Finding(
+            "int-fp32", "error" if over else "info",
+            f"{op} on {'/'.join(sorted(ev.dtypes))}: computed in fp32 on the device, largest |value| "
+            f"{ev.max_value:,} {'>' if over else '<='} 2^24", s, line, ev.count, F.INT_FP32_FIX,
+            _per(watch, ev.count), 0.0, code, {"op": op, "max_abs": ev.max_value, "limit": FP32_EXACT}))
+    for (op, site), ev in watch.wide_sites.items():
+        s, line, code = _site(site)
+        out.append(F.Finding("float64", "warning", f"{op} on {'/'.join(sorted(ev.dtypes))}: computed as float32 "
+                             f"(complex is not supported)", s, line, ev.count, F.FLOAT64_FIX, _per(watch, ev.count),
+                             0.0, code, {"op": op, "dtypes": sorted(ev.dtypes)}))
+    return out
+
+
+_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+)_at_(\d+)")
+
+
+def compilation(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    out = []
+    metrics = [m for m in watch.dynamo_metrics.values() if m.co_filename and not _is_internal_path(m.co_filename)]
+    # graph breaks: Dynamo resumes after a break in a function named after the break's line
+    breaks: dict = {}
+    reasons: dict = {}
+    for m in metrics:
+        for r in (m.restart_reasons or ()):
+            reasons.setdefault((m.co_filename, m.co_name), r)
+    for m in metrics:
+        hit = _RESUME.match(m.co_name or "")
+        if hit:
+            key = (m.co_filename, int(hit.group(2)), hit.group(1))
+            breaks[key] = breaks.get(key, 0) + 1
+    for (path, line, func), n in breaks.items():
+        site = Site(path, line, func)
+        reason = reasons.get((path, func), "")
+        first = reason.strip().splitlines()[0] if reason else "graph break"
+        out.append(F.Finding("graph-break", "warning", f"graph break in {func}(): {first}", str(site), line, n,
+                             F.GRAPH_BREAK_FIX, None, n * hw.launch_s, site.code(), {"reason": reason}))
+    # recompiles: a frame compiled again because a guard failed
+    for m in metrics:
+        if not m.recompile_reason or _RESUME.match(m.co_name or ""):
+            continue
+        site = Site(m.co_filename, m.co_firstlineno or 0, m.co_name or "")
+        out.append(F.Finding("recompile", "warning", f"{m.co_name}() recompiled: {m.recompile_reason.strip()}",
+                             str(site), site.line, 1, F.RECOMPILE_FIX, None, 0.0, site.code(),
+                             {"compile_id": m.compile_id, "seconds": m.entire_frame_compile_time_s}))
+    # distinct shapes per compiled call site (static graphs: each is a compile on the real device)
+    compile_s = [m.entire_frame_compile_time_s or 0.0 for m in metrics]
+    for site, seen in watch.compiled_shapes.items():
+        shapes = {sh for (kind, sh) in seen if kind != "backward"}
+        if len(shapes) < 2:
+            continue
+        s, line, code = _site(site)
+        lengths = _varying_lengths(shapes)
+        details = {"distinct_shapes": len(shapes), "shapes": [list(map(list, sh)) for sh in sorted(shapes)][:20]}
+        fix = F.BUCKET_FIX
+        if lengths:
+            buckets, waste = propose_buckets(lengths)
+            details.update(buckets=buckets, padding_waste=waste, lengths=sorted(lengths))
+            fix += f": pad to {buckets} ({waste:.0%} of the padded elements are padding)"
+        mean_s = sum(compile_s) / len(compile_s) if compile_s else None
+        details["mean_compile_seconds_here"] = mean_s
+        out.append(F.Finding("recompile", "warning", f"{len(shapes)} distinct input shapes compiled at this call "
+                             f"(one static graph each)", s, line, len(shapes), fix, None, 0.0, code, details))
+    # torch.compile options the real backend rejects or ignores
+    for call in watch.compile_calls:
+        if call["backend"] not in ("neuron",):
+            continue
+        s, line, code = _site(call["site"])
+        if call["dynamic"]:
+            out.append(F.Finding(
+                "compile-option", "warning", "torch.compile(dynamic=True): the real neuron backend rejects it", s, line,
+                1, "drop dynamic=True and pad inputs to a few fixed lengths; the Neuron backend reference: "
+                "'dynamic=True is rejected during compilation. Shapes that vary between steps run, recompiling per "
+                "new shape' (" + _cite("torch_compile") + ")", None, 0.0, code, {"option": "dynamic"}))
+        if call["mode"] not in (None, "default"):
+            out.append(F.Finding(
+                "compile-option", "warning", f"torch.compile(mode={call['mode']!r}) has no effect on the real "
+                "neuron backend", s, line, 1, "drop mode=: 'Only default applies. Other modes log a warning and fall "
+                "back to default' (" + _cite("torch_compile") + ")", None, 0.0, code, {"option": "mode"}))
+    return out
+
+
+def _cite(key: str) -> str:
+    from .hardware import CITATIONS
+
+    return CITATIONS[key]
+
+
+def _varying_lengths(shapes) -> list[int]:
+    """The lengths along the one dimension that varies between the compiled shapes (padding candidates)."""
+    shapes = list(shapes)
+    first = shapes[0]
+    if any(len(s) != len(first) or any(len(a) != len(b) for a, b in zip(s, first)) for s in shapes):
+        return []
+    varying = {(i, j) for s in shapes for i, t in enumerate(s) for j, d in enumerate(t) if d != first[i][j]}
+    dims = {j for (_, j) in varying}
+    if len(dims) != 1:
+        return []
+    i, j = min(varying)
+    return sorted({s[i][j] for s in shapes})
+
+
+def propose_buckets(lengths: list[int], max_buckets: int = 3) -> tuple[list[int], float]:
+    """Powers of two from the longest down (at most `max_buckets`, the smallest covering the shortest), and the
+    share of padding they cost when each length is padded to the next bucket (each length counted once)."""
+    top = 1 << (max(lengths) - 1).bit_length()
+    buckets = [top]
+    while len(buckets) < max_buckets and buckets[0] // 2 >= min(lengths):
+        buckets.insert(0, buckets[0] // 2)
+    padded = sum(next(b for b in buckets if b >= n) for n in lengths)
+    return buckets, (padded - sum(lengths)) / padded
+
+
+def memory_summary(watch: Watch, hw: Trainium2) -> dict:
+    """Peak per logical core against its usable capacity (HBM share minus the runtime's documented reserve), and
+    the largest tensors alive at the peak with the line that allocated them."""
+    usable = hw.core_hbm_bytes - hw.runtime_reserve_bytes
+    out = {}
+    for i, snap in sorted(watch.peak_snapshot.items()):
+        out[i] = {"peak_bytes": watch.peak.get(i, 0), "usable_bytes": usable, "capacity_bytes": hw.core_hbm_bytes,
+                  "runtime_reserve_bytes": hw.runtime_reserve_bytes,
+                  "top_tensors": [{"bytes": n, "site": str(s) if s else None, "code": s.code() if s else ""}
+                                  for n, s in snap.tensors]}
+    return out
+
+
+def memory(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    out = []
+    for i, snap in sorted(watch.peak_snapshot.items()):
+        peak = watch.peak.get(i, 0)
+        cap = hw.core_hbm_bytes - hw.runtime_reserve_bytes
+        share = peak / cap
+        top = [{"bytes": n, "site": str(s) if s else None, "code": s.code() if s else ""} for n, s in snap.tensors]
+        if share < MEMORY_WARN:
+            continue  # fits with room to spare: the report's memory line says so, no finding
+        sev = "error" if share > 1 else "warning"
+        site = snap.tensors[0][1] if snap.tensors else None
+        s, line, code = _site(site)
+        out.append(F.Finding(
+            "memory", sev, f"neuron:{i} peak {peak / GiB:.2f} GiB of {cap / GiB:.2f} GiB usable per logical core "
+            f"({share:.0%})", s, line, 1,
+            "shard across the logical cores (FSDP2), bf16 weights, activation checkpointing, smaller batches",
+            None, 0.0, code,
+            {"core": i, "peak_bytes": peak, "capacity_bytes": hw.core_hbm_bytes,
+             "runtime_reserve_bytes": hw.runtime_reserve_bytes, "usable_bytes": cap, "top_tensors": top}))
+    return out
+
+
+def collectives(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    out = []
+    for (name, site), c in getattr(watch, "collective_sites", {}).items():
+        s, line, code = _site(site)
+        t = c["calls"] * hw.collective_latency_s + c["bytes"] / hw.collective_bytes_per_s
+        out.append(F.Finding("collective", "info", f"{name}: {c['bytes'] / 2**20:.1f} MiB in {c['calls']} calls",
+                             s, line, c["calls"], "overlap with compute (FSDP prefetch), fewer larger collectives",
+                             _per(watch, c["calls"]), t, code, dict(c)))
+    return out
+
+
+ALL = (fallbacks, syncs, dtypes, compilation, memory, collectives)
+
+
+def all_findings(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    found = []
+    for fn in ALL:
+        found.extend(fn(watch, hw))
+    return F.sort(found)
+

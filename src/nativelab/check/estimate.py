@@ -1,0 +1,144 @@
+"""A first-order estimate of the checked run on Trainium2, from what the emulated device executed.
+
+    device work   per launch of an eager op or a compiled graph: launch_s
+                  per kernel (one op of a compiled graph, or one library-kernel call): kernel_s
+                  + max(bytes / HBM bandwidth, FLOPs / TensorEngine peak) of each unit of work
+    CPU fallback  host_round_trip_s + its bytes over the host link, each call
+    host sync     host_round_trip_s + its bytes over the host link (the host waits for the device)
+    collective    collective_latency_s + bytes / collective_bytes_per_s
+
+Bandwidth and FLOPs are one logical core's share of the chip (2 of 8 physical cores at LNC=2). Compile time
+is reported apart (it is paid once per shape). Figures and parameters: `hardware.Trainium2`.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .hardware import Trainium2
+
+_MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",
+            "aten::mv", "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention"}
+_graph_cache: dict = {}
+
+
+def _shape(n) -> tuple | None:
+    if not isinstance(n, torch.fx.Node):
+        return None
+    v = n.meta.get("val", n.meta.get("tensor_meta"))
+    return tuple(v.shape) if v is not None and hasattr(v, "shape") else None
+
+
+def _node_flops(n) -> int:
+    name = n.target._schema.name if isinstance(n.target, torch._ops.OpOverload) else ""
+    if name not in _MATMULS:
+        return 0
+    out = _shape(n)
+    if out is None:
+        return 0
+    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::mv", "aten::addmv"):
+        a = _shape(n.args[1] if name in ("aten::addmm", "aten::baddbmm", "aten::addmv") else n.args[0])
+        k = a[-1] if a else 0
+        numel = 1
+        for d in out:
+            numel *= d
+        return 2 * numel * k
+    if name.startswith("aten::_scaled_dot_product"):
+        q, k = _shape(n.args[0]), _shape(n.args[1])
+        if q and k:
+            return 4 * q[0] * q[1] * q[2] * k[2] * q[3]
+    return 0
+
+
+def graph_work(gm, kernel: bool) -> tuple[int, int]:
+    """(kernels, FLOPs) of one launch of a compiled graph (its compute nodes) or of a library kernel (one)."""
+    hit = _graph_cache.get(id(gm))
+    if hit is not None and hit[0] is gm:
+        return hit[1]
+    kernels, flops = 0, 0
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload) and (t.is_view or t._schema.name in _FREE):
+            continue
+        kernels += 1
+        flops += _node_flops(n) if isinstance(t, torch._ops.OpOverload) else 0
+    res = (1 if kernel else max(kernels, 1), flops)
+    _graph_cache[id(gm)] = (gm, res)
+    return res
+
+
+_FREE = {"aten::_assert_tensor_metadata", "aten::sym_size", "aten::sym_stride", "aten::_assert_scalar",
+         "aten::detach", "aten::alias"}
+
+
+def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict:
+    """Seconds on one Trainium2 logical core for the work the check saw, by part; `per` divides into per-step
+    (or per-token) figures."""
+    hw = hw or Trainium2()
+    bw, peak = hw.core_bytes_per_s, hw.core_flops
+    launches = kernels = 0
+    roof = mem_s = flop_s = 0.0
+    by_name: dict[str, float] = {}
+    for name, st in watch.ops.items():
+        if st.kind not in ("op", "graph", "kernel"):
+            continue
+        src, is_kernel = watch.sources.get(name, (None, False))
+        if src is not None:
+            k, f = graph_work(src, is_kernel)
+        else:
+            k, f = 1, 0
+        n_launch = 0 if st.kind == "kernel" else st.calls
+        byte_s = (st.read + st.written) / bw
+        fl_s = f * st.calls / peak
+        t = n_launch * hw.launch_s + k * st.calls * hw.kernel_s + max(byte_s, fl_s)
+        launches += n_launch
+        kernels += k * st.calls
+        mem_s += byte_s
+        flop_s += fl_s
+        roof += max(byte_s, fl_s)
+        by_name[name] = t
+    fb_calls = sum(ev.count for ev in watch.fallback_sites.values())
+    fb_bytes = sum(ev.to_host + ev.to_device for ev in watch.fallback_sites.values())
+    fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s
+    sync_calls = sum(ev.count for ev in watch.sync_sites.values())
+    sync_bytes = sum(ev.to_host for ev in watch.sync_sites.values())
+    sync_s = sync_calls * hw.host_round_trip_s + sync_bytes / hw.host_link_bytes_per_s
+    coll = getattr(watch, "collectives", {})
+    coll_s = sum(c["calls"] * hw.collective_latency_s + c["bytes"] / hw.collective_bytes_per_s for c in coll.values())
+    parts = {
+        "launch": launches * hw.launch_s,
+        "kernels": kernels * hw.kernel_s,
+        "device roofline": roof,
+        "CPU fallbacks": fallback_s,
+        "host syncs": sync_s,
+        "collectives": coll_s,
+    }
+    total = sum(parts.values())
+    d = max(per or 1, 1)
+    return {
+        "seconds": total,
+        "per": per,
+        "seconds_per": total / d,
+        "parts": parts,
+        "parts_per": {k: v / d for k, v in parts.items()},
+        "counts": {"launches": launches, "kernels": kernels, "fallback_calls": fb_calls, "sync_calls": sync_calls,
+                   "device_bytes": sum(st.read + st.written for st in watch.ops.values()
+                                       if st.kind in ("op", "graph", "kernel")),
+                   "flops_seconds": flop_s, "bytes_seconds": mem_s},
+        "by_work": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:10]),
+        "hardware": hw.as_dict(),
+    }
+
+
+def fit_kernel_s(watch, measured_seconds_per: float, per: int, hw: Trainium2 | None = None) -> float:
+    """The one fitted constant: the per-kernel cost that makes this run's estimate equal a measured time."""
+    hw0 = (hw or Trainium2()).with_params({"kernel_s": 0.0})
+    est = estimate(watch, hw0, per)
+    kernels_per = est["counts"]["kernels"] / max(per, 1)
+    if kernels_per <= 0:
+        raise ValueError("no kernels to fit a per-kernel cost to")
+    return max(measured_seconds_per - est["seconds_per"], 0.0) / kernels_per

@@ -1,0 +1,99 @@
+"""Trainium2 figures for the first-order estimate, each with where AWS publishes it, and the unknown ones as
+named parameters with stated defaults (override them: `Trainium2(launch_s=...)`, `--param launch_s=...`).
+
+Published (AWS Neuron documentation):
+- Trainium2 chip: 8 NeuronCore-v3, 96 GiB HBM in 4 stacks at 2.9 TB/s, 667 BF16 dense TFLOPS, 181 FP32 TFLOPS.
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/trainium2_arch.html (HBM, cores) and
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trainium2.html (TFLOPS)
+- NeuronCore-v3: a systolic TensorEngine of 79 BF16/FP16/TF32 TFLOPS, 28 MiB of on-chip SRAM (SBUF; PSUM 2 MiB).
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/neuron-core-v3.html
+- Logical NeuronCores (LNC=2, the trn2 default and the guide's setting): 2 physical cores per logical core, so
+  the guide's 4 `neuron:i` each get 2/8 of the chip's HBM bandwidth, FLOPS and memory.
+- Runtime memory: "a micro-code overhead of 96MB per physical Neuron Core" besides tensors (plus scratchpad,
+  DMA rings and collective buffers, which depend on the program and are not counted here).
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/device-memory.html
+
+Not published (named parameters, defaults stated and used unless overridden):
+- launch_s: one launch of a compiled graph / eager op by the runtime, host side included.
+- kernel_s: the fixed cost of one kernel (one HBM round trip of an op's inputs and outputs) inside a graph;
+  the one constant fitted to the guide's measured Lab 2 base tier (see `calibration`).
+- host_round_trip_s: one device -> host -> device round trip of a CPU fallback (a drain, a DMA each way over
+  PCIe, the host kernel), besides the bytes.
+- host_link_bytes_per_s: host <-> device bandwidth (PCIe Gen5 x16 class).
+- collective_bytes_per_s / collective_latency_s: a collective between the logical cores of one chip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GiB = 1 << 30
+
+CITATIONS = {
+    "trainium2": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/trainium2_arch.html",
+    "trainium2_tflops": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/"
+                        "trainium2.html",
+    "neuroncore_v3": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/"
+                     "neuron-core-v3.html",
+    "device_memory": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/device-memory.html",
+    "torch_compile": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/compile/reference-torch-compile.html",
+}
+
+
+@dataclasses.dataclass
+class Trainium2:
+    # published, per chip
+    hbm_bytes: int = 96 * GiB
+    hbm_bytes_per_s: float = 2.9e12
+    bf16_flops: float = 667e12
+    fp32_flops: float = 181e12
+    physical_cores: int = 8
+    sbuf_bytes: int = 28 << 20  # per physical core
+    microcode_bytes_per_physical_core: int = 96 * 10**6
+    lnc: int = 2  # physical cores per logical core (NEURON_RT_VIRTUAL_CORE_SIZE)
+    # not published: named parameters with stated defaults
+    launch_s: float = 50e-6
+    kernel_s: float = 2.0e-6  # fitted on the guide's base tier (calibration.py); this is the fitted value
+    host_round_trip_s: float = 100e-6
+    host_link_bytes_per_s: float = 32e9
+    collective_bytes_per_s: float = 100e9
+    collective_latency_s: float = 20e-6
+
+    # per logical core (what one `neuron:i` gets)
+    @property
+    def core_bytes_per_s(self) -> float:
+        return self.hbm_bytes_per_s * self.lnc / self.physical_cores
+
+    @property
+    def core_flops(self) -> float:
+        return self.bf16_flops * self.lnc / self.physical_cores
+
+    @property
+    def core_fp32_flops(self) -> float:
+        return self.fp32_flops * self.lnc / self.physical_cores
+
+    @property
+    def core_hbm_bytes(self) -> int:
+        return self.hbm_bytes * self.lnc // self.physical_cores
+
+    @property
+    def runtime_reserve_bytes(self) -> int:
+        """The documented part of what the runtime keeps per logical core: its cores' micro-code."""
+        return self.microcode_bytes_per_physical_core * self.lnc
+
+    UNPUBLISHED = ("launch_s", "kernel_s", "host_round_trip_s", "host_link_bytes_per_s", "collective_bytes_per_s",
+                   "collective_latency_s")
+
+    def with_params(self, params: dict) -> "Trainium2":
+        unknown = set(params) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown Trainium2 parameter(s) {sorted(unknown)}; known: "
+                             f"{[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **params)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["per_logical_core"] = {"hbm_bytes_per_s": self.core_bytes_per_s, "bf16_flops": self.core_flops,
+                                 "hbm_bytes": self.core_hbm_bytes, "runtime_reserve_bytes": self.runtime_reserve_bytes}
+        d["unpublished"] = list(self.UNPUBLISHED)
+        return d

@@ -1,0 +1,99 @@
+"""Which line of the user's code caused something: the innermost frame outside PyTorch and nativelab's
+machinery (device, compiler, kernels, distributed, profile, check) and the standard library.
+
+nativelab's models, fine-tuning and apps count as user code: they are what a user writes (the Lab 2 fallbacks
+are reported at their lines in the model code). Inside a compiled graph the Python stack only shows the call
+of the compiled function, so the graph compiler hands over the stack trace Dynamo recorded for the node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import os
+import re
+import sys
+import sysconfig
+
+import torch
+
+from ..device import observe
+
+_NATIVELAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_INTERNAL_DIRS = tuple(
+    os.path.join(d, "") for d in (
+        os.path.dirname(os.path.abspath(torch.__file__)),
+        *(os.path.join(_NATIVELAB, p) for p in ("device", "compiler", "kernels", "distributed", "profile", "check")),
+        sysconfig.get_paths()["stdlib"],
+    )
+)
+_internal: dict = {}  # code object -> bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    file: str
+    line: int
+    func: str = ""
+
+    def __str__(self) -> str:
+        return f"{short_path(self.file)}:{self.line}"
+
+    def code(self) -> str:
+        return linecache.getline(self.file, self.line).strip()
+
+
+def _is_internal(code) -> bool:
+    hit = _internal.get(code)
+    if hit is None:
+        f = code.co_filename
+        hit = _internal[code] = f.startswith(_INTERNAL_DIRS) or f.startswith("<") or f.endswith("nativelab/__init__.py")
+    return hit
+
+
+def _is_internal_path(path: str) -> bool:
+    return path.startswith(_INTERNAL_DIRS) or path.startswith("<")
+
+
+def user_site(depth: int = 2) -> Site | None:
+    """The innermost user frame of the current stack (or of the compiled graph node running now)."""
+    compiled = observe.compiled_source
+    if compiled:
+        site = parse_stack_trace(compiled)
+        if site is not None:
+            return site
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    while f is not None:
+        if not _is_internal(f.f_code):
+            return Site(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def parse_stack_trace(text: str) -> Site | None:
+    """The innermost user frame of a Dynamo stack trace (the last 'File ..., line N, in f' that is not internal)."""
+    found = None
+    for m in _FRAME.finditer(text):
+        path = m.group(1)
+        if not _is_internal_path(path):
+            found = Site(path, int(m.group(2)), m.group(3))
+    return found
+
+
+def short_path(path: str) -> str:
+    """Relative to the working directory when below it; nativelab's own files from the package root."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        rel = path
+    if not rel.startswith(".."):
+        return rel
+    if path.startswith(_NATIVELAB):
+        return "nativelab/" + os.path.relpath(path, _NATIVELAB)
+    return path

@@ -1,0 +1,321 @@
+"""The device observer of a check: everything a profiling session records (bytes, time, fallbacks, transfers,
+compiles), plus the user's source line of each event, the values of int64 casts and integer fp32 arithmetic,
+peak memory with the tensors alive at the peak, compiled shapes and torch.compile options.
+
+It hooks the device at three named points (`nativelab.device.observe`: each op at dispatch, each allocation,
+the source line of a compiled fallback node), the graph compiler at one (`compiler.metrics.graph_observer`),
+the optimizer's global step hook (steps) and `torch.compile` (options), all removed when the check ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+import weakref
+
+import torch
+from torch.optim import optimizer as _optimizer
+
+from ..compiler import metrics as _compile_metrics
+from ..device import memory as _memory
+from ..device import observe as _observe
+from ..device import ops as _ops
+from ..device import queue as _queue
+from ..profile.session import Session
+from . import _private
+from .source import Site, user_site
+
+INT32_MAX = 2**31 - 1
+FP32_EXACT = 2**24
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_WIDE = (torch.float64, torch.complex64, torch.complex128)
+# Integer ops the device computes in fp32 (the TensorEngine / vector engine have no integer accumulate).
+INT_FP32_OPS = frozenset({
+    "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::matmul",
+    "aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_", "aten::scatter_reduce",
+    "aten::scatter_reduce_", "aten::index_put_", "aten::_index_put_impl_",
+})
+_SHAPE_OPS = frozenset({"aten::nonzero", "aten::masked_select", "aten::index", "aten::_unique2", "aten::unique_dim",
+                        "aten::unique_consecutive", "aten::repeat_interleave", "aten::bincount"})
+
+
+_PRIORITY = {"token": 0, "optimizer": 1, "marked": 2}
+
+
+@dataclasses.dataclass
+class Event:
+    """Occurrences of one thing at one source line."""
+
+    count: int = 0
+    seconds: float = 0.0  # emulator time
+    to_host: int = 0
+    to_device: int = 0
+    max_value: int = 0  # int64 casts / integer fp32 results: the largest |value| seen
+    dtypes: set = dataclasses.field(default_factory=set)
+    code: str = ""
+
+
+@dataclasses.dataclass
+class Snapshot:
+    allocated: int
+    tensors: list  # (nbytes, site) of the largest live allocations
+
+
+class Watch(Session):
+    def __init__(self, name: str = "check", alloc_threshold: int = 1 << 20, top_tensors: int = 8):
+        super().__init__(name, timeline=False)
+        self.alloc_threshold = alloc_threshold
+        self.top_tensors = top_tensors
+        self.steps = 0
+        self.step_kind = None  # "optimizer", "marked", "token"
+        self.fallback_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        self.sync_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        self.cast_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        self.int_fp32_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        self.wide_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        self.compiled_shapes: dict[Site | None, dict] = collections.defaultdict(dict)  # site -> {shapes: seconds}
+        self.compile_calls: list[dict] = []  # torch.compile(...) calls: site, backend, dynamic, mode, options
+        self.dynamo_metrics: dict[str, object] = {}  # compile id -> CompilationMetrics
+        self.blocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.peak: dict[int, int] = {}
+        self.peak_snapshot: dict[int, Snapshot] = {}
+        self.base_allocated: dict[int, int] = {}
+        self.capacity: dict[int, int] = {}
+        self._last_snapshot: dict[int, int] = {}
+        self._compile_wrapper = None
+        self._real_compile = None
+        self._step_hook = None
+        self._op_info: dict = {}  # op overload -> (name, runs on the device, out= names, integer-fp32 op)
+        self.sources: dict[str, tuple] = {}  # queue entry name -> (FX graph it runs or None, is a kernel)
+        self.start_wall = 0.0
+
+    # -- lifetime ------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Watch":
+        self.start_wall = time.time()
+        super().__enter__()
+        for i in range(torch.neuron.device_count()):
+            s = _memory.stats(i)
+            self.base_allocated[i] = self.peak[i] = self._last_snapshot[i] = s.allocated
+            self.capacity[i] = s.capacity
+        _observe.dispatch = self._dispatch
+        _observe.alloc = self._alloc
+        _compile_metrics.graph_observer = self._graph
+        self._step_hook = _optimizer.register_optimizer_step_post_hook(self._optimizer_step)
+        self._real_compile = torch.compile
+        torch.compile = self._compile_wrapper = _wrap_compile(self._real_compile, self.compile_calls)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _observe.dispatch = None
+            _observe.alloc = None
+            _observe.compiled_source = None
+            _compile_metrics.graph_observer = None
+            self._step_hook.remove()
+            if torch.compile is self._compile_wrapper:
+                torch.compile = self._real_compile
+            self._read_dynamo()
+
+    def step(self, kind: str = "marked") -> None:
+        """One step of the user's program: marked steps win over optimizer steps, which win over tokens."""
+        cur = self.step_kind
+        if cur is not None and _PRIORITY[kind] < _PRIORITY[cur]:
+            return
+        if cur != kind:
+            self.step_kind, self.steps = kind, 0
+        self.steps += 1
+
+    def _optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.step("optimizer")
+
+    # -- what the profiling session sees, with the user's line ----------------------------------------------
+
+    def host_op(self, name, fallback, fn, fargs, dev_args):
+        site = user_site()
+        st0 = self.ops.get(name)
+        before = (st0.seconds, st0.to_host, st0.to_device, st0.read, st0.written) if st0 else (0.0, 0, 0, 0, 0)
+        res = super().host_op(name, fallback, fn, fargs, dev_args)
+        st = self.ops[name]
+        if fallback:
+            ev = self.fallback_sites[(name, site)]
+            ev.to_host += st.to_host - before[1]
+            ev.to_device += st.to_device - before[2]
+        else:  # a device op whose output shape depends on values: the host waits for it
+            ev = self.sync_sites[("shape:" + name, site)]
+            ev.to_host += st.read - before[3]
+        ev.count += 1
+        ev.seconds += st.seconds - before[0]
+        return res
+
+    def transfer(self, kind, nbytes, seconds):
+        super().transfer(kind, nbytes, seconds)
+        if kind != "device_to_host":
+            return
+        site = user_site()
+        ev = self.sync_sites[(_sync_kind(site), site)]
+        ev.count += 1
+        ev.seconds += seconds
+        ev.to_host += nbytes
+
+    # -- device hooks ---------------------------------------------------------------------------------------
+
+    def _dispatch(self, op, args, kwargs, run):
+        info = self._op_info.get(op)
+        if info is None:
+            rec = _ops.record_for(op)
+            # Written arguments (in place, out=) are not cast by the device's policy, only read inputs are.
+            outs = {rec.kwnames[i - rec.npos] for i in rec.mutable if i >= rec.npos}
+            written = frozenset(i for i in rec.mutable if i < rec.npos)
+            info = self._op_info[op] = (rec.name, rec.route == "native", outs, written,
+                                        op._schema.name in INT_FP32_OPS)
+        name, native, outs, written, int_fp32 = info
+        for i, a in enumerate(args):
+            if i not in written and _is_wide(a):
+                self._inputs(name, native, [a for j, a in enumerate(args) if j not in written], kwargs, outs)
+                break
+        else:
+            for k, a in kwargs.items():
+                if k not in outs and _is_wide(a):
+                    self._inputs(name, native, args, kwargs, outs)
+                    break
+        res = run()
+        if int_fp32:
+            self._int_fp32(name, op, args, res)
+        return res
+
+    def _inputs(self, name, native, args, kwargs, outs) -> None:
+        site = user_site()
+        if native:  # Python ints and 0-d int64 tensors combined with cast inputs compute in int32 too
+            scalars = [abs(a) for a in args if type(a) is int]
+            scalars += [abs(int(a.item())) for a in args if isinstance(a, torch.Tensor) and a.dim() == 0
+                        and a.dtype is torch.int64 and a.device.type == "cpu"]
+            if scalars:
+                ev = self.cast_sites[(name, site)]
+                ev.max_value = max(ev.max_value, *scalars)
+        counted = None
+        for t in _tensors((*args, *(v for k, v in kwargs.items() if k not in outs))):
+            if t.device.type != _ops.DEVICE:
+                continue
+            if t.dtype is torch.int64 and t.dim() != 0:
+                if not native:  # a CPU fallback computes in int64: nothing is cast
+                    continue
+                ev = self.cast_sites[(name, site)]
+                if ev is not counted:  # one per call, however many int64 inputs
+                    ev.count += 1
+                    counted = ev
+                if t.numel():
+                    _queue.drain()  # its value is needed now
+                    h = _memory.host_view(t)
+                    ev.max_value = max(ev.max_value, abs(int(h.max())), abs(int(h.min())))
+            elif t.dtype in _WIDE:
+                ev = self.wide_sites[(name, site)]
+                if ev is not counted:
+                    ev.count += 1
+                    counted = ev
+                ev.dtypes.add(str(t.dtype).replace("torch.", ""))
+
+    def _int_fp32(self, name, op, args, res) -> None:
+        out = res if isinstance(res, torch.Tensor) else (args[0] if args and isinstance(args[0], torch.Tensor) else None)
+        if out is None or out.dtype not in _INT_DTYPES or out.device.type != _ops.DEVICE or not out.numel():
+            return
+        _queue.drain()
+        h = _memory.host_view(out)
+        ev = self.int_fp32_sites[(name, user_site())]
+        ev.count += 1
+        ev.max_value = max(ev.max_value, abs(int(h.max())), abs(int(h.min())))
+        ev.dtypes.add(str(out.dtype).replace("torch.", ""))
+
+    def _alloc(self, block) -> None:
+        i = block.index
+        if block.nbytes >= self.alloc_threshold:
+            self.blocks[block] = user_site()
+        allocated = _memory.stats(i).allocated
+        if allocated > self.peak.get(i, 0):
+            self.peak[i] = allocated
+            # A snapshot of the largest live tensors at each 2% of growth: the last one is the peak's.
+            if allocated >= self._last_snapshot.get(i, 0) * 1.02 or i not in self.peak_snapshot:
+                self._last_snapshot[i] = allocated
+                live = sorted(((b.nbytes, s) for b, s in list(self.blocks.items()) if b.index == i),
+                              key=lambda x: -x[0])[: self.top_tensors]
+                self.peak_snapshot[i] = Snapshot(allocated, live)
+
+    def _graph(self, kind, shapes) -> None:
+        site = user_site()
+        seen = self.compiled_shapes[site]
+        seen[(kind, shapes)] = seen.get((kind, shapes), 0) + 1
+
+    # -- Dynamo's own record (graph breaks, recompiles, compile time per frame) ------------------------------
+
+    def _compile_start(self, args) -> None:
+        self._read_dynamo()
+        super()._compile_start(args)
+
+    def _read_dynamo(self) -> None:
+        for m in _private.dynamo_compilation_metrics():
+            if m.compile_id and m.start_time_us and m.start_time_us / 1e6 >= self.start_wall - 1.0:
+                self.dynamo_metrics[m.compile_id] = m
+
+    # -- which compiled graph / kernel each queue entry runs (for the estimate's kernel count and FLOPs) ------
+
+    def run(self, name, fn, args):
+        if name not in self.sources:
+            owner = getattr(fn, "__self__", None)
+            src = getattr(owner, "source", None) if owner is not None else getattr(fn, "source", None)
+            self.sources[name] = (src, owner is None)
+        return super().run(name, fn, args)
+
+
+def _is_wide(a) -> bool:
+    """An int64 tensor the device casts (not 0-d), or a float64 / complex one."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype in _WIDE or (a.dtype is torch.int64 and a.dim() != 0)
+    if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+        return any(t is not None and (t.dtype in _WIDE or (t.dtype is torch.int64 and t.dim() != 0)) for t in a)
+    return False
+
+
+def _tensors(items):
+    for a in items:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
+
+
+def _sync_kind(site: Site | None) -> str:
+    """What made the host wait, from the user's line (and the stack, for printing)."""
+    import sys
+
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename.endswith("_tensor_str.py") or f.f_code.co_name in ("__repr__", "__format__"):
+            return "print"
+        f = f.f_back
+    text = site.code() if site is not None else ""
+    stripped = text.lstrip()
+    if ".item()" in text:
+        return "item"
+    if ".tolist()" in text:
+        return "tolist"
+    if stripped.startswith(("if ", "elif ", "while ", "assert ")) or " if " in text:
+        return "branch"
+    if "print(" in text:
+        return "print"
+    return "copy"
+
+
+def _wrap_compile(real, calls: list):
+    def compile(model=None, **kwargs):
+        site = user_site()
+        calls.append({"site": site, "backend": kwargs.get("backend", "inductor"), "dynamic": kwargs.get("dynamic"),
+                      "mode": kwargs.get("mode"), "options": kwargs.get("options"),
+                      "fullgraph": kwargs.get("fullgraph", False)})
+        return real(model, **kwargs) if model is not None else real(**kwargs)
+
+    compile.__wrapped__ = real
+    compile.__doc__ = real.__doc__
+    return compile

@@ -1,0 +1,21 @@
+"""Named hooks for tools that watch the device op by op (`nativelab.check`).
+
+Each hook is None while nobody watches, so the device pays one module-attribute test per op. Unlike the
+queue's `observer` (which sees queued work when it runs, long after the Python line that queued it), these run
+at the moment the user's code calls into the device, so the caller's stack is the user's.
+"""
+
+from __future__ import annotations
+
+# dispatch(op, args, kwargs, run) -> result: wraps every ATen op that reaches the device's boxed kernel;
+# `run()` performs the op and returns its result. The hook may look at the arguments before and the result after.
+dispatch = None
+
+# alloc(block): every device allocation; `block.nbytes`, `block.index` (the logical core), weak-referenceable,
+# freed (its bytes returned to the core) when the storage dies.
+alloc = None
+
+# The user's source line of the compiled graph node running now ("file:line" or a Dynamo stack trace), set by
+# the graph compiler around CPU-fallback nodes while a dispatch hook is installed: inside a compiled graph the
+# Python stack only shows the call of the compiled function.
+compiled_source: str | None = None

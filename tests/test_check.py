@@ -1,0 +1,187 @@
+"""nativelab check: small scripts that each carry one known porting problem; the report must name it, at its
+line, with its count per step and its fix (the lines are found in the scripts' text, not hard-coded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import nativelab
+from nativelab.apps import check as check_cli
+from nativelab.check import Check, step
+from nativelab.check.collect import propose_buckets
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "check_scripts")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+def _script(name: str) -> str:
+    return os.path.join(SCRIPTS, name)
+
+
+def _line(name: str, text: str) -> int:
+    """The 1-based line of the first line of a script containing `text`."""
+    with open(_script(name)) as f:
+        for i, line in enumerate(f, 1):
+            if text in line:
+                return i
+    raise AssertionError(f"{text!r} not in {name}")
+
+
+def _check(tmp_path, *argv) -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    code = check_cli.main(["--quiet", "--json", str(out), *argv])
+    return code, json.loads(out.read_text())
+
+
+def _find(report, kind, line=None, **details):
+    hits = [f for f in report["findings"] if f["kind"] == kind and (line is None or f["line"] == line)
+            and all(f["details"].get(k) == v for k, v in details.items())]
+    assert hits, f"no {kind} finding at line {line} in {[(f['kind'], f['line'], f['title']) for f in report['findings']]}"
+    return hits[0]
+
+
+def test_training_step_fallbacks_and_syncs(tmp_path):
+    name = "train_fallbacks.py"
+    code, r = _check(tmp_path, _script(name))
+    assert code == 0
+    assert r["step_kind"] == "optimizer" and r["steps"] == 4
+    sort = _find(r, "fallback", _line(name, "torch.argsort"))
+    assert sort["details"]["op"].startswith("aten::sort")
+    assert sort["count"] == 4 and sort["per_step"] == 1.0
+    assert sort["details"]["bytes_to_host"] >= 32 * 4  # the 32 fp32 scores went to the host, every step
+    assert "topk" in sort["fix"]
+    mask = _find(r, "sync", _line(name, "pred[keep]"))
+    assert mask["count"] == 8 and mask["per_step"] == 2.0  # pred[keep] and y[keep]
+    assert "torch.where" in mask["fix"]
+    item = _find(r, "sync", _line(name, "{loss.item()"), sync="item")
+    assert item["count"] == 4 and item["per_step"] == 1.0
+    assert "every N steps" in item["fix"]
+    assert r["fallback_ops"] == ["aten::sort.values_stable"]
+
+
+def test_int64_and_int_fp32_overflow(tmp_path):
+    name = "int_overflow.py"
+    code, r = _check(tmp_path, "--fail-on", "int64-overflow", _script(name))
+    assert code == 1
+    add = _find(r, "int64-overflow", _line(name, "+ 2**31"))
+    assert add["severity"] == "error" and add["details"]["max_abs"] == 2**31
+    mul = _find(r, "int64-overflow", _line(name, "ids * 3"))
+    assert mul["details"]["max_abs"] == 2**31  # 2^31 wrapped to -2^31 by the cast above
+    sc = _find(r, "int-fp32", _line(name, "scatter_add_"))
+    assert sc["severity"] == "error" and sc["details"]["max_abs"] == 2 * (2**24 + 1)  # index 1 gets two values
+    # and the device computed it as the CPU does (the dtype policy's written-argument path)
+    assert not any(f["kind"] == "int64-overflow" and f["line"] == _line(name, "scatter_add_") for f in r["findings"])
+
+
+def test_clean_script_passes_every_gate(tmp_path):
+    for gate in ("fallback", "sync", "int64-overflow", "recompile", "memory", "fallback,sync,int64-overflow,recompile"):
+        code, r = _check(tmp_path, "--fail-on", gate, _script("clean.py"))
+        assert code == 0, gate
+        assert r["findings"] == []
+    assert r["memory"]["0"]["peak_bytes"] > 0
+
+
+def test_fail_on_lists_the_findings(tmp_path, capsys):
+    code, r = _check(tmp_path, "--fail-on", "fallback", _script("train_fallbacks.py"))
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"train_fallbacks.py:{_line('train_fallbacks.py', 'torch.argsort')}" in err
+    assert "fail --fail-on fallback" in err
+    code, _ = _check(tmp_path, "--fail-on", "int64-overflow", _script("train_fallbacks.py"))
+    assert code == 0  # its int64 index values fit
+
+
+def test_bad_fail_on_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        check_cli.main(["--fail-on", "fallbacks", _script("clean.py")])
+    assert "unknown ['fallbacks']" in capsys.readouterr().err
+
+
+def test_markdown_and_terminal_outputs(tmp_path, capsys):
+    md = tmp_path / "report.md"
+    assert check_cli.main(["--markdown", str(md), _script("train_fallbacks.py")]) == 0
+    text = md.read_text()
+    line = _line("train_fallbacks.py", "{loss.item()")
+    assert f"train_fallbacks.py:{line}`" in text and "| severity | finding |" in text
+    out = capsys.readouterr().out
+    assert "aten::sort.values_stable falls back to the CPU" in out and "Trainium2 first-order estimate" in out
+    assert "pred[keep]" in out  # the source line, not eaten as markup
+
+
+def test_cuda_script_under_device_from(tmp_path, capsys):
+    name = "cuda_train.py"
+    code, r = _check(tmp_path, "--device-from", "cuda", _script(name))
+    assert code == 0
+    assert "ran on neuron" in capsys.readouterr().out
+    item = _find(r, "sync", _line(name, "print(\"loss\""), sync="item")
+    assert item["count"] == 3 and item["per_step"] == 1.0
+    assert torch.cuda.is_available() == (torch.cuda.device_count() > 0)  # the mapping is undone
+
+
+def test_api_marked_steps():
+    x = torch.ones(8).to("neuron")
+    with Check("api") as c:
+        for _ in range(5):
+            y = torch.argsort(x)
+            step()
+            step.__doc__  # noqa: B018
+    r = c.report()
+    assert r.steps == 5 and r.step_kind == "marked"
+    (fb,) = [f for f in r.findings if f.kind == "fallback"]
+    assert fb.per_step == 1.0 and fb.line is not None
+    assert y.device.type == "neuron"
+
+
+def test_strict_mode_raises_at_the_line():
+    name = "strict_argsort.py"
+    env = dict(os.environ, NATIVELAB_STRICT="1", NATIVELAB_QUIET="1", PYTHONPATH=SRC)
+    p = subprocess.run([sys.executable, _script(name)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "FallbackError" in p.stderr and "aten::sort" in p.stderr
+    assert f'strict_argsort.py", line {_line(name, "torch.argsort")}' in p.stderr
+    assert "not reached" not in p.stdout
+
+
+def test_propose_buckets_waste():
+    lengths = [17, 60, 130, 250, 400, 512]
+    buckets, waste = propose_buckets(lengths)
+    assert buckets == [128, 256, 512]
+    padded = 128 + 128 + 256 + 256 + 512 + 512
+    assert waste == pytest.approx((padded - sum(lengths)) / padded)
+
+
+@pytest.mark.slow
+def test_compile_dynamic_flagged_with_shapes_and_buckets(tmp_path):
+    name = "compile_dynamic.py"
+    code, r = _check(tmp_path, "--fail-on", "recompile", _script(name))
+    assert code == 1
+    opt = _find(r, "compile-option", _line(name, "torch.compile("), option="dynamic")
+    assert "rejected" in opt["fix"] and "awsdocs-neuron" in opt["fix"]
+    shapes = _find(r, "recompile", _line(name, "return torch.tanh"))  # per compiled function
+    assert shapes["details"]["distinct_shapes"] == 6
+    assert shapes["details"]["buckets"] == [128, 256, 512]
+    assert shapes["details"]["padding_waste"] == pytest.approx(propose_buckets([17, 60, 130, 250, 400, 512])[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tier", ["base", "core"])
+def test_lab2_tiers(tmp_path, tier):
+    code, r = _check(tmp_path, "--", "run", "--model", tier, "--size", "tiny", "--compile", "--greedy",
+                     "--tokens", "4", "--warmup", "1")
+    assert code == 0 and r["step_kind"] == "token"
+    fallbacks = [f for f in r["findings"] if f["kind"] == "fallback"]
+    if tier == "base":
+        generate = os.path.join(os.path.dirname(nativelab.__file__), "models", "llama", "generate.py")
+        with open(generate) as f:
+            line = next(i for i, s in enumerate(f, 1) if "logits.argmax(-1)" in s)
+        (fb,) = fallbacks
+        assert fb["details"]["op"] == "aten::argmax.out" and fb["line"] == line and fb["per_step"] == 1.0
+    else:
+        assert fallbacks == []
+    assert r["estimate"]["rate_per_s"] > 0
