@@ -161,9 +161,9 @@ def test_compile_dynamic_flagged_with_shapes_and_buckets(tmp_path):
     name = "compile_dynamic.py"
     code, r = _check(tmp_path, "--fail-on", "recompile", _script(name))
     assert code == 1
-    opt = _find(r, "compile-option", _line(name, "torch.compile("), option="dynamic")
+    opt = _find(r, "compile-option", _line(name, "compiled = torch.compile("), option="dynamic")
     assert "rejected" in opt["fix"] and "awsdocs-neuron" in opt["fix"]
-    shapes = _find(r, "recompile", _line(name, "return torch.tanh"))  # per compiled function
+    shapes = _find(r, "recompile", _line(name, "def score"))  # per compiled function
     assert shapes["details"]["distinct_shapes"] == 6
     assert shapes["details"]["buckets"] == [128, 256, 512]
     assert shapes["details"]["padding_waste"] == pytest.approx(propose_buckets([17, 60, 130, 250, 400, 512])[1])

@@ -130,7 +130,7 @@ def compilation(watch: Watch, hw: Trainium2) -> list[F.Finding]:
             fix += f": pad to {buckets} ({waste:.0%} of the padded elements are padding)"
         mean_s = sum(compile_s) / len(compile_s) if compile_s else None
         details["mean_compile_seconds_here"] = mean_s
-        out.append(F.Finding("recompile", "warning", f"{len(shapes)} distinct input shapes compiled at this call "
+        out.append(F.Finding("recompile", "warning", f"{len(shapes)} distinct input shapes compiled for this function "
                              f"(one static graph each)", s, line, len(shapes), fix, None, 0.0, code, details))
     # torch.compile options the real backend rejects or ignores
     for call in watch.compile_calls:
