@@ -101,6 +101,14 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         flop_s += fl_s
         roof += max(byte_s, fl_s)
         by_name[name] = t
+    # A library-kernel call counted one kernel in the graph (or queue entry) that ran it; it performs its traced
+    # ops, each an engine instruction sequence like an op of a compiled graph (fusion saves the HBM round trips
+    # between them, which the roofline already leaves out, and the launches).
+    for gm, calls in watch.kernel_runs.items():
+        k, f = graph_work(gm, False)
+        kernels += (k - 1) * calls
+        fl_s = f * calls / peak
+        flop_s += fl_s
     fb_calls = sum(ev.count for ev in watch.fallback_sites.values())
     fb_bytes = sum(ev.to_host + ev.to_device for ev in watch.fallback_sites.values())
     fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s
@@ -111,7 +119,7 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     coll_s = sum(c["calls"] * hw.collective_latency_s + c["bytes"] / hw.collective_bytes_per_s for c in coll.values())
     parts = {
         "launch": launches * hw.launch_s,
-        "kernels": kernels * hw.kernel_s,
+        "kernels": kernels * hw.kernel_s,  # the kernels' FLOPs are in flop_s; their bytes in the graph's
         "device roofline": roof,
         "CPU fallbacks": fallback_s,
         "host syncs": sync_s,

@@ -87,7 +87,8 @@ class Watch(Session):
         self._real_compile = None
         self._step_hook = None
         self._op_info: dict = {}  # op overload -> (name, runs on the device, out= names, integer-fp32 op)
-        self.sources: dict[str, tuple] = {}  # queue entry name -> (FX graph it runs or None, is a kernel)
+        self.sources: dict[str, tuple] = {}
+        self.kernel_runs: dict = {}  # library kernel traced graph -> calls (run inside graphs or queued alone)  # queue entry name -> (FX graph it runs or None, is a kernel)
         self.start_wall = 0.0
 
     # -- lifetime ------------------------------------------------------------------------------------------
@@ -101,6 +102,7 @@ class Watch(Session):
             self.capacity[i] = s.capacity
         _observe.dispatch = self._dispatch
         _observe.alloc = self._alloc
+        _observe.kernel_run = self._kernel_run
         _compile_metrics.graph_observer = self._graph
         self._step_hook = _optimizer.register_optimizer_step_post_hook(self._optimizer_step)
         self._real_compile = torch.compile
@@ -113,6 +115,7 @@ class Watch(Session):
         finally:
             _observe.dispatch = None
             _observe.alloc = None
+            _observe.kernel_run = None
             _observe.compiled_source = None
             _compile_metrics.graph_observer = None
             self._step_hook.remove()
@@ -242,6 +245,9 @@ class Watch(Session):
                 live = sorted(((b.nbytes, s) for b, s in list(self.blocks.items()) if b.index == i),
                               key=lambda x: -x[0])[: self.top_tensors]
                 self.peak_snapshot[i] = Snapshot(allocated, live)
+
+    def _kernel_run(self, name, gm) -> None:
+        self.kernel_runs[gm] = self.kernel_runs.get(gm, 0) + 1
 
     def _graph(self, kind, shapes) -> None:
         site = user_site()

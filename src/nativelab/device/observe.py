@@ -15,6 +15,10 @@ dispatch = None
 # freed (its bytes returned to the core) when the storage dies.
 alloc = None
 
+# kernel_run(name, traced graph): each library-kernel call as it runs (inside a compiled graph too, where the
+# graph's queue entry is all the queue sees), so a tool can count the ops the kernel performs.
+kernel_run = None
+
 # The user's source line of the compiled graph node running now ("file:line" or a Dynamo stack trace), set by
 # the graph compiler around CPU-fallback nodes while a dispatch hook is installed: inside a compiled graph the
 # Python stack only shows the call of the compiled function.

@@ -31,7 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..compiler import metrics
 from ..compiler.freezing import inputs_as_constants
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
-from ..device import memory, queue, tracking
+from ..device import memory, observe, queue, tracking
 from ._private import is_fake
 
 DEVICE = memory.DEVICE
@@ -143,6 +143,8 @@ class Kernel:
                          time.perf_counter() - t0)
 
         def launch(*ts):
+            if observe.kernel_run is not None:
+                observe.kernel_run(self.name, gm)
             for t, r in zip(ts, artifact(*ts)):  # write back what the kernel wrote
                 if r.data_ptr() != t.data_ptr():
                     t.copy_(r)
