@@ -1,4 +1,5 @@
-"""The emulated `neuron` device: PyTorch's PrivateUse1 backend, implemented in Python on host memory.
+"""The emulated `neuron` device: PyTorch's PrivateUse1 backend on host memory: a small C++ runtime (csrc/:
+device guard, streams, events, generators, pinned memory, the PrivateUse1 hooks) under Python policy.
 
 `register()` is what `import torch` runs through the `torch.backends` entry point. It does nothing when
 the real Neuron stack (`torch_neuronx`) is installed: then the real device serves `neuron`. It also stands
@@ -60,7 +61,7 @@ def register() -> bool:
     ops.dtype_policy = cfg.dtype_policy
     tracking.strict = cfg.strict
 
-    _private.register_python_backend("neuron", _device_module(cfg), guard.Hooks(), guard.Guard())
+    _private.register_backend("neuron", _device_module(cfg))
     conversion.install()  # after the generated Module.neuron() exists
     _private.keep_out_of_fused_transformer_paths()
     memory.init(cfg)
@@ -94,27 +95,19 @@ def _device_module(cfg: config.Config) -> types.ModuleType:
         if not name.startswith("__"):
             setattr(mod, name, getattr(module, name))
     mod.__getattr__ = module.__getattr__  # attributes computed on access (`_initialized`)
+    mod.default_generators = tuple(guard.default_generator(i) for i in range(cfg.num_cores))
     sys.modules["torch.neuron"] = mod
     return mod
 
 
 def _accelerator_hooks() -> dict:
-    def exchange(i):
-        prev = guard.current_index()
-        if i >= 0:
-            guard.set_index(i)
-        return prev
+    """The memory queries of torch.accelerator (device, stream and event ones go through the C++ guard)."""
 
     def reset_peak(i):
         s = memory.stats(i)
         s.peak = s.allocated
 
     return {
-        "_accelerator_getDeviceIndex": guard.current_index,
-        "_accelerator_setDeviceIndex": lambda i: guard.set_index(i) if i >= 0 else None,
-        "_accelerator_exchangeDevice": exchange,
-        "_accelerator_maybeExchangeDevice": exchange,
-        "_accelerator_synchronizeDevice": lambda i: module.synchronize(i if i >= 0 else None),
         "_accelerator_isAllocatorInitialized": lambda: True,
         "_accelerator_emptyCache": lambda: None,
         "_accelerator_getDeviceStats": module.memory_stats,

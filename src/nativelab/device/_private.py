@@ -20,25 +20,13 @@ _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispa
 _alias = torch.ops.aten.alias.default._handle.redispatch_boxed
 
 
-def register_python_backend(name: str, module, hooks, guard) -> None:
-    """Rename PrivateUse1, install the device module, Python hooks and a Python device guard."""
+def register_backend(name: str, module) -> None:
+    """Rename PrivateUse1 and install the device module (the C++ runtime has registered guard and hooks)."""
     torch.utils.rename_privateuse1_backend(name)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     torch._register_device_module(name, module)
-    torch._C._acc.register_python_privateuseone_hook(hooks)
-    torch._C._acc.register_python_privateuseone_device_guard(guard)
-
-
-def hooks_base() -> type:
-    # `object` where this PyTorch lacks the class: importing nativelab must still work (its CUDA and CPU
-    # paths need no device); registering then fails, with a warning (nativelab/__init__.py).
-    return getattr(getattr(torch._C, "_acc", None), "PrivateUse1Hooks", object)
-
-
-def guard_base() -> type:
-    return getattr(getattr(torch._C, "_acc", None), "DeviceGuard", object)
 
 
 def device_storage(host_ptr: int, device: torch.device, nbytes: int) -> torch.UntypedStorage:
@@ -73,12 +61,7 @@ def set_tensor_storage(t: torch.Tensor, storage, offset: int, size, stride) -> t
     return _set_storage(_CPU_KEYS, t, storage, offset, size, stride)
 
 
-_ACCELERATOR_HOOKS = (
-    "_accelerator_getDeviceIndex",
-    "_accelerator_setDeviceIndex",
-    "_accelerator_exchangeDevice",
-    "_accelerator_maybeExchangeDevice",
-    "_accelerator_synchronizeDevice",
+_ACCELERATOR_HOOKS = (  # the memory ones: the allocator is still Python (device and streams: the C++ guard)
     "_accelerator_isAllocatorInitialized",
     "_accelerator_emptyCache",
     "_accelerator_getDeviceStats",
@@ -89,7 +72,8 @@ _ACCELERATOR_HOOKS = (
 
 
 def patch_accelerator_hooks(replacements: dict) -> None:
-    """`torch.accelerator` looks these C functions up at call time; the Python guard cannot serve them."""
+    """`torch.accelerator` looks these C functions up at call time; its memory queries need a C++ device
+    allocator, which the device does not have yet."""
     for name, fn in replacements.items():
         if name not in _ACCELERATOR_HOOKS or not hasattr(torch._C, name):
             raise RuntimeError(f"torch._C.{name} is not an accelerator hook this PyTorch has")

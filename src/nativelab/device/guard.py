@@ -1,24 +1,34 @@
-"""The current logical core (per OS thread, like CUDA's current device) and each core's RNG."""
+"""The current logical core (per OS thread, like CUDA's current device) and each core's generator.
+
+Both live in the C++ runtime, where PyTorch's device guard and hooks read them; this module is their
+Python face. A device generator keeps its state in a CPU generator, which the device's CPU kernels draw
+from (`host_generator`)."""
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-from . import _private
+from . import _private, queue, runtime
 
 num_cores = 4
-_tls = threading.local()
-_generators: list[torch.Generator] = []
-_initial_seeds: list[int] = []
+_rt = None
+_defaults: list[torch.Generator] = []  # torch.neuron.default_generators
+_hosts: list[torch.Generator] = []  # the CPU generators behind them
 
 
 def init(cores: int) -> None:
-    global num_cores
+    """Build/load the runtime and register its guard and hooks for `cores` logical cores."""
+    global num_cores, _rt
     num_cores = cores
-    _generators[:] = [torch.Generator() for _ in range(cores)]
-    _initial_seeds[:] = [g.initial_seed() for g in _generators]
+    _rt = runtime.load()
+    _rt.init(cores, queue.drain, queue.idle, _record_marker)
+    _defaults[:] = [_rt.default_generator(i) for i in range(cores)]
+    _hosts[:] = [_rt.host_generator(g) for g in _defaults]
+
+
+def _record_marker(event_id: int, version: int) -> None:
+    """An event's marker in the queue: the runtime stamps the event when the queue reaches it."""
+    queue.submit("event_record", _rt.event_reached, (event_id, version))
 
 
 def check_index(index: int) -> int:
@@ -33,14 +43,12 @@ def check_index(index: int) -> int:
 
 
 def current_index() -> int:
-    return getattr(_tls, "index", 0)
+    return _rt.current_device()
 
 
 def set_index(index: int) -> None:
-    _tls.index = check_index(index)
-    if not getattr(_tls, "backward_here", False):
-        _private.run_backward_in_caller_thread()
-        _tls.backward_here = True
+    _rt.set_device(check_index(index))
+    _private.run_backward_in_caller_thread()
 
 
 def index_of(device) -> int:
@@ -55,34 +63,36 @@ def index_of(device) -> int:
     return current_index() if device.index is None else check_index(device.index)
 
 
+def default_generator(index: int) -> torch.Generator:
+    return _defaults[index]
+
+
 def generator(index: int) -> torch.Generator:
-    return _generators[index]
+    """The CPU generator holding `neuron:index`'s default generator state."""
+    return _hosts[index]
+
+
+def host_generator(gen: torch.Generator | None, index: int) -> torch.Generator:
+    """What a CPU kernel running a device op draws from: the state of `gen` (a neuron generator), or of the
+    core's default generator when None. A CPU generator passes through (the CPU kernel accepts it)."""
+    if gen is None:
+        return _hosts[index]
+    if gen.device.type == "neuron":
+        return _rt.host_generator(gen)
+    return gen
 
 
 def initial_seed(index: int) -> int:
-    return _initial_seeds[index]
+    return _hosts[index].initial_seed()
 
 
 def manual_seed(index: int, seed: int) -> None:
-    _generators[index].manual_seed(seed)
-    _initial_seeds[index] = _generators[index].initial_seed()
+    _hosts[index].manual_seed(seed)
 
 
 def seed(index: int) -> None:
-    _initial_seeds[index] = _generators[index].seed()
+    _hosts[index].seed()
 
 
-class Hooks(_private.hooks_base()):
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, device_index) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class Guard(_private.guard_base()):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+def is_pinned_ptr(ptr: int) -> bool:
+    return _rt.is_pinned(ptr)

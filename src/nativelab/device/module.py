@@ -188,108 +188,60 @@ def empty_cache() -> None:
 
 
 # -- events and streams -------------------------------------------------------------------------------------
+# One implementation: the C++ runtime's streams and events (csrc/events.cpp), which the generic torch.Stream /
+# torch.Event / torch.accelerator APIs reach through the device guard. These classes only add CUDA's names.
 
 
-class Event(torch.Event):
-    """A marker in the device's queue; with enable_timing it stamps the time the device reached it.
+class _EventType(type):
+    """torch.neuron.Event(...) makes a plain torch.Event on the device: PyTorch's C++ accepts only that exact
+    type as the other event (`a.elapsed_time(b)`), so a subclass would not do; isinstance still works."""
 
-    A torch.Event underneath, so the C++ streams that torch.accelerator hands out accept it
-    (`torch.accelerator.current_stream().wait_event(torch.neuron.Event())`, as FSDP2 does)."""
+    def __call__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        if interprocess:
+            raise RuntimeError("neuron: interprocess events are not supported")
+        return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking)
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device="neuron")
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.enable_timing = enable_timing
-        self._cell = [None]
-        self._recorded = False
-
-    def record(self, stream=None) -> None:
-        self._cell = [None]
-        self._recorded = True
-        queue.record_time(self._cell)
-
-    def query(self) -> bool:
-        return not self._recorded or self._cell[0] is not None
-
-    def synchronize(self) -> None:
-        if self._recorded and self._cell[0] is None:
-            queue.drain()
-
-    def wait(self, stream=None) -> None:
-        """One in-order queue: later work already runs after this event."""
-
-    def elapsed_time(self, end: "Event") -> float:
-        """Milliseconds of device time between this event and `end` (both must have completed)."""
-        if not (self.enable_timing and end.enable_timing):
-            raise RuntimeError("Both events must be created with enable_timing=True to measure elapsed time")
-        if not (self._recorded and end._recorded):
-            raise RuntimeError("Both events must be recorded before calling elapsed_time()")
-        if self._cell[0] is None or end._cell[0] is None:
-            raise RuntimeError(
-                "Both events must have completed before calling elapsed_time(): call synchronize() first"
-            )
-        return (end._cell[0] - self._cell[0]) * 1000.0
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "neuron"
 
 
-class Stream:
-    """Streams share the device's single in-order queue, which is always a valid stream schedule."""
+class Event(metaclass=_EventType):
+    """A marker in the device's queue; with enable_timing it stamps the time the device reached it
+    (`record`, `query`, `synchronize`, `wait`, `elapsed_time`: torch.Event's, served by the C++ runtime)."""
 
-    _next_id = 1
 
-    def __init__(self, device=None, priority: int = 0):
-        self.device_index = guard.index_of(device)
-        self.device = torch.device("neuron", self.device_index)
+class Stream(torch.Stream):
+    """A stream of one logical core: `Stream(device=None, priority=0)`, or the generic constructor's
+    `Stream(stream_id=..., device_index=..., device_type=...)` for an existing one."""
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if kwargs:
+            return super().__new__(cls, priority=priority, **kwargs)
+        return super().__new__(cls, device=torch.device("neuron", guard.index_of(device)), priority=priority)
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
         self.priority = priority
-        self.stream_id = Stream._next_id
-        Stream._next_id += 1
-
-    def synchronize(self) -> None:
-        queue.drain()
-
-    def query(self) -> bool:
-        return queue.idle()
-
-    def wait_stream(self, stream) -> None:
-        pass
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def record_event(self, event=None):
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def __eq__(self, other):
-        return isinstance(other, Stream) and other.stream_id == self.stream_id
-
-    def __hash__(self):
-        return hash(("neuron-stream", self.stream_id))
 
 
-_default_streams: dict[int, Stream] = {}
-_current_streams: dict[int, Stream] = {}
+def _as_neuron_stream(s: torch.Stream) -> Stream:
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
 def default_stream(device=None) -> Stream:
-    i = guard.index_of(device)
-    if i not in _default_streams:
-        _default_streams[i] = Stream(i)
-    return _default_streams[i]
+    s = torch.accelerator.current_stream(guard.index_of(device))
+    return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
 
 
 def current_stream(device=None) -> Stream:
-    i = guard.index_of(device)
-    return _current_streams.get(i) or default_stream(i)
+    return _as_neuron_stream(torch.accelerator.current_stream(guard.index_of(device)))
 
 
-def set_stream(stream: Stream) -> None:
-    _current_streams[stream.device_index] = stream
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
 
 
 @contextlib.contextmanager
-def stream(s: Stream | None):
+def stream(s: torch.Stream | None):
     if s is None:
         yield
         return

@@ -555,8 +555,8 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
         warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=4)
     if index < 0:
         index = guard.current_index()
-    if rec.gen_pos is not None and args[rec.gen_pos] is None:
-        args[rec.gen_pos] = rng.generator(index)
+    if rec.gen_pos is not None:  # the CPU generator holding the device generator's state (default or given)
+        args[rec.gen_pos] = guard.host_generator(args[rec.gen_pos], index)
     hargs = [_to_host(a) for a in args]
     for i in rec.mutable:  # an empty out= argument is for the CPU kernel to size: give it a fresh tensor
         a = args[i]

@@ -1,0 +1,25 @@
+"""The device's C++ runtime (`csrc/`), built on first import and cached (see `nativelab.cpp_build`).
+
+It registers what PyTorch reads from C++ only: the device guard (current device per thread, streams,
+events), the PrivateUse1 hooks (availability, device count, generators, pinned host memory). The per-op
+policy stays Python (ops.py); the runtime reaches the Python work queue through callbacks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import cpp_build
+
+NAME = "nativelab_device"
+SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+CFLAGS = ("-O2",)
+_module = None
+
+
+def load():
+    """The compiled runtime module (built once per machine: about 10 s on 2 cores, then cached)."""
+    global _module
+    if _module is None:
+        _module = cpp_build.load_extension(NAME, SOURCES, extra_cflags=CFLAGS)
+    return _module
