@@ -163,6 +163,29 @@ def test_no_layer_uses_another_layers_underscore_names():
     assert not found, "make these public in their own layer:\n" + "\n".join(sorted(found))
 
 
+def _private_torch_uses(source: str) -> list[str]:
+    """`torch._*` names a module imports or reads."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch._"):
+            found.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.startswith("torch._")]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
+              and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"torch.{node.attr}")
+    return found
+
+
+def test_private_pytorch_apis_stay_behind_each_layers_fence():
+    """Above the device (whose own layout is the runtime issue's), only a layer's `_private.py` touches
+    `torch._*`; each of those has canaries in tests/test_private_apis.py."""
+    found = [f"{m}: {u}" for m, (path, _) in _modules().items()
+             if _layer(m) not in (None, "device") and not m.endswith("._private")
+             for u in _private_torch_uses(path.read_text())]
+    assert not found, "move these into the layer's _private.py (with a canary):\n" + "\n".join(sorted(found))
+
+
 def test_the_walker_sees_imports_and_cycles():
     """The checks above can fail: the walker finds known edges, and a planted cycle."""
     graph = _graph()
@@ -172,6 +195,8 @@ def test_the_walker_sees_imports_and_cycles():
     planted = {**graph, "nativelab.device.memory": graph["nativelab.device.memory"] | {"nativelab.compiler.runtime"}}
     assert any("nativelab.device.memory" in c for c in _cycles(planted))
     mods = _modules()
+    assert _private_torch_uses("import torch._dynamo\nfrom torch._ops import OpOverload\nx = torch._C\ny = torch.ops\n") == [
+        "import torch._dynamo", "from torch._ops import ...", "torch._C"]
     planted_source = "from ..device.ops import _call\nfrom ..device import ops as o\nx = o._scalars\ny = o.DEVICE\n"
     assert _underscore_uses("nativelab.compiler.example", planted_source, False, mods) == [
         "nativelab.compiler.example: from nativelab.device.ops import _call",

@@ -227,7 +227,8 @@ def test_fused_transformer_paths_read_the_python_backend_name():
 
 
 def test_check_reads_dynamo_compilation_metrics():
-    """nativelab.check reads Dynamo's record of frame compilations for recompile reasons and graph-break lines."""
+    """nativelab.check reads Dynamo's record of frame compilations for recompile reasons and graph-break lines,
+    and operator overloads' base names (its cost estimate)."""
     import torch._dynamo.utils as dynamo_utils
 
     from nativelab.check import _private as check_private
@@ -240,3 +241,5 @@ def test_check_reads_dynamo_compilation_metrics():
     assert {"compile_id", "co_name", "co_filename", "co_firstlineno", "recompile_reason", "restart_reasons",
             "entire_frame_compile_time_s", "start_time_us"} <= fields
     assert isinstance(check_private.dynamo_compilation_metrics(), list)
+    assert isinstance(torch.ops.aten.mm.default, check_private.OpOverload)
+    assert check_private.op_base_name(torch.ops.aten.mm.default) == "aten::mm"

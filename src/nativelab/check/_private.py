@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from torch._ops import OpOverload  # noqa: F401 - the type of an ATen operator overload, as graph nodes target
+
+
+def op_base_name(op: OpOverload) -> str:
+    """An overload's operator name without the overload (`aten::mm` for `aten.mm.default`)."""
+    return op._schema.name
+
 
 def dynamo_compilation_metrics() -> list:
     """Dynamo's record of its recent frame compilations (`CompilationMetrics`: compile_id, co_name, co_filename,

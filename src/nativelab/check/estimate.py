@@ -17,6 +17,7 @@ import operator
 
 import torch
 
+from ._private import OpOverload, op_base_name
 from .hardware import Trainium2
 
 _MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",
@@ -32,7 +33,7 @@ def _shape(n) -> tuple | None:
 
 
 def _node_flops(n) -> int:
-    name = n.target._schema.name if isinstance(n.target, torch._ops.OpOverload) else ""
+    name = op_base_name(n.target) if isinstance(n.target, OpOverload) else ""
     if name not in _MATMULS:
         return 0
     out = _shape(n)
@@ -62,10 +63,10 @@ def graph_work(gm, kernel: bool) -> tuple[int, int]:
         if n.op != "call_function" or n.target is operator.getitem:
             continue
         t = n.target
-        if isinstance(t, torch._ops.OpOverload) and (t.is_view or t._schema.name in _FREE):
+        if isinstance(t, OpOverload) and (t.is_view or op_base_name(t) in _FREE):
             continue
         kernels += 1
-        flops += _node_flops(n) if isinstance(t, torch._ops.OpOverload) else 0
+        flops += _node_flops(n) if isinstance(t, OpOverload) else 0
     res = (1 if kernel else max(kernels, 1), flops)
     _graph_cache[id(gm)] = (gm, res)
     return res
