@@ -19,6 +19,7 @@ import time
 import torch
 
 import nativelab  # noqa: F401
+from nativelab.device import threads
 from nativelab.models.llama import TIERS, Generator, Llama, Sampling, checkpoint
 
 PROMPT = [1, 15043, 29892, 590, 1024, 338]
@@ -129,7 +130,7 @@ def main() -> None:
         where = torch.cuda.get_device_name()
     else:
         (bandwidth, nbytes), how = stream_bandwidth(probe), "streamed"
-        where = f"{torch.get_num_threads()} threads"
+        where = threads.describe()
     probe_vocab = probe.cfg.vocab_size
     del probe
     roof = bandwidth / nbytes

@@ -19,6 +19,7 @@ import time
 import torch
 
 import nativelab
+from ..device import threads
 from ..device.config import DEVICE_NAME
 from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling, check_fits
 from ..models.llama import checkpoint
@@ -107,6 +108,8 @@ def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
     if gen.cuda_graph:
         print("Decode  : one CUDA graph replay per token")
     print(f"Tokens  : {args.tokens}")
+    if args.device != "cuda":
+        print(f"Host    : {threads.describe()}")
     n = model.num_parameters()
     print(f"\nParams  : {n:,}  ({n * dtype.itemsize / 2**20:.1f} MB {args.dtype})\n")
     print("Warmup...", flush=True)

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from . import threads
 from ._private import no_python_modes as _no_python_modes
 
 # Each entry is (name, fn, args): fn(*args) runs the op on host memory.
@@ -30,6 +31,7 @@ class DeviceError(RuntimeError):
 
 def submit(name: str, fn, args: tuple) -> None:
     if sync_mode:
+        threads.refresh()
         _run_one(name, fn, args)
         return
     _pending.append((name, fn, args))
@@ -51,6 +53,7 @@ def drain() -> None:
     global drains
     if not _pending:
         return
+    threads.refresh()  # size the host thread team to the machine's load before running the work
     drains += 1
     work = _pending[:]
     _pending.clear()
@@ -80,6 +83,7 @@ def _run_all(work: list) -> None:
 
 def run_now(name: str, fn, args: tuple):
     """Device work the host runs at once (after a drain), seen by the profiler like queued work."""
+    threads.refresh()
     return fn(*args) if observer is None else observer.run(name, fn, args)
 
 

@@ -1,0 +1,124 @@
+"""How many host threads the device's work uses: all the cores this process may run on, minus the cores other
+processes are keeping busy right now.
+
+The device computes on the host CPU: ATen kernels on host views and the generated code of compiled graphs
+and kernels, all parallelised by one OpenMP runtime (libgomp, loaded by torch). Inductor's generated loops
+open `#pragma omp parallel` regions without a fixed `num_threads`, so they follow the calling thread's
+OpenMP thread count, as ATen does; `torch.set_num_threads` sets both. With one team thread per core, a
+second busy process on a 2-core machine leaves one of the two threads sharing its core: every parallel
+region then waits at its barrier for that thread's turn on the core (scheduler time slices are
+milliseconds, a decode step's regions are microseconds), so a decode step ran at 0.30-0.38x of its quiet
+speed where losing one core of two should cost 0.5x. So the policy: every `INTERVAL` seconds (checked where
+the device runs queued work, which costs a clock read) it reads the CPU time the whole machine and this
+process have used since the last look (/proc/stat, /proc/self/stat) and sizes the team to the cores the
+other processes left idle, never below one. A team of one opens no parallel region at all.
+
+Knobs: `NATIVELAB_THREADS=N` fixes the team at N threads (no adaptation); `NATIVELAB_THREADS=auto` (default)
+adapts. `torch.set_num_threads(n)` called by the user sets the most the policy will use. OpenMP's own
+settings (OMP_WAIT_POLICY, GOMP_SPINCOUNT) are read by libgomp when torch is imported, before nativelab
+runs: set them in the environment if wanted (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+INTERVAL = 0.25  # seconds between looks at the machine's load
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+_state = {"mode": None, "most": 1, "applied": 0, "next": 0.0, "last": None, "others": 0.0}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _mode() -> str | int:
+    """'auto' or a fixed thread count, from NATIVELAB_THREADS (validated: a bad value is an error)."""
+    raw = os.environ.get("NATIVELAB_THREADS", "auto").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"NATIVELAB_THREADS={raw!r}: expected 'auto' or a thread count") from None
+    if n < 1:
+        raise ValueError(f"NATIVELAB_THREADS={raw!r}: must be >= 1")
+    return n
+
+
+def _cpu_times() -> tuple[float, int, int] | None:
+    """(monotonic time, busy ticks of the whole machine, ticks this process used); None where /proc is absent."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            vals = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        with open("/proc/self/stat", "rb") as f:
+            s = f.read()
+    except OSError:
+        return None
+    fields = s[s.rfind(b")") + 2:].split()
+    return time.monotonic(), sum(vals) - vals[3] - vals[4], int(fields[11]) + int(fields[12])
+
+
+def _others(prev, now) -> float:
+    """Cores' worth of CPU time other processes used between two samples (steal time included)."""
+    dt = now[0] - prev[0]
+    if dt <= 0:
+        return 0.0
+    return max(0.0, ((now[1] - prev[1]) - (now[2] - prev[2])) / _TICK / dt)
+
+
+def target(most: int, others: float) -> int:
+    """Threads to use: the cores other processes leave idle (a busy core counts from half its time on)."""
+    return max(1, min(most, most - int(others + 0.5)))
+
+
+def _apply(n: int) -> None:
+    if n != torch.get_num_threads():
+        torch.set_num_threads(n)
+    _state["applied"] = n
+
+
+def refresh() -> None:
+    """Resize the thread team to the machine's current load; cheap (a clock read) between looks. Call it on
+    the thread that runs device work, before running it (OpenMP thread counts are per calling thread)."""
+    now = time.monotonic()
+    if now < _state["next"]:
+        return
+    _state["next"] = now + INTERVAL
+    mode = _state["mode"]
+    if mode is None:
+        mode = _state["mode"] = _mode()
+        _state["most"] = mode if isinstance(mode, int) else min(_cores(), torch.get_num_threads())
+        if isinstance(mode, int):
+            _apply(mode)
+            return
+    if isinstance(mode, int):
+        return
+    current = torch.get_num_threads()
+    if _state["applied"] and current != _state["applied"]:
+        _state["most"] = current  # the user called torch.set_num_threads: that is the ceiling now
+    sample = _cpu_times()
+    if sample is None:
+        return
+    prev, _state["last"] = _state["last"], sample
+    if prev is None:
+        _apply(current if not _state["applied"] else _state["applied"])
+        return
+    _state["others"] = _others(prev, sample)
+    _apply(target(_state["most"], _state["others"]))
+
+
+def describe() -> str:
+    """The CPU, the vector ISA PyTorch's kernels use on it, and the thread policy, for benchmark headers."""
+    from . import cpu_info
+
+    mode = _mode()
+    policy = f"{mode} threads" if isinstance(mode, int) else f"threads adapt to load (up to {_cores()})"
+    return f"{cpu_info.describe()}; {policy}"

@@ -1,0 +1,65 @@
+"""The host thread policy: the team shrinks by the cores other processes keep busy, and its knobs."""
+
+import pytest
+import torch
+
+from nativelab.device import cpu_info, threads
+
+
+@pytest.fixture
+def fresh_policy(monkeypatch):
+    saved = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_state", {"mode": None, "most": 1, "applied": 0, "next": 0.0, "last": None,
+                                            "others": 0.0})
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_target_leaves_the_busy_cores_to_others():
+    assert threads.target(2, 0.0) == 2
+    assert threads.target(2, 0.4) == 2  # a mostly idle neighbour costs no thread
+    assert threads.target(2, 0.6) == 1
+    assert threads.target(2, 3.0) == 1  # never below one
+    assert threads.target(8, 2.5) == 5
+
+
+def test_others_subtracts_this_process():
+    tick = threads._TICK
+    # 1 s: the machine used 1.5 cores, this process 0.5 of them -> others used 1.0
+    assert threads._others((0.0, 0, 0), (1.0, int(1.5 * tick), int(0.5 * tick))) == pytest.approx(1.0, abs=0.02)
+    assert threads._others((0.0, 0, 0), (1.0, 0, 10)) == 0.0
+
+
+def test_refresh_follows_the_load(fresh_policy, monkeypatch):
+    monkeypatch.delenv("NATIVELAB_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_cores", lambda: 2)
+    torch.set_num_threads(2)
+    tick = threads._TICK
+    samples = iter([(0.0, 0, 0), (1.0, 2 * tick, tick), (2.0, 2 * tick + 1, tick + 1)])
+    monkeypatch.setattr(threads, "_cpu_times", lambda: next(samples))
+    threads.refresh()
+    assert torch.get_num_threads() == 2
+    threads._state["next"] = 0.0
+    threads.refresh()  # others kept one core busy
+    assert torch.get_num_threads() == 1
+    threads._state["next"] = 0.0
+    threads.refresh()  # quiet again
+    assert torch.get_num_threads() == 2
+
+
+def test_fixed_thread_count(fresh_policy, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_THREADS", "1")
+    threads.refresh()
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("bad", ["0", "two", "-3"])
+def test_bad_thread_setting_is_an_error(bad, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_THREADS", bad)
+    with pytest.raises(ValueError, match="NATIVELAB_THREADS"):
+        threads._mode()
+
+
+def test_describe_names_cpu_and_isa():
+    text = threads.describe()
+    assert cpu_info.isa() in text and cpu_info.model() in text
