@@ -72,13 +72,14 @@ def op_base_name(op: OpOverload) -> str:
 STANDALONE_COMPILE_LOGGER = "torch._inductor.standalone_compile"  # warns about graphs it cannot serialize
 
 
-def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool):
+def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool, threads: int):
     """Inductor-compile an ATen graph for these (static-shaped) inputs into a callable artifact, which can be
-    saved (`artifact.save(path=..., format="binary")`) unless `artifact.is_saveable()` says otherwise."""
+    saved (`artifact.save(path=..., format="binary")`) unless `artifact.is_saveable()` says otherwise.
+    `threads`: the most OpenMP threads the code will run with (Inductor sizes per-thread buffers by it)."""
     from torch._inductor import standalone_compile as compile_graph
 
     return compile_graph(gm, example_inputs, dynamic_shapes="from_example_inputs",
-                         options={"config_patches": {"freezing": freezing}})
+                         options={"config_patches": {"freezing": freezing, "cpp.threads": threads}})
 
 
 def load_artifact(path: str):

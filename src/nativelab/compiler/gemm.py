@@ -1,11 +1,9 @@
-"""How compiled code runs bf16 matrix products on this host: as fp32 GEMMs on upcast operands.
+"""How compiled code runs bf16 matrix products on this host: as fp32 GEMMs on upcast operands where the
+device's GEMM policy (`nativelab.device.gemm_policy`, shared with eager ops) says that is faster here.
 
-The device's matmul unit takes bf16 operands and accumulates in fp32. A product of two bf16 numbers is exact in
-fp32 (8-bit significands), so an fp32 GEMM on upcast operands, rounded back to bf16, computes the same thing up
-to the order of the fp32 additions. On a CPU without AMX that is the faster path: oneDNN's bf16 GEMM
-(avx512_core_bf16) ran a 512x576x1536 product in 5.5 ms, MKL's fp32 GEMM in 3.1 ms plus the casts (1.65x).
-Small products (a decode step's matrix-vector products) are bandwidth-bound: upcasting their weights would
-double the bytes read, so only products with at least MIN_ROWS rows on each side are rewritten.
+The device's matmul unit takes bf16 operands and accumulates in fp32, so an fp32 GEMM on upcast operands,
+rounded back to bf16, computes the same thing up to the order of the fp32 additions. Which products are
+rewritten depends on the CPU (bf16 instructions, AMX) and the shape: see gemm_policy.
 """
 
 from __future__ import annotations
@@ -17,8 +15,9 @@ import torch.fx
 
 from ._private import recompute_meta
 
+from ..device import gemm_policy
+
 aten = torch.ops.aten
-MIN_ROWS = 64
 # op -> positions of its matrix operands (addmm's bias is upcast too: it is added in the fp32 accumulator)
 _GEMMS = {aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.addmm.default: (0, 1, 2)}
 
@@ -31,7 +30,7 @@ def _big(node: torch.fx.Node) -> bool:
     if not all(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in (a, b)):
         return False
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    return all(isinstance(d, int) and d >= MIN_ROWS for d in (m, k, n))
+    return all(isinstance(d, int) for d in (m, k, n)) and gemm_policy.upcast(m, k, n)
 
 
 def with_fp32_gemms(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.fx
 
-from ..device import memory, queue
+from ..device import cpu_info, gemm_policy, memory, queue, threads
 from ..device.config import DEVICE_NAME
 from . import _private, cache, gemm, metrics
 from .runtime import DeviceGraph
@@ -60,7 +60,8 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
             s.cache_corrupt += 1
     if artifact is None:
         with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable():
-            artifact = _private.standalone_compile(gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, freeze)
+            artifact = _private.standalone_compile(gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, freeze,
+                                                   threads.ceiling())
         if key is None:
             how = "compiled (frozen weights, not cached)" if freeze else "compiled (not cached)"
         else:
@@ -146,6 +147,9 @@ def _key(cpu_gm, cpu_inputs, options) -> str:
     h = hashlib.sha256()
     h.update(COMPILER_VERSION.encode())
     h.update(torch.__version__.encode())
+    # the host's vector ISA (ATEN_CPU_CAPABILITY can lower it), the bf16 GEMM policy and the thread count
+    # decide the generated code: an artifact built for AVX-512 must not serve a run forced to AVX2
+    h.update(f"{cpu_info.isa()} {gemm_policy.min_rows()} {threads.ceiling()}".encode())
     h.update(repr(sorted(options.items())).encode())
     h.update(cpu_gm.code.encode())
     for name, t in sorted(cpu_gm.state_dict().items()):  # constants baked into the graph

@@ -38,14 +38,28 @@ def isa() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def _onednn_allows(*isas: str) -> bool:
+    """oneDNN (PyTorch's bf16 GEMM) may use one of `isas`: ONEDNN_MAX_CPU_ISA caps it. It does not follow
+    ATEN_CPU_CAPABILITY: measured here, with ATEN_CPU_CAPABILITY=avx2 alone bf16 GEMMs still ran avx512_bf16."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).strip().upper()
+    return cap in ("", "ALL") or cap.startswith(isas)
+
+
 def has_bf16_instructions() -> bool:
-    """The CPU has bf16 dot-product instructions and PyTorch is allowed to use AVX-512 (AVX512_BF16 or AMX
-    on x86; ARM's BF16 extension). Without them a bf16 GEMM runs a slow path (73x below fp32 on AVX2)."""
+    """The CPU has bf16 dot-product instructions that PyTorch's bf16 GEMM (oneDNN) may use: AVX512_BF16 or AMX
+    on x86, ARM's BF16 extension. Without them oneDNN's bf16 GEMM falls back to slow code (measured here with
+    ONEDNN_MAX_CPU_ISA=AVX2: 1024x576 @ 576x1536 12-128x slower than an fp32 GEMM of the upcast operands)."""
     flags = _cpuinfo()[1]
     if "bf16" in flags:  # aarch64 Features
         return True
-    x86 = bool(flags & {"avx512_bf16", "amx_bf16"})
-    return x86 and isa().startswith("AVX512") and "AVX2" not in os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if "amx_bf16" in flags and _onednn_allows("AVX512_CORE_AMX", "AVX10"):
+        return True
+    return "avx512_bf16" in flags and _onednn_allows("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX",
+                                                     "AVX10")
+
+
+def has_amx() -> bool:
+    return "amx_bf16" in _cpuinfo()[1] and _onednn_allows("AVX512_CORE_AMX", "AVX10")
 
 
 def describe() -> str:

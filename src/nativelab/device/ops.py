@@ -19,7 +19,7 @@ from importlib import resources
 
 import torch
 
-from . import guard, memory, observe, queue, rng, tracking
+from . import gemm_policy, guard, memory, observe, queue, rng, tracking
 
 DEVICE = memory.DEVICE
 _Tensor = torch.Tensor
@@ -391,6 +391,8 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
     hargs = [_to_host_queued(a) for a in args]
     run = _run_functional_policy if policy else _run_functional
+    if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, hargs):
+        run = _run_upcast_gemm
     queue.submit(rec.name, run, (rec, hargs, [memory.host_view(o) for o in outs]))
     tracking.executed[rec.name] += 1
     if kind == "tensor":
@@ -494,6 +496,11 @@ def _run_functional(rec, hargs, houts):
         rec.out_op._op(*hargs[: rec.npos], **kw)
     else:
         _run_functional_copy(rec, hargs, houts)
+
+
+def _run_upcast_gemm(rec, hargs, houts):
+    # a bf16 product as an fp32 GEMM of upcast operands, rounded into the bf16 output (see gemm_policy)
+    houts[0].copy_(_call(rec, gemm_policy.upcast_tensors(hargs)))
 
 
 def _run_functional_copy(rec, hargs, houts):

@@ -85,6 +85,21 @@ def _apply(n: int) -> None:
     _state["applied"] = n
 
 
+def _init() -> str | int:
+    if _state["mode"] is None:
+        mode = _state["mode"] = _mode()
+        _state["most"] = mode if isinstance(mode, int) else min(_cores(), torch.get_num_threads())
+    return _state["mode"]
+
+
+def ceiling() -> int:
+    """The most threads the policy uses. Generated code is compiled for this many: Inductor sizes per-thread
+    reduction buffers by the thread count at compile time, so code compiled while the team was shrunk would
+    overrun them when the team grows back (running with fewer threads than compiled for is safe)."""
+    _init()
+    return _state["most"]
+
+
 def refresh() -> None:
     """Resize the thread team to the machine's current load; cheap (a clock read) between looks. Call it on
     the thread that runs device work, before running it (OpenMP thread counts are per calling thread)."""
@@ -92,14 +107,11 @@ def refresh() -> None:
     if now < _state["next"]:
         return
     _state["next"] = now + INTERVAL
-    mode = _state["mode"]
-    if mode is None:
-        mode = _state["mode"] = _mode()
-        _state["most"] = mode if isinstance(mode, int) else min(_cores(), torch.get_num_threads())
-        if isinstance(mode, int):
-            _apply(mode)
-            return
+    first = _state["mode"] is None
+    mode = _init()
     if isinstance(mode, int):
+        if first:
+            _apply(mode)
         return
     current = torch.get_num_threads()
     if _state["applied"] and current != _state["applied"]:
