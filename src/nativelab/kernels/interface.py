@@ -60,7 +60,9 @@ class Kernel:
 
     `targets` maps other device types to their own implementation of the same signature (`{"cuda": f}`:
     a Triton launcher, say), or to its "module:function" name, imported on first use (so a CPU-only install
-    never imports Triton); the traced-and-compiled path serves the emulated device and the CPU.
+    never imports Triton); the traced-and-compiled path serves the emulated device and the CPU. A "host"
+    target is hand-written code for the host CPU (the emulated device's memory): it runs, queued on the
+    device like the traced path, for each launch its `accepts(*args)` approves (shapes and dtypes).
 
     `weights` names argument positions holding weights (a tensor or a list of tensors). When the kernel runs
     without autograd (inference), those are baked into the generated code as constants, so their layout is
@@ -88,10 +90,16 @@ class Kernel:
             raise NotImplementedError(f"kernel {self.name} has no implementation for {kind} tensors "
                                       f"(it has: {', '.join([DEVICE, 'cpu', *self.targets])})")
         if impl is not None:
-            if isinstance(impl, str):
-                module, _, attr = impl.partition(":")
-                impl = self.targets[kind] = getattr(importlib.import_module(module), attr)
-            return impl(*args)
+            return self._target(kind)(*args)
+        host = self._target("host")
+        if host is not None and host.accepts(*args):  # hand-written host code for this signature
+            if kind == DEVICE:
+                hosted = _rebuild(spec, [memory.host_view(t) for t in tensors])
+                queue.submit(f"kernel:{self.name}", host, hosted)
+                tracking.executed[f"kernel:{self.name}"] += 1
+            else:
+                host(*args)
+            return None
         bake = self.weights and not torch.is_grad_enabled() and not _weights_stay_inputs[0]
         frozen = self._frozen_positions(spec) if bake else ()
         key = (
@@ -110,6 +118,14 @@ class Kernel:
         else:
             compiled(*live)
         return None
+
+    def _target(self, kind: str):
+        """The implementation registered for `kind`, imported on first use ("module:function" names)."""
+        impl = self.targets.get(kind)
+        if isinstance(impl, str):
+            module, _, attr = impl.partition(":")
+            impl = self.targets[kind] = getattr(importlib.import_module(module), attr)
+        return impl
 
     def _frozen_positions(self, spec) -> tuple[int, ...]:
         """Indices, in the flattened tensor list, of the tensors passed at the weight argument positions."""

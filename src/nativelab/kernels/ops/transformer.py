@@ -31,7 +31,8 @@ def reference_transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos,
 
 
 @wrap_kernel(weights=(4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 16),
-             targets={"cuda": "nativelab.kernels.triton.transformer:transformer_tkg"})
+             targets={"cuda": "nativelab.kernels.triton.transformer:transformer_tkg",
+                      "host": "nativelab.kernels.cpu.decode:transformer_tkg"})
 def transformer_tkg_kernel(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
                            k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out):
     out.copy_(reference_transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates,

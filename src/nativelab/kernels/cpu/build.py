@@ -1,0 +1,70 @@
+"""Building the hand-written CPU kernels: one C++ source, compiled once per vector ISA (AVX-512, AVX2, the
+portable default) into its own extension module, loaded for the ISA PyTorch uses on this host
+(`ATEN_CPU_CAPABILITY=avx2` on an AVX-512 machine selects the AVX2 build, as it does for ATen and Inductor).
+
+`NATIVELAB_CPU_KERNELS=0` turns them off (the kernels' traced-and-compiled path runs instead); a machine that
+cannot build C++ falls back the same way, with one warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+
+from ...device import cpu_info
+
+CSRC = Path(__file__).parent / "csrc"
+# The flags Inductor compiles its own C++ with for each ISA; the CPU_CAPABILITY namespace keeps each build's
+# inline at::vec code apart from PyTorch's and the other builds'.
+ISA_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma", "-DCPU_CAPABILITY_AVX512"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2"],
+    "DEFAULT": [],
+}
+
+
+def isa() -> str:
+    """The build to use: PyTorch's CPU capability on this host, mapped to a build above."""
+    cap = cpu_info.isa()
+    return "AVX512" if cap.startswith("AVX512") else "AVX2" if cap.startswith("AVX2") else "DEFAULT"
+
+
+def enabled() -> bool:
+    raw = os.environ.get("NATIVELAB_CPU_KERNELS", "1").strip().lower()
+    if raw not in ("0", "1", ""):
+        raise ValueError(f"NATIVELAB_CPU_KERNELS={raw!r}: expected 0 or 1")
+    return raw != "0"
+
+
+def _load(name: str, sources: list[Path], flags: list[str]):
+    try:
+        from ... import cpp_build  # the project's cached, lock-protected builder (issue 15)
+    except ImportError:
+        cpp_build = None
+    if cpp_build is not None:
+        return cpp_build.load_extension(name, sources, extra_cflags=flags)
+    # Until that builder is on main: PyTorch's own JIT build, in a per-user cache directory.
+    from torch.utils import cpp_extension
+
+    build_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nativelab" / "cpu-kernels" / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(name, [str(s) for s in sources], extra_cflags=flags, build_directory=str(build_dir))
+
+
+@functools.cache
+def extension(which: str | None = None):
+    """The decode kernels' module for ISA `which` (default: this host's), or None where it cannot be built."""
+    which = which or isa()
+    flags = ["-O3", f"-DCPU_CAPABILITY=nativelab_{which}", *ISA_FLAGS[which]]
+    src = CSRC / "decode.cpp"
+    import hashlib
+
+    tag = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+    try:
+        return _load(f"nativelab_decode_{which.lower()}_{tag}", [src], flags)
+    except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a compile error: the traced path still works
+        warnings.warn(f"nativelab: the hand-written CPU decode kernels could not be built ({e}); "
+                      f"the traced kernels run instead")
+        return None

@@ -1,0 +1,45 @@
+"""The hand-written batch-1 decode kernels (csrc/decode.cpp) as host implementations of the kernel interface:
+`transformer_tkg` (the whole decode step: per layer RMSNorm + fused QKV + RoPE + cache write, attention over
+the filled cache, output projection, RMSNorm + SwiGLU; then the LM head) and `matvec`.
+
+Each host implementation has an `accepts(*args)` that the kernel interface asks at launch (on shapes and
+dtypes only, no values): anything else (a prompt, a batch, a non-contiguous weight) takes the traced path."""
+
+from __future__ import annotations
+
+import torch
+
+from . import build
+
+_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _dense(*ts) -> bool:
+    return all(t.is_contiguous() and t.dtype == ts[0].dtype for t in ts)
+
+
+def transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
+                    v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out):
+    build.extension().transformer_decode(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates,
+                                         ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
+                                         n_kv_heads, eps, out)
+
+
+def _accepts_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
+                 v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out) -> bool:
+    if not build.enabled() or x.dim() != 3 or x.shape[:2] != (1, 1) or x.dtype not in _DTYPES:
+        return False
+    if pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64) or torch.is_grad_enabled():
+        return False
+    layers = [*input_norms, *wqs, *wks, *wvs, *wos, *post_norms, *gates, *ups, *downs, *k_caches, *v_caches]
+    if not _dense(x, cos, sin, final_norm, lm_head, out, *layers) or k_caches[0].shape[0] != 1:
+        return False
+    return build.extension() is not None
+
+
+transformer_tkg.accepts = _accepts_tkg
+
+
+def matvec(w: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> None:
+    """out (N) = w (N, K) @ h (K), fp32 accumulation (a test and benchmark entry point)."""
+    build.extension().matvec_out(w, h, out)
