@@ -2,6 +2,7 @@
 memory roofline measured in the same process.
 
     python bench/lab2.py [--size small|smollm2-135m] [--tokens 50] [--repeats 3] [--skip-eager] [--skip-top-p]
+                          [--traced-too]      # also experimental with its hand-written CPU kernel off
     python bench/lab2.py --device cuda      # on a GPU: Triton kernels, Inductor, a CUDA-graph decode
 
 Per tier: decode throughput (tok/s, median of interleaved repeats) and the ratio to base. Roofline: the bytes
@@ -13,6 +14,8 @@ reads + writes); efficiency = roofline time / measured time per token.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
 
@@ -88,15 +91,36 @@ def stream_bandwidth(model: Llama) -> tuple[float, int]:
 def measure(args, compiled: bool, greedy: bool, source: Llama, dtype, prompt) -> dict[str, list[float]]:
     sampling = Sampling(greedy=greedy, temperature=0.8, top_p=0.9, seed=0)
     gens = {t: build(source, t, dtype, sampling, compiled, args.device) for t in TIERS}
+    if args.traced_too and args.device == "neuron":  # the same tier with its hand-written host kernel off
+        gens[TRACED] = build(source, "experimental", dtype, sampling, compiled, args.device)
     with torch.inference_mode():
-        for g in gens.values():  # warm-up (and compile)
-            for _ in range(2):
-                g.generate(prompt, args.tokens)
-        results = {t: [] for t in TIERS}
+        for t, g in gens.items():  # warm-up (and compile)
+            with host_kernels(t != TRACED):
+                for _ in range(2):
+                    g.generate(prompt, args.tokens)
+        results = {t: [] for t in gens}
         for _ in range(args.repeats):
             for t, g in gens.items():
-                results[t].append(tok_per_s(g, prompt, args.tokens))
+                with host_kernels(t != TRACED):
+                    results[t].append(tok_per_s(g, prompt, args.tokens))
     return results
+
+
+TRACED = "exp. (traced)"
+
+
+@contextlib.contextmanager
+def host_kernels(on: bool):
+    """NATIVELAB_CPU_KERNELS for the block (read at each kernel launch)."""
+    old = os.environ.get("NATIVELAB_CPU_KERNELS")
+    os.environ["NATIVELAB_CPU_KERNELS"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["NATIVELAB_CPU_KERNELS"]
+        else:
+            os.environ["NATIVELAB_CPU_KERNELS"] = old
 
 
 def report(title: str, results: dict[str, list[float]], roof_tok_s: float | None = None) -> None:
@@ -118,6 +142,8 @@ def main() -> None:
     ap.add_argument("--skip-eager", action="store_true")
     ap.add_argument("--skip-top-p", action="store_true")
     ap.add_argument("--device", default="neuron", choices=["neuron", "cuda"])
+    ap.add_argument("--traced-too", action="store_true",
+                    help="add the experimental tier with its hand-written CPU kernel off (NATIVELAB_CPU_KERNELS=0)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available to this PyTorch")

@@ -9,8 +9,7 @@ from nativelab.device import cpu_info, threads
 @pytest.fixture
 def fresh_policy(monkeypatch):
     saved = torch.get_num_threads()
-    monkeypatch.setattr(threads, "_state", {"mode": None, "most": 1, "applied": 0, "next": 0.0, "last": None,
-                                            "others": 0.0})
+    monkeypatch.setattr(threads, "_state", {"mode": None, "most": 1, "next": 0.0, "last": None, "others": 0.0})
     yield
     torch.set_num_threads(saved)
 
@@ -30,27 +29,41 @@ def test_others_subtracts_this_process():
     assert threads._others((0.0, 0, 0), (1.0, 0, 10)) == 0.0
 
 
-def test_refresh_follows_the_load(fresh_policy, monkeypatch):
+def test_team_follows_the_load_and_restores_the_users_count(fresh_policy, monkeypatch):
     monkeypatch.delenv("NATIVELAB_THREADS", raising=False)
     monkeypatch.setattr(threads, "_cores", lambda: 2)
     torch.set_num_threads(2)
     tick = threads._TICK
     samples = iter([(0.0, 0, 0), (1.0, 2 * tick, tick), (2.0, 2 * tick + 1, tick + 1)])
     monkeypatch.setattr(threads, "_cpu_times", lambda: next(samples))
-    threads.refresh()
-    assert torch.get_num_threads() == 2
-    threads._state["next"] = 0.0
-    threads.refresh()  # others kept one core busy
-    assert torch.get_num_threads() == 1
-    threads._state["next"] = 0.0
-    threads.refresh()  # quiet again
-    assert torch.get_num_threads() == 2
+    seen = []
+    for _ in range(3):
+        threads._state["next"] = 0.0  # the next look is due
+        with threads.team():
+            seen.append(torch.get_num_threads())
+        assert torch.get_num_threads() == 2  # what the user's code (and Dynamo's guards) see
+    assert seen == [2, 1, 2]  # quiet; others kept one core busy; quiet again
 
 
 def test_fixed_thread_count(fresh_policy, monkeypatch):
     monkeypatch.setenv("NATIVELAB_THREADS", "1")
-    threads.refresh()
-    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    with threads.team():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_device_work_runs_with_the_policys_team(fresh_policy, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_THREADS", "1")
+    torch.set_num_threads(2)
+    x = torch.ones(4).to("neuron")
+    seen = []
+    from nativelab.device import queue
+
+    queue.submit("probe", lambda: seen.append(torch.get_num_threads()), ())
+    torch.neuron.synchronize()
+    assert seen == [1] and torch.get_num_threads() == 2
+    assert x.sum().item() == 4
 
 
 @pytest.mark.parametrize("bad", ["0", "two", "-3"])

@@ -31,8 +31,8 @@ class DeviceError(RuntimeError):
 
 def submit(name: str, fn, args: tuple) -> None:
     if sync_mode:
-        threads.refresh()
-        _run_one(name, fn, args)
+        with threads.team():
+            _run_one(name, fn, args)
         return
     _pending.append((name, fn, args))
     if len(_pending) >= _MAX_PENDING:
@@ -53,7 +53,6 @@ def drain() -> None:
     global drains
     if not _pending:
         return
-    threads.refresh()  # size the host thread team to the machine's load before running the work
     drains += 1
     work = _pending[:]
     _pending.clear()
@@ -61,7 +60,8 @@ def drain() -> None:
     # can happen while torch.compile traces with fake tensors, or outside the inference_mode() block that
     # queued the work (host views made there are inference tensors; writing them needs inference mode, and
     # nothing here is ever differentiated).
-    with _no_python_modes(), torch.inference_mode():
+    # The host thread team is sized to the machine's load for the work (see threads).
+    with _no_python_modes(), torch.inference_mode(), threads.team():
         _run_all(work)
 
 
@@ -83,8 +83,8 @@ def _run_all(work: list) -> None:
 
 def run_now(name: str, fn, args: tuple):
     """Device work the host runs at once (after a drain), seen by the profiler like queued work."""
-    threads.refresh()
-    return fn(*args) if observer is None else observer.run(name, fn, args)
+    with threads.team():
+        return fn(*args) if observer is None else observer.run(name, fn, args)
 
 
 def idle() -> bool:

@@ -11,7 +11,8 @@ milliseconds, a decode step's regions are microseconds), so a decode step ran at
 speed where losing one core of two should cost 0.5x. So the policy: every `INTERVAL` seconds (checked where
 the device runs queued work, which costs a clock read) it reads the CPU time the whole machine and this
 process have used since the last look (/proc/stat, /proc/self/stat) and sizes the team to the cores the
-other processes left idle, never below one. A team of one opens no parallel region at all.
+other processes left idle, never below one, for the device work it runs (`team()`); the thread count the
+user's code sees is left as it was.
 
 Knobs: `NATIVELAB_THREADS=N` fixes the team at N threads (no adaptation); `NATIVELAB_THREADS=auto` (default)
 adapts. `torch.set_num_threads(n)` called by the user sets the most the policy will use. OpenMP's own
@@ -21,6 +22,7 @@ runs: set them in the environment if wanted (see the README).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -29,7 +31,7 @@ import torch
 INTERVAL = 0.25  # seconds between looks at the machine's load
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-_state = {"mode": None, "most": 1, "applied": 0, "next": 0.0, "last": None, "others": 0.0}
+_state = {"mode": None, "most": 1, "next": 0.0, "last": None, "others": 0.0}
 
 
 def _cores() -> int:
@@ -79,12 +81,6 @@ def target(most: int, others: float) -> int:
     return max(1, min(most, most - int(others + 0.5)))
 
 
-def _apply(n: int) -> None:
-    if n != torch.get_num_threads():
-        torch.set_num_threads(n)
-    _state["applied"] = n
-
-
 def _init() -> str | int:
     if _state["mode"] is None:
         mode = _state["mode"] = _mode()
@@ -100,31 +96,38 @@ def ceiling() -> int:
     return _state["most"]
 
 
-def refresh() -> None:
-    """Resize the thread team to the machine's current load; cheap (a clock read) between looks. Call it on
-    the thread that runs device work, before running it (OpenMP thread counts are per calling thread)."""
+def size() -> int:
+    """The team size for device work now: refreshed from the machine's load every INTERVAL seconds (a clock
+    read in between)."""
     now = time.monotonic()
-    if now < _state["next"]:
-        return
-    _state["next"] = now + INTERVAL
-    first = _state["mode"] is None
     mode = _init()
     if isinstance(mode, int):
-        if first:
-            _apply(mode)
+        return mode
+    if now >= _state["next"]:
+        _state["next"] = now + INTERVAL
+        _state["most"] = min(_cores(), torch.get_num_threads())  # torch.set_num_threads(n) by the user caps it
+        sample = _cpu_times()
+        if sample is not None:
+            prev, _state["last"] = _state["last"], sample
+            if prev is not None:
+                _state["others"] = _others(prev, sample)
+    return target(_state["most"], _state["others"])
+
+
+@contextlib.contextmanager
+def team():
+    """Run the block (device work) with `size()` threads, on the calling thread (OpenMP thread counts are per
+    thread), and restore the count after it: the user's code sees its own setting, and TorchDynamo, whose
+    guards include the thread count, does not recompile when the load changes."""
+    n, user = size(), torch.get_num_threads()
+    if n == user:
+        yield
         return
-    current = torch.get_num_threads()
-    if _state["applied"] and current != _state["applied"]:
-        _state["most"] = current  # the user called torch.set_num_threads: that is the ceiling now
-    sample = _cpu_times()
-    if sample is None:
-        return
-    prev, _state["last"] = _state["last"], sample
-    if prev is None:
-        _apply(current if not _state["applied"] else _state["applied"])
-        return
-    _state["others"] = _others(prev, sample)
-    _apply(target(_state["most"], _state["others"]))
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(user)
 
 
 def describe() -> str:
