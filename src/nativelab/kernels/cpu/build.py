@@ -13,6 +13,7 @@ import os
 import warnings
 from pathlib import Path
 
+from ... import cpp_build
 from ...device import cpu_info
 
 CSRC = Path(__file__).parent / "csrc"
@@ -38,32 +39,13 @@ def enabled() -> bool:
     return raw != "0"
 
 
-def _load(name: str, sources: list[Path], flags: list[str]):
-    try:
-        from ... import cpp_build  # the project's cached, lock-protected builder (issue 15)
-    except ImportError:
-        cpp_build = None
-    if cpp_build is not None:
-        return cpp_build.load_extension(name, sources, extra_cflags=flags)
-    # Until that builder is on main: PyTorch's own JIT build, in a per-user cache directory.
-    from torch.utils import cpp_extension
-
-    build_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nativelab" / "cpu-kernels" / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(name, [str(s) for s in sources], extra_cflags=flags, build_directory=str(build_dir))
-
-
 @functools.cache
 def extension(which: str | None = None):
     """The decode kernels' module for ISA `which` (default: this host's), or None where it cannot be built."""
     which = which or isa()
     flags = ["-O3", f"-DCPU_CAPABILITY=nativelab_{which}", *ISA_FLAGS[which]]
-    src = CSRC / "decode.cpp"
-    import hashlib
-
-    tag = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
-    try:
-        return _load(f"nativelab_decode_{which.lower()}_{tag}", [src], flags)
+    try:  # cached on disk by content and flags (nativelab.cpp_build)
+        return cpp_build.load_extension(f"nativelab_decode_{which.lower()}", [CSRC / "decode.cpp"], flags)
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a compile error: the traced path still works
         warnings.warn(f"nativelab: the hand-written CPU decode kernels could not be built ({e}); "
                       f"the traced kernels run instead")
