@@ -44,16 +44,6 @@ def reset_stats() -> None:
     global _stats
     _stats = CompileStats()
 
-# A tool watching compilation (nativelab.check): observer(kind, input shapes) for every static graph the
-# backend is handed, and for each new concrete shape of a symbolic one (each is a compile on the real device).
-graph_observer = None
-
-
-def note_graph(kind: str, inputs) -> None:
-    obs = graph_observer
-    if obs is not None:
-        obs(kind, tuple(tuple(x.shape) for x in inputs if hasattr(x, "shape")))
-
 
 def current() -> CompileStats:
     return _stats
