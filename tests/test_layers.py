@@ -1,6 +1,6 @@
 """The package's layers and their one-way data flow, read from the source (ast: nothing is imported or run).
 
-    cpp_build  <-  device  <-  compiler, distributed  <-  kernels  <-  models  <-  profile, finetune, check  <-  apps  <-  cli
+    cpp_build, files  <-  device  <-  compiler, distributed  <-  kernels  <-  models  <-  profile, finetune, check  <-  apps  <-  cli
 
 A module may import from its own layer and the layers below it, never above; and no module imports itself back
 through others (no import cycle), counting imports inside functions too: a lazy import only hides a cycle.
@@ -17,7 +17,7 @@ import nativelab
 
 ROOT = pathlib.Path(nativelab.__file__).parent
 LAYERS = [
-    {"cpp_build"},  # building C++ extensions: a utility any layer may use (issue 15)
+    {"cpp_build", "files"},  # utilities any layer may use: building C++ extensions, atomic files
     {"device"},
     {"compiler", "distributed"},
     {"kernels"},

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .files import cache_root
+
 ENV = "NATIVELAB_CPP_CACHE_DIR"
 log = logging.getLogger("nativelab.cpp_build")
 _loaded: dict[str, object] = {}
@@ -33,11 +35,7 @@ class CppBuildError(RuntimeError):
 
 def cache_dir() -> Path:
     """$NATIVELAB_CPP_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/cpp, else ~/.cache/nativelab/cpp."""
-    explicit = os.environ.get(ENV)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nativelab" / "cpp"
+    return cache_root(ENV, "cpp")
 
 
 def compiler() -> str:

@@ -10,10 +10,10 @@ detected by its checksum, removed with a warning, and compiled again.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import warnings
 from pathlib import Path
+
+from ..files import cache_root, write_atomic
 
 MAGIC = b"NATIVELAB-NEFF-1\n"
 ENV = "NATIVELAB_CACHE_DIR"
@@ -21,11 +21,7 @@ ENV = "NATIVELAB_CACHE_DIR"
 
 def cache_dir() -> Path:
     """$NATIVELAB_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/neff, else ~/.cache/nativelab/neff."""
-    explicit = os.environ.get(ENV)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nativelab" / "neff"
+    return cache_root(ENV, "neff")
 
 
 def entry_path(key: str) -> Path:
@@ -68,24 +64,6 @@ def write(key: str, payload: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
     return write_atomic(path, blob, prefix=f".{key[:16]}.")
-
-
-def write_atomic(path: Path, data: bytes, prefix: str | None = None) -> Path:
-    """Write a whole file or nothing: a temporary file in the same directory, fsync, rename over `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
 
 
 def entries() -> list[Path]:

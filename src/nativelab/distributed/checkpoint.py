@@ -16,6 +16,8 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from ..files import fsync_dir, write_atomic
+
 LATEST = "LATEST"
 
 
@@ -34,24 +36,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def save(state: dict, root: str | os.PathLike, step: int, keep: int = 2) -> Path:
     """Save `state` (DCP's stateful dict: model / optimizer state dicts, plain values) as step `step` on
     every rank (a collective); keep the newest `keep` complete checkpoints. Returns the step directory."""
@@ -67,7 +51,7 @@ def save(state: dict, root: str | os.PathLike, step: int, keep: int = 2) -> Path
     dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
     _barrier()  # every rank's files are written and fsynced
     if _rank() == 0:
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # the same step saved again: the old copy stays valid until the new one is in place
             old = root / f".{name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -76,8 +60,8 @@ def save(state: dict, root: str | os.PathLike, step: int, keep: int = 2) -> Path
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(root)
-        _write_atomic(root / LATEST, name + "\n")
+        fsync_dir(root)
+        write_atomic(root / LATEST, (name + "\n").encode(), sync_dir=True)
         for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()

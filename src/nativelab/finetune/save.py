@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import fsync_dir
 from . import model as model_mod
 
 FINGERPRINT = "nativelab_base.json"  # beside the PEFT / HF files: which base model this was trained on
@@ -24,11 +25,7 @@ def _fsync_tree(root: Path) -> None:
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(root)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..compiler.cache import write_atomic as _write_atomic
+from ..files import write_atomic as _write_atomic
 
 
 def write_atomic(path, data: bytes) -> Path:
