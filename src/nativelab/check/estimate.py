@@ -143,11 +143,12 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     }
 
 
-def fit_kernel_s(watch, measured_seconds_per: float, per: int, hw: Trainium2 | None = None) -> float:
-    """The one fitted constant: the per-kernel cost that makes this run's estimate equal a measured time."""
-    hw0 = (hw or Trainium2()).with_params({"kernel_s": 0.0})
-    est = estimate(watch, hw0, per)
-    kernels_per = est["counts"]["kernels"] / max(per, 1)
-    if kernels_per <= 0:
-        raise ValueError("no kernels to fit a per-kernel cost to")
-    return max(measured_seconds_per - est["seconds_per"], 0.0) / kernels_per
+def fit(watch, param: str, measured_seconds_per: float, per: int, hw: Trainium2 | None = None) -> float:
+    """The one fitted constant: the value of `param` (the estimate is linear in each parameter) that makes this
+    run's estimate per step / token equal a measured time."""
+    hw = hw or Trainium2()
+    at0 = estimate(watch, hw.with_params({param: 0.0}), per)["seconds_per"]
+    at1 = estimate(watch, hw.with_params({param: 1.0}), per)["seconds_per"]
+    if at1 - at0 <= 0:
+        raise ValueError(f"the estimate does not depend on {param} for this run")
+    return max((measured_seconds_per - at0) / (at1 - at0), 0.0)

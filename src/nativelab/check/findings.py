@@ -65,6 +65,7 @@ FALLBACK_FIXES = {
     "aten::argmin": "argmin -> x.min(dim).indices, or (-x).max(dim).indices (max.dim runs on the device)",
     "aten::normal_": "random numbers fall back: draw them on the CPU once outside the step and .to('neuron'), or "
                      "reuse a pre-drawn buffer",
+    "aten::random_": "random integers (randint) fall back: draw them on the CPU outside the step and .to('neuron')",
     "aten::uniform_": "random numbers fall back: draw them on the CPU outside the step and .to('neuron')",
     "aten::bernoulli_": "dropout masks fall back: disable dropout for inference, or draw masks outside the step",
     "aten::_unique2": "unique has a data-dependent shape: count into a fixed-size histogram "

@@ -14,9 +14,12 @@ Published (AWS Neuron documentation):
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/device-memory.html
 
 Not published (named parameters, defaults stated and used unless overridden):
-- launch_s: one launch of a compiled graph / eager op by the runtime, host side included.
-- kernel_s: the fixed cost of one kernel (one HBM round trip of an op's inputs and outputs) inside a graph;
-  the one constant fitted to the guide's measured Lab 2 base tier (see `calibration`).
+- launch_s: one launch of a compiled graph / eager op by the runtime, host side included. The one constant
+  fitted to the guide: 898 us makes the base tier's estimate equal its measured 359 tok/s (compiled, greedy,
+  2.04 launches per token: the argmax fallback splits the graph); with it core is estimated at 538 tok/s
+  (guide 435, +24%) and experimental at 555 (guide 537, +3%). `python bench/check_estimate.py` redoes it.
+- kernel_s: the fixed cost of one op inside a graph or a library kernel (its engine instructions and their
+  synchronisation; its bytes are in the roofline). Default 2 us, not fitted.
 - host_round_trip_s: one device -> host -> device round trip of a CPU fallback (a drain, a DMA each way over
   PCIe, the host kernel), besides the bytes.
 - host_link_bytes_per_s: host <-> device bandwidth (PCIe Gen5 x16 class).
@@ -52,8 +55,8 @@ class Trainium2:
     microcode_bytes_per_physical_core: int = 96 * 10**6
     lnc: int = 2  # physical cores per logical core (NEURON_RT_VIRTUAL_CORE_SIZE)
     # not published: named parameters with stated defaults
-    launch_s: float = 50e-6
-    kernel_s: float = 2.0e-6  # fitted on the guide's base tier (calibration.py); this is the fitted value
+    launch_s: float = 898e-6  # THE fitted constant: the guide's base tier (359 tok/s), bench/check_estimate.py
+    kernel_s: float = 2.0e-6
     host_round_trip_s: float = 100e-6
     host_link_bytes_per_s: float = 32e9
     collective_bytes_per_s: float = 100e9

@@ -49,8 +49,8 @@ def device_from(src: str | None):
         raise ValueError(f"--device-from: only 'cuda' is mapped, not {src!r}")
     cuda = torch.cuda
     patched = {"is_available": lambda: True, "synchronize": lambda device=None: torch.neuron.synchronize(),
-               "device_count": torch.neuron.device_count, "manual_seed": lambda seed: torch.manual_seed(seed),
-               "manual_seed_all": lambda seed: torch.manual_seed(seed), "current_device": torch.neuron.current_device,
+               "device_count": torch.neuron.device_count, "manual_seed": torch.neuron.manual_seed,
+               "manual_seed_all": torch.neuron.manual_seed_all, "current_device": torch.neuron.current_device,
                "set_device": torch.neuron.set_device}
     saved = {k: getattr(cuda, k) for k in patched}
     for k, v in patched.items():

@@ -147,7 +147,11 @@ class Watch(Session):
             ev = self.fallback_sites[(name, site)]
             ev.to_host += st.to_host - before[1]
             ev.to_device += st.to_device - before[2]
-        else:  # a device op whose output shape depends on values: the host waits for it
+        else:
+            base = name.split(".", 1)[0]
+            if base not in _SHAPE_OPS or (base == "aten::index" and not _bool_index(dev_args)):
+                return res  # the emulator ran it at once (no shape function); the device would queue it
+            # a device op whose output shape depends on values: the host waits for it
             ev = self.sync_sites[("shape:" + name, site)]
             ev.to_host += st.read - before[3]
         ev.count += 1
@@ -273,6 +277,12 @@ class Watch(Session):
             src = getattr(owner, "source", None) if owner is not None else getattr(fn, "source", None)
             self.sources[name] = (src, owner is None)
         return super().run(name, fn, args)
+
+
+def _bool_index(args) -> bool:
+    """`x[mask]`: an index with a boolean tensor in it."""
+    idx = args[1] if len(args) > 1 else None
+    return isinstance(idx, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.dtype is torch.bool for t in idx)
 
 
 def _is_wide(a) -> bool:
