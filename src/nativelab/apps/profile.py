@@ -12,7 +12,8 @@ import contextlib
 import os
 import sys
 
-from ..models.llama import SIZES, TIERS, Generator
+from ..models.llama import SIZES, TIERS
+from ..models.llama.generate import counting_tokens as counting_generated
 from ..profile import Session, plots, report, running, trace
 from . import profile_tiers, run
 
@@ -79,7 +80,7 @@ def counting_tokens(session: Session):
     def add(n: int) -> None:
         session.tokens += n
 
-    with running.on_tokens(add):
+    with counting_generated(add):
         yield
 
 

@@ -7,7 +7,7 @@ import os
 import warnings
 
 from ..device import is_registered
-from ..profile.running import on_tokens
+from ..models.llama.generate import counting_tokens
 from . import collect
 from .estimate import estimate
 from .hardware import Trainium2
@@ -99,4 +99,4 @@ def _counting_tokens(watch: Watch):
         for _ in range(n):
             watch.step("token")
 
-    return on_tokens(add)
+    return counting_tokens(add)

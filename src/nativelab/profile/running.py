@@ -1,9 +1,8 @@
 """Running a user's program under observation (`nativelab profile`, `nativelab check`): a script as `__main__`
-with its own `sys.argv`, and the tokens every Llama `Generator.generate` returns, counted as they come."""
+with its own `sys.argv`."""
 
 from __future__ import annotations
 
-import contextlib
 import runpy
 import sys
 
@@ -19,22 +18,3 @@ def run_script(argv: list[str]) -> int:
     finally:
         sys.argv = saved
     return 0
-
-
-@contextlib.contextmanager
-def on_tokens(callback):
-    """Call `callback(n)` with the number of tokens each `Generator.generate` returns while active."""
-    from ..models.llama import Generator
-
-    original = Generator.generate
-
-    def generate(self, *a, **k):
-        out = original(self, *a, **k)
-        callback(len(out))
-        return out
-
-    Generator.generate = generate
-    try:
-        yield
-    finally:
-        Generator.generate = original

@@ -8,6 +8,7 @@ graph over static buffers, so each generated token is one graph replay with no h
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -155,3 +156,21 @@ class Generator:
             nxt = self.decode_step(nxt, pos)
             out.append(nxt)
         return torch.cat(out).cpu().tolist()  # one host read at the end: no sync per token
+
+
+@contextlib.contextmanager
+def counting_tokens(callback):
+    """While active, `callback(n)` gets the number of tokens each `Generator.generate` returns (for per-token
+    figures in profiles and checks)."""
+    original = Generator.generate
+
+    def generate(self, *a, **k):
+        out = original(self, *a, **k)
+        callback(len(out))
+        return out
+
+    Generator.generate = generate
+    try:
+        yield
+    finally:
+        Generator.generate = original
