@@ -103,6 +103,7 @@ def test_the_kernel_interface_runs_the_host_kernel_on_the_device(monkeypatch):
     the traced path it replaces."""
     if build.extension() is None:
         pytest.skip("no C++ toolchain")
+    monkeypatch.setenv("NATIVELAB_CPU_KERNELS", "1")
     a = _decoder(torch.float32)
     calls = []
     real = decode.transformer_tkg

@@ -72,14 +72,17 @@ def op_base_name(op: OpOverload) -> str:
 STANDALONE_COMPILE_LOGGER = "torch._inductor.standalone_compile"  # warns about graphs it cannot serialize
 
 
-def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool, threads: int):
+def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool):
     """Inductor-compile an ATen graph for these (static-shaped) inputs into a callable artifact, which can be
     saved (`artifact.save(path=..., format="binary")`) unless `artifact.is_saveable()` says otherwise.
-    `threads`: the most OpenMP threads the code will run with (Inductor sizes per-thread buffers by it)."""
+    Parallel loops take their thread count from the calling thread at run time (`cpp.dynamic_threads`), so
+    the device's thread policy (device/threads.py) governs them; Inductor otherwise sizes per-thread
+    reduction buffers by the count at compile time (code compiled while the team was shrunk overran them
+    when it grew back), and an explicit `cpp.threads` would hard-code `num_threads(N)`."""
     from torch._inductor import standalone_compile as compile_graph
 
     return compile_graph(gm, example_inputs, dynamic_shapes="from_example_inputs",
-                         options={"config_patches": {"freezing": freezing, "cpp.threads": threads}})
+                         options={"config_patches": {"freezing": freezing, "cpp.dynamic_threads": True}})
 
 
 def load_artifact(path: str):

@@ -19,7 +19,7 @@ from ..device.config import DEVICE_NAME
 from . import _private, cache, gemm, metrics
 from .runtime import DeviceGraph
 
-COMPILER_VERSION = "nativelab-neuron-cc 3"  # bump when the lowering changes what it generates (3: fp32 GEMMs)
+COMPILER_VERSION = "nativelab-neuron-cc 4"  # bump when the lowering changes what it generates (3: fp32 GEMMs, 4: run-time thread counts)
 DEVICE = DEVICE_NAME
 
 
@@ -60,8 +60,7 @@ def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | No
             s.cache_corrupt += 1
     if artifact is None:
         with torch.no_grad() if freeze else contextlib.nullcontext(), _quiet_unsaveable():
-            artifact = _private.standalone_compile(gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, freeze,
-                                                   threads.ceiling())
+            artifact = _private.standalone_compile(gemm.with_fp32_gemms(cpu_gm, cpu_inputs), cpu_inputs, freeze)
         if key is None:
             how = "compiled (frozen weights, not cached)" if freeze else "compiled (not cached)"
         else:

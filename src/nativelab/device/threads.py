@@ -89,9 +89,7 @@ def _init() -> str | int:
 
 
 def ceiling() -> int:
-    """The most threads the policy uses. Generated code is compiled for this many: Inductor sizes per-thread
-    reduction buffers by the thread count at compile time, so code compiled while the team was shrunk would
-    overrun them when the team grows back (running with fewer threads than compiled for is safe)."""
+    """The most threads the policy uses (part of the compile cache key)."""
     _init()
     return _state["most"]
 
