@@ -243,3 +243,28 @@ def test_check_reads_dynamo_compilation_metrics():
     assert isinstance(check_private.dynamo_compilation_metrics(), list)
     assert isinstance(torch.ops.aten.mm.default, check_private.OpOverload)
     assert check_private.op_base_name(torch.ops.aten.mm.default) == "aten::mm"
+
+
+def test_dlpack_device_patch_and_torch_naming_bug():
+    # PyTorch's own __dlpack_device__ checks the unrenamed name "privateuse1"; if it learns the renamed one,
+    # the patch can go.
+    assert hasattr(torch.Tensor.__dlpack_device__, "__wrapped__")
+    import inspect
+
+    assert '"privateuse1"' in inspect.getsource(torch.Tensor.__dlpack_device__.__wrapped__)
+
+
+def test_after_import_hook_runs_on_first_import(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "nl_after_import_probe.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    _private.after_import("nl_after_import_probe", lambda m: seen.append(m.VALUE))
+    assert seen == []
+    import nl_after_import_probe  # noqa: F401
+
+    assert seen == [1]
+    _private.after_import("nl_after_import_probe", lambda m: seen.append(2))  # already imported: at once
+    assert seen == [1, 2]
+    del sys.modules["nl_after_import_probe"]

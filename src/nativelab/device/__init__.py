@@ -17,7 +17,8 @@ import types
 import torch
 
 from . import (
-    _private, autocast, config, conversion, guard, int32_targets, memory, module, ops, queue, runtime_ops, tracking,
+    _private, autocast, config, conversion, dynamo_interface, guard, int32_targets, memory, module, ops, queue,
+    rnn_cells, runtime_ops, tracking,
 )
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
@@ -71,6 +72,8 @@ def register() -> bool:
     for op, kernel in ops.direct_kernels().items():
         aten_lib.impl(op, kernel, "PrivateUse1")
     runtime_ops.install(aten_lib)
+    rnn_cells.install(aten_lib)
+    dynamo_interface.install(cfg.num_cores)
     autocast.install(lib, aten_lib)
     int32_targets.install(aten_lib)
     # Lazy conjugate/negative bits: let `_copy_from` see them (host views keep them) instead of PyTorch's
@@ -80,6 +83,7 @@ def register() -> bool:
     _libs.extend((lib, aten_lib))
     _private.patch_accelerator_hooks(_accelerator_hooks())
     _private.patch_tensor_repr("neuron")
+    _private.patch_dlpack_device("neuron")
     _private.patch_storage_constructor(
         "neuron", lambda nbytes, index: memory.alloc_storage(nbytes, guard.current_index() if index is None else index)
     )

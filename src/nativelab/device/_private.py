@@ -193,3 +193,49 @@ def keep_out_of_fused_transformer_paths() -> None:
     if not hasattr(br, "_privateuse1_backend_name"):
         raise RuntimeError("torch.utils.backend_registration._privateuse1_backend_name is gone")
     br._privateuse1_backend_name = "privateuseone"
+
+
+def after_import(name: str, fn) -> None:
+    """Call fn(module) once the module `name` is imported (now, if it already is), without importing it."""
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        fn(sys.modules[name])
+        return
+
+    class _After(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(mod):
+                run(mod)
+                fn(mod)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _After())
+
+
+def patch_dlpack_device(device_type: str) -> None:
+    """`Tensor.__dlpack_device__` recognises a PrivateUse1 tensor only under the name "privateuse1", so a renamed
+    backend's tensors cannot be exported; answer (kDLExtDev, index) for them, as PyTorch's C++ `to_dlpack` does."""
+    original = torch.Tensor.__dlpack_device__
+
+    def __dlpack_device__(self):
+        if self.device.type == device_type:
+            from torch.utils.dlpack import DLDeviceType
+
+            return (DLDeviceType.kDLExtDev, self.device.index)
+        return original(self)
+
+    __dlpack_device__.__wrapped__ = original
+    torch.Tensor.__dlpack_device__ = __dlpack_device__

@@ -97,7 +97,25 @@ def host_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
     try:
         return st._nl_block.host
     except AttributeError:
-        raise RuntimeError("neuron: this storage was not allocated by the nativelab device") from None
+        return _foreign_host(st)
+
+
+class _Foreign:
+    """The host side of device memory the device did not allocate (a DLPack import): its owner frees it, and
+    it is not in any core's account."""
+
+    __slots__ = ("host",)
+
+    def __init__(self, host):
+        self.host = host
+
+
+def _foreign_host(st: torch.UntypedStorage) -> torch.UntypedStorage:
+    if st.device.type != DEVICE or (st.data_ptr() == 0 and st.nbytes() != 0):
+        raise RuntimeError("neuron: this storage was not allocated by the nativelab device")
+    host = _private.device_storage(st.data_ptr(), torch.device("cpu"), st.nbytes())
+    st._nl_block = _Foreign(host)  # lives as long as the device storage, which owns the memory
+    return host
 
 
 def _template(index: int, dtype: torch.dtype, inference: bool = False) -> torch.Tensor:
@@ -161,7 +179,7 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     """
     hv = getattr(t, "_nl_hv", None)
     if hv is None or hv.data_ptr() != t.data_ptr() or hv.shape != t.shape or hv.stride() != t.stride():
-        host = t.untyped_storage()._nl_block.host
+        host = host_storage(t.untyped_storage())
         hv = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
         t._nl_hv = hv
     if t.dtype.is_complex:

@@ -2,6 +2,7 @@
 // (c10::DeviceGuard, torch.Stream / torch.Event, torch.accelerator, the autograd engine's device threads).
 #include "runtime.h"
 
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -24,6 +25,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (d.index() >= 0 && d.index() < device_count()) set_device(d.index());
   }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+  c10::DeviceCapability getDeviceCapability(c10::Device /*device*/) const override {
+    return c10::DeviceCapability();  // every dtype: the host CPU computes them all (dtype policy aside)
+  }
 
   c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
   c10::Stream getDefaultStream(c10::Device d) const override { return default_stream(d.index()); }

@@ -34,6 +34,7 @@ void init(int cores, py::function drain, py::function idle, py::function record_
   };
   register_guard();
   register_hooks();
+  register_profiler_stubs();
 }
 
 at::Generator unwrap_generator(const py::handle& obj) {

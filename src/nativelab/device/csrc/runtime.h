@@ -49,6 +49,7 @@ c10::Stream exchange_stream(c10::Stream s) noexcept;
 // hooks.cpp
 void register_guard();
 void register_hooks();
+void register_profiler_stubs();
 bool is_pinned(const void* ptr);
 
 }  // namespace nativelab
