@@ -277,3 +277,33 @@ def test_large_bf16_products_run_as_fp32_gemms_small_ones_stay_bf16():
     assert big.dtype == torch.bfloat16
     assert torch.equal(big.cpu(), (x.float() @ w.float().t()).bfloat16())
     torch.testing.assert_close(small.cpu(), v @ w.t(), rtol=1e-2, atol=1e-2)
+
+
+def test_outputs_are_where_eager_puts_them():
+    # `.cpu()` inside a compiled function returns a CPU tensor, as eager does, readable at once.
+    def f(x):
+        return (x + 1).cpu() * 2, x * 3
+
+    x = torch.arange(4.0, device="neuron")
+    host, dev = torch.compile(f, backend="neuron")(x)
+    want_host, want_dev = f(x)
+    assert host.device.type == "cpu" and dev.device.type == "neuron"
+    assert torch.equal(host, want_host) and torch.equal(dev.cpu(), want_dev.cpu())
+    x.add_(10)  # the host output owns its memory
+    assert torch.equal(host, want_host)
+
+
+def test_inference_graph_holding_a_constant_tensor():
+    # nanoGPT's generate(): `x[:, [-1], :]` under no_grad puts the index list in the graph as a constant tensor.
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 5)
+
+    def last_logits(m, x):
+        return m(x[:, [-1], :])
+
+    x = torch.randn(2, 3, 8)
+    want = last_logits(lin, x)
+    m = lin.to("neuron")
+    with torch.no_grad():
+        got = torch.compile(lambda x: last_logits(m, x), backend="neuron")(x.to("neuron"))
+    torch.testing.assert_close(got.cpu(), want.detach(), atol=1e-5, rtol=1e-5)

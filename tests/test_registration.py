@@ -65,3 +65,37 @@ def test_stands_aside_when_the_real_neuron_stack_is_installed(tmp_path):
     r = run_python(code, env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True", "privateuseone"]
+
+
+CPU_ONLY_PROGRAM = textwrap.dedent("""
+    import warnings
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    warnings.simplefilter("ignore")  # plain PyTorch warns that no accelerator can pin memory
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(6, 3), torch.arange(6))
+    for xb, yb in DataLoader(data, batch_size=4, shuffle=True, pin_memory=True):  # Hugging Face Trainer's default
+        print("batch", xb.tolist(), yb.tolist(), xb.device)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2))
+    holder = torch.nn.ModuleDict({"net": model, "head": model[2]})  # a shared submodule, moved with the model
+    holder.to("cpu").to(torch.float64).to(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(torch.randn(5, 3))
+    print("autocast", y.dtype, y.float().tolist())
+    print("same parameter", holder["head"].weight is model[2].weight)
+    print("default device", torch.get_default_device(), "cuda", torch.cuda.is_available())
+    print("autocast dtype", torch.get_autocast_dtype("cpu"), torch.amp.is_autocast_available("cpu"))
+    print("swap on conversion", torch.__future__.get_swap_module_params_on_conversion())
+    print("rng", torch.rand(3).tolist(), torch.initial_seed())
+""")
+
+
+def test_a_program_that_never_uses_the_device_runs_as_without_nativelab():
+    plain = run_python(CPU_ONLY_PROGRAM, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    with_nativelab = run_python(CPU_ONLY_PROGRAM)  # `import torch` registers the device
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert with_nativelab.returncode == 0, with_nativelab.stderr[-2000:]
+    loaded = run_python("import torch; print(torch.neuron.is_available())")
+    assert loaded.stdout.strip() == "True", loaded.stderr[-2000:]  # the second run did have the device
+    assert with_nativelab.stdout == plain.stdout

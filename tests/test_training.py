@@ -132,3 +132,85 @@ def test_moving_a_module_keeps_its_parameters_and_their_ties():
     lazy.to_empty(device="neuron")
     assert lazy.lm_head.weight is lazy.wte.weight
     assert not torch.__future__.get_swap_module_params_on_conversion()  # a CPU-only program converts as before
+
+
+class _TinyGPT2(nn.Module):
+    """GPT-2's shape, tiny: token + position embeddings, pre-norm blocks with causal attention and a GELU MLP,
+    dropout after embeddings, attention and projections, the LM head tied to the token embedding, and each
+    block under activation checkpointing (its dropout is recomputed in the backward pass)."""
+
+    def __init__(self, vocab=37, n_embd=16, n_head=2, n_layer=2, block=8, p=0.1):
+        super().__init__()
+        self.n_head, self.p = n_head, p
+        self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
+        self.drop = nn.Dropout(p)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({
+                "ln_1": nn.LayerNorm(n_embd), "c_attn": nn.Linear(n_embd, 3 * n_embd),
+                "c_proj": nn.Linear(n_embd, n_embd), "ln_2": nn.LayerNorm(n_embd),
+                "c_fc": nn.Linear(n_embd, 4 * n_embd), "mlp_proj": nn.Linear(4 * n_embd, n_embd),
+            })
+            for _ in range(n_layer)
+        )
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def _block(self, b, x):
+        B, T, C = x.shape
+        q, k, v = b["c_attn"](b["ln_1"](x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (k.size(-1) ** -0.5)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = nn.functional.dropout(att.masked_fill(~causal, float("-inf")).softmax(-1), self.p, self.training)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + nn.functional.dropout(b["c_proj"](y), self.p, self.training)
+        h = b["mlp_proj"](nn.functional.gelu(b["c_fc"](b["ln_2"](x)), approximate="tanh"))
+        return x + nn.functional.dropout(h, self.p, self.training)
+
+    def forward(self, idx, targets):
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for b in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(self._block, b, x, use_reentrant=False)
+        logits = self.lm_head(self.ln_f(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _gpt2_run(device, p=0.1, steps=3):
+    """Losses, per-step gradients and the AdamW-updated weights of the tiny GPT-2 (same seeds on any device)."""
+    torch.manual_seed(0)
+    model = _TinyGPT2(p=p)
+    gen = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 37, (steps, 2, 9), generator=gen)
+    model.to(device).train()
+    assert model.lm_head.weight is model.wte.weight and "lm_head.weight" in model.state_dict()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    torch.manual_seed(2)  # the dropout masks: the CPU's generator on CPU, the device's on the device
+    losses, grads = [], []
+    for batch in data.to(device):
+        opt.zero_grad()
+        loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().cpu())
+        grads.append({n: q.grad.detach().cpu() for n, q in model.named_parameters()})
+    assert model.lm_head.weight is model.wte.weight
+    return torch.stack(losses), grads, {n: t.detach().cpu() for n, t in model.state_dict().items()}
+
+
+def _assert_same_run(got, want):
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    for g, w in zip(got[1], want[1]):
+        assert g.keys() == w.keys()
+        for name in w:
+            torch.testing.assert_close(g[name], w[name], atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], atol=1e-5, rtol=1e-4)
+
+
+def test_gpt2_style_training_with_tied_weights_dropout_and_checkpointing_matches_cpu():
+    # Every silent divergence of the device (untied weights, dropout replayed with other masks, late reads)
+    # shows up here as a different loss, gradient or updated weight.
+    _assert_same_run(_gpt2_run("neuron"), _gpt2_run("cpu"))

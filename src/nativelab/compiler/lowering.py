@@ -161,8 +161,9 @@ def _key(cpu_gm, cpu_inputs, options) -> str:
 
 
 def _outputs(gm):
-    """Per output (shape, stride, dtype); whether any output shares memory with an input; whether the graph
-    returns a single value rather than a tuple."""
+    """Per output (shape, stride, dtype, on the host); whether the graph must run at launch (an output shares
+    memory with an input, or is a host tensor the caller may read at once: `(x + 1).cpu() * 2`); whether the
+    graph returns a single value rather than a tuple."""
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = out_node.args[0]
     single = not isinstance(outs, (list, tuple))
@@ -176,8 +177,9 @@ def _outputs(gm):
     for o in outs:
         v = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
         if isinstance(v, torch.Tensor):
-            specs.append((tuple(v.shape), tuple(v.stride()), v.dtype))
-            aliasing = aliasing or v.untyped_storage()._cdata in inputs
+            on_host = v.device.type != DEVICE
+            specs.append((tuple(v.shape), tuple(v.stride()), v.dtype, on_host))
+            aliasing = aliasing or on_host or v.untyped_storage()._cdata in inputs
         else:
             specs.append(None)
             aliasing = True  # a non-tensor output: run at launch, return what the code returns

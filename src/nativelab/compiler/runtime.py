@@ -24,7 +24,7 @@ class DeviceGraph(torch.nn.Module):
         # The device graph it was lowered from (what the profiler reads its traffic from); kept out of the
         # module tree so it adds no parameters.
         object.__setattr__(self, "source", source)
-        self.out_specs = out_specs  # per output: (shape, stride, dtype) or None for non-tensors
+        self.out_specs = out_specs  # per output: (shape, stride, dtype, on the host) or None for non-tensors
         self.aliasing = aliasing
         self.single = single  # the graph returns one value, not a tuple
 
@@ -37,7 +37,11 @@ class DeviceGraph(torch.nn.Module):
             hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE else a
                      for a in args]
             queue.drain()
-            outs = [_back_to_device(r, args, index) for r in _as_tuple(queue.run_now(self.name, self.run_now, hargs))]
+            res = _as_tuple(queue.run_now(self.name, self.run_now, hargs))
+            outs = [
+                _on_host(r, args) if spec is not None and spec[3] else _back_to_device(r, args, index)
+                for r, spec in zip(res, self.out_specs)
+            ]
         else:
             outs = [
                 memory.empty_strided(spec[0], spec[1], spec[2], index) if spec is not None else None
@@ -62,6 +66,19 @@ class DeviceGraph(torch.nn.Module):
 
 def _as_tuple(res):
     return (res,) if isinstance(res, torch.Tensor) or not isinstance(res, (list, tuple)) else res
+
+
+def _on_host(r, args):
+    """A host output (the graph moved it off the device, as eager `.cpu()` does): a CPU tensor of its own,
+    never a view of device memory."""
+    if not isinstance(r, torch.Tensor):
+        return r
+    ptr = r.untyped_storage().data_ptr()
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == DEVICE:
+            if memory.host_storage(a.untyped_storage()).data_ptr() == ptr:
+                return r.clone()
+    return r
 
 
 def _back_to_device(r, args, index):

@@ -150,6 +150,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 _COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 _to_copy_composite = aten._to_copy.default.redispatch
+_pin_memory_composite = aten._pin_memory.default.redispatch
 
 
 def convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -199,3 +200,23 @@ def install(lib: torch.library.Library) -> None:
     """Register the runtime's own kernels for the device (they take precedence over the boxed fallback)."""
     for name, kernel in KERNELS.items():
         lib.impl(name, kernel, "PrivateUse1")
+    if not _pinning_works():
+        lib.impl("_pin_memory", pin_memory_without_allocator, "CPU")
+
+
+def _pinning_works() -> bool:
+    try:
+        torch.empty(1).pin_memory()
+        return True
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
+def pin_memory_without_allocator(self, device=None):
+    """`pin_memory()` while the device has no pinned-memory allocator: a copy in ordinary host memory, which the
+    emulator copies from just as fast. PyTorch's own kernel would raise for want of the allocator, and
+    `DataLoader(pin_memory=True)` (Hugging Face's Trainer default) calls it as soon as an accelerator is present:
+    a program that never uses the device must still run as it does without nativelab."""
+    if device is not None and torch.device(device).type != DEVICE:
+        return _pin_memory_composite(_COMPOSITE, self, device)
+    return self.clone(memory_format=torch.preserve_format)
