@@ -68,27 +68,30 @@ def _as_tuple(res):
     return (res,) if isinstance(res, torch.Tensor) or not isinstance(res, (list, tuple)) else res
 
 
+def _device_input_sharing(r, args):
+    """The device input whose memory the host result `r` lies in, or None."""
+    ptr = r.untyped_storage().data_ptr()
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == DEVICE:
+            if memory.host_storage(a.untyped_storage()).data_ptr() == ptr:
+                return a
+    return None
+
+
 def _on_host(r, args):
     """A host output (the graph moved it off the device, as eager `.cpu()` does): a CPU tensor of its own,
     never a view of device memory."""
     if not isinstance(r, torch.Tensor):
         return r
-    ptr = r.untyped_storage().data_ptr()
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == DEVICE:
-            if memory.host_storage(a.untyped_storage()).data_ptr() == ptr:
-                return r.clone()
-    return r
+    return r.clone() if _device_input_sharing(r, args) is not None else r
 
 
 def _back_to_device(r, args, index):
     if not isinstance(r, torch.Tensor):
         return r
-    ptr = r.untyped_storage().data_ptr()
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == DEVICE:
-            if memory.host_storage(a.untyped_storage()).data_ptr() == ptr:
-                return memory.wrap(a.untyped_storage(), index, r.dtype, r.size(), r.stride(), r.storage_offset())
+    a = _device_input_sharing(r, args)
+    if a is not None:
+        return memory.wrap(a.untyped_storage(), index, r.dtype, r.size(), r.stride(), r.storage_offset())
     return memory.from_host(r, index)
 
 
