@@ -14,8 +14,6 @@ reads + writes); efficiency = roofline time / measured time per token.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import time
 
@@ -23,6 +21,7 @@ import torch
 
 import nativelab  # noqa: F401
 from nativelab.device import threads
+from nativelab.kernels.cpu.build import host_kernels
 from nativelab.models.llama import TIERS, Generator, Llama, Sampling, checkpoint
 
 PROMPT = [1, 15043, 29892, 590, 1024, 338]
@@ -107,20 +106,6 @@ def measure(args, compiled: bool, greedy: bool, source: Llama, dtype, prompt) ->
 
 
 HOST = "exp. (C++ kernel)"
-
-
-@contextlib.contextmanager
-def host_kernels(on: bool):
-    """NATIVELAB_CPU_KERNELS for the block (read at each kernel launch)."""
-    old = os.environ.get("NATIVELAB_CPU_KERNELS")
-    os.environ["NATIVELAB_CPU_KERNELS"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["NATIVELAB_CPU_KERNELS"]
-        else:
-            os.environ["NATIVELAB_CPU_KERNELS"] = old
 
 
 def report(title: str, results: dict[str, list[float]], roof_tok_s: float | None = None) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 
 from ..device import is_registered
+from ..kernels.cpu.build import host_kernels
 from ..models.llama.generate import counting_tokens
 from . import collect
 from .estimate import estimate
@@ -42,7 +42,9 @@ class Check:
         # every fallback with its line instead.
         self._stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message=r"Operator '.*' fell back to CPU")
-        self._stack.enter_context(_traced_kernels())
+        # Library kernels run their traced path while checked: the estimate counts the ops a kernel performs
+        # from its traced graph; a hand-written host implementation is opaque to it.
+        self._stack.enter_context(host_kernels(False))
         self._stack.enter_context(self.watch)
         if self.tokens:
             self._stack.enter_context(_counting_tokens(self.watch))
@@ -75,21 +77,6 @@ def step() -> None:
     """Mark one step of your program (a training or decode step) for per-step counts; a no-op outside a check."""
     if _active:
         _active[-1].step()
-
-
-@contextlib.contextmanager
-def _traced_kernels():
-    """Library kernels run their traced path while checked (NATIVELAB_CPU_KERNELS=0): the estimate counts the
-    ops a kernel performs from its traced graph; a hand-written host implementation is opaque to it."""
-    saved = os.environ.get("NATIVELAB_CPU_KERNELS")
-    os.environ["NATIVELAB_CPU_KERNELS"] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["NATIVELAB_CPU_KERNELS"]
-        else:
-            os.environ["NATIVELAB_CPU_KERNELS"] = saved
 
 
 def _counting_tokens(watch: Watch):

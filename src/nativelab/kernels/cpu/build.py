@@ -8,6 +8,7 @@ runs otherwise, and on a machine that cannot build C++ (one warning).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -40,6 +41,20 @@ def enabled() -> bool:
     if raw not in ("0", "1", ""):
         raise ValueError(f"NATIVELAB_CPU_KERNELS={raw!r}: expected 0 or 1")
     return raw != "0"
+
+
+@contextlib.contextmanager
+def host_kernels(on: bool):
+    """NATIVELAB_CPU_KERNELS for the block (read at each kernel launch), restored after it."""
+    old = os.environ.get("NATIVELAB_CPU_KERNELS")
+    os.environ["NATIVELAB_CPU_KERNELS"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["NATIVELAB_CPU_KERNELS"]
+        else:
+            os.environ["NATIVELAB_CPU_KERNELS"] = old
 
 
 @functools.cache
