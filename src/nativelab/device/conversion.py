@@ -43,11 +43,13 @@ def _keeping_parameters(method, target_of):
         except RuntimeError as e:
             if "Couldn't swap" not in str(e):
                 raise
-            # A parameter PyTorch cannot swap (a weak reference to it, e.g. a compiled model's guards): convert
-            # the rest as PyTorch does without swapping; moved parameters are not moved twice.
+            # A parameter PyTorch cannot swap (something else holds it: a weak reference such as a compiled
+            # model's guards, or the autograd graph of an output computed before .to()): convert the rest as
+            # PyTorch does without swapping; moved parameters are not moved twice.
             warnings.warn(
-                f"nativelab: {e}; converting with new Parameter objects, which unties shared parameters "
-                "(tie them again after .to())", stacklevel=2,
+                f"nativelab: {e} (still referenced, e.g. by the autograd graph of an output computed before "
+                ".to()); the module gets new Parameter objects: tied parameters come apart and an optimizer "
+                "made before .to() holds the old ones (tie again / make the optimizer after .to())", stacklevel=2,
             )
             _future.set_swap_module_params_on_conversion(False)
             return method(self, *args, **kwargs)
