@@ -136,6 +136,9 @@ def test_api_marked_steps():
     (fb,) = [f for f in r.findings if f.kind == "fallback"]
     assert fb.per_step == 1.0 and fb.line is not None
     assert y.device.type == "neuron"
+    from nativelab.device import observe
+
+    assert observe.collective is None and observe.dispatch is None  # unhooked: the device pays one None test
 
 
 def test_strict_mode_raises_at_the_line():
@@ -185,3 +188,60 @@ def test_lab2_tiers(tmp_path, tier):
     else:
         assert fallbacks == []
     assert r["estimate"]["rate_per_s"] > 0
+
+
+def _two_ranks(tmp_path, *script_args) -> list[dict]:
+    """The collectives script checked in two processes, one rank each (a `neuron` group over TCP, no torchrun);
+    one JSON report per rank through --json's {rank}."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   NATIVELAB_QUIET="1", OMP_NUM_THREADS="1", PYTHONPATH=SRC)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "nativelab.check", "--quiet", "--json", str(tmp_path / "r{rank}.json"),
+             _script("collectives.py"), *script_args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_collectives_per_step_with_lines_and_time(tmp_path):
+    name = "collectives.py"
+    # A rank's collective bandwidth from the published figures (trainium2.html: 3.5 TB/s DMA; HBM 2.9 TB/s, each
+    # byte read and written): its 2/8 share of the chip; ring all_reduce sends 2(n-1)/n of the buffer, the others
+    # (n-1)/n of the full buffer, broadcast the buffer; 20 us per call.
+    bw = min(3.5e12, 2.9e12 / 2) * 2 / 8
+    want = {  # collective: (line, bytes over 3 steps, bytes sent per byte)
+        "all_reduce": (_line(name, "dist.all_reduce(grad)"), 3 * 4096, 1.0),
+        "all_gather": (_line(name, "dist.all_gather_into_tensor"), 3 * 2 * 256 * 4, 0.5),
+        "reduce_scatter": (_line(name, "dist.reduce_scatter_tensor"), 3 * 2 * 256 * 4, 0.5),
+        "broadcast": (_line(name, "dist.broadcast"), 3 * 4096, 1.0),
+        "barrier": (_line(name, "dist.barrier()"), 0, 0.0),
+    }
+    for r in _two_ranks(tmp_path):
+        assert r["step_kind"] == "marked" and r["steps"] == 3
+        total = 0.0
+        for kind, (line, nbytes, factor) in want.items():
+            f = _find(r, "collective", line, collective=kind)
+            assert f["count"] == 3 and f["per_step"] == 1.0
+            assert f["details"]["bytes"] == nbytes and f["details"]["world_size"] == 2
+            assert f["cost_s"] == pytest.approx(3 * 20e-6 + nbytes * factor / bw)
+            total += f["cost_s"]
+        assert r["estimate"]["parts"]["collectives"] == pytest.approx(total)
+
+
+def test_fsdp2_collectives_at_the_users_lines(tmp_path):
+    name = "collectives.py"
+    for r in _two_ranks(tmp_path, "fsdp"):
+        assert r["step_kind"] == "optimizer" and r["steps"] == 2
+        gather = _find(r, "collective", _line(name, "loss = (model(x)"), collective="all_gather")
+        assert gather["per_step"] >= 1.0 and gather["details"]["bytes"] > 0
+        scatter = _find(r, "collective", _line(name, "loss.backward()"), collective="reduce_scatter")
+        assert scatter["per_step"] >= 1.0 and scatter["details"]["bytes"] > 0

@@ -37,8 +37,10 @@ def parse_args(argv):
     )
     ap.add_argument("--device-from", default=None, choices=["cuda"],
                     help="map cuda (device='cuda', .cuda(), torch.cuda.*) to the emulated neuron device")
-    ap.add_argument("--json", default=None, help="write the report as JSON to this file")
-    ap.add_argument("--markdown", default=None, help="write the report as Markdown to this file (CI artifact, PR)")
+    ap.add_argument("--json", default=None, help="write the report as JSON to this file ({rank}: the torch.distributed "
+                    "rank, for one report per rank under torchrun)")
+    ap.add_argument("--markdown", default=None, help="write the report as Markdown to this file (CI artifact, PR; "
+                    "{rank} as for --json)")
     ap.add_argument("--fail-on", default="", help=f"exit 1 when findings of these kinds exist "
                     f"(comma-separated: {','.join(F.FAIL_ON)})")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -90,6 +92,11 @@ def _reference(target: list[str]) -> dict | None:
     return None
 
 
+def _per_rank(path: str) -> str:
+    """`{rank}` in a report path -> this process's rank (RANK, set by torchrun; 0 without one)."""
+    return path.replace("{rank}", os.environ.get("RANK", "0"))
+
+
 def main(argv=None, commands: dict | None = None) -> int:
     """`commands`: name -> function(argv) -> exit status, for `-- run ...` (given by `nativelab check`; the
     check layer cannot reach the apps itself, so `python -m nativelab.check` checks scripts)."""
@@ -116,9 +123,9 @@ def main(argv=None, commands: dict | None = None) -> int:
     if not args.quiet:
         report.print()
     if args.json:
-        write(args.json, report.json())
+        write(_per_rank(args.json), report.json())
     if args.markdown:
-        write(args.markdown, report.markdown())
+        write(_per_rank(args.markdown), report.markdown())
     if error is not None:
         print(f"nativelab check: the program failed ({type(error).__name__}: {error}); findings above are up to "
               f"that point", file=sys.stderr)

@@ -218,14 +218,29 @@ def memory(watch: Watch, hw: Trainium2) -> list[F.Finding]:
 
 
 def collectives(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    """Each collective at each line: calls, bytes, and its Trainium2 time (ring bytes over a rank's share of the
+    chip's DMA / NeuronLink bandwidth, plus a fixed cost per call)."""
     out = []
-    for (name, site), c in getattr(watch, "collective_sites", {}).items():
+    for (kind, site), c in watch.collective_sites.items():
         s, line, code = _site(site)
-        t = c["calls"] * hw.collective_latency_s + c["bytes"] / hw.collective_bytes_per_s
-        out.append(F.Finding("collective", "info", f"{name}: {c['bytes'] / 2**20:.1f} MiB in {c['calls']} calls",
-                             s, line, c["calls"], "overlap with compute (FSDP prefetch), fewer larger collectives",
-                             _per(watch, c["calls"]), t, code, dict(c)))
+        t = hw.collective_seconds(kind, c.bytes, c.world, c.calls)
+        per = _per(watch, c.bytes)
+        title = f"{kind} over {c.world} ranks: {_size(c.bytes)} in {c.calls} calls" + \
+            (f" ({_size(per)} per {'step' if watch.step_kind != 'token' else 'token'})" if per is not None else "")
+        out.append(F.Finding(
+            "collective", "info", title, s, line, c.calls, F.COLLECTIVE_FIX, _per(watch, c.calls), t, code,
+            {"collective": kind, "calls": c.calls, "bytes": c.bytes, "world_size": c.world,
+             "link_bytes": hw.collective_link_bytes(kind, c.bytes, c.world),
+             "bytes_per_s": hw.collective_bytes_per_s(c.world), "latency_s": hw.collective_latency_s,
+             "seconds": t}))
     return out
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 ALL = (fallbacks, syncs, dtypes, compilation, memory, collectives)

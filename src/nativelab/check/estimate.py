@@ -5,7 +5,7 @@
                   + max(bytes / HBM bandwidth, FLOPs / TensorEngine peak) of each unit of work
     CPU fallback  host_round_trip_s + its bytes over the host link, each call
     host sync     host_round_trip_s + its bytes over the host link (the host waits for the device)
-    collective    collective_latency_s + bytes / collective_bytes_per_s
+    collective    collective_latency_s + the ring algorithm's bytes / a rank's collective bandwidth
 
 Bandwidth and FLOPs are one logical core's share of the chip (2 of 8 physical cores at LNC=2). Compile time
 is reported apart (it is paid once per shape). Figures and parameters: `hardware.Trainium2`.
@@ -116,8 +116,7 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     sync_calls = sum(ev.count for ev in watch.sync_sites.values())
     sync_bytes = sum(ev.to_host for ev in watch.sync_sites.values())
     sync_s = sync_calls * hw.host_round_trip_s + sync_bytes / hw.host_link_bytes_per_s
-    coll = getattr(watch, "collectives", {})
-    coll_s = sum(c["calls"] * hw.collective_latency_s + c["bytes"] / hw.collective_bytes_per_s for c in coll.values())
+    coll_s = sum(hw.collective_seconds(kind, c.bytes, c.world, c.calls) for (kind, _), c in watch.collective_sites.items())
     parts = {
         "launch": launches * hw.launch_s,
         "kernels": kernels * hw.kernel_s,  # the kernels' FLOPs are in flop_s; their bytes in the graph's
@@ -135,6 +134,7 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         "parts": parts,
         "parts_per": {k: v / d for k, v in parts.items()},
         "counts": {"launches": launches, "kernels": kernels, "fallback_calls": fb_calls, "sync_calls": sync_calls,
+                   "collective_calls": sum(c.calls for c in watch.collective_sites.values()),
                    "device_bytes": sum(st.read + st.written for st in watch.ops.values()
                                        if st.kind in ("op", "graph", "kernel")),
                    "flops_seconds": flop_s, "bytes_seconds": mem_s},

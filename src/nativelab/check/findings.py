@@ -106,6 +106,8 @@ INT64_FIX = ("the device casts int64 to int32: values beyond 2^31 wrap with no e
 INT_FP32_FIX = ("integer matmul / scatter-add / all-reduce are computed in fp32 on the device: exact only below "
                 "2^24 = 16,777,216. Accumulate in float32/int32 chunks that stay below 2^24, or reduce on the host")
 FLOAT64_FIX = "the device computes float64 as float32: use float32 (or bf16) explicitly; keep float64 on the host"
+COLLECTIVE_FIX = ("overlap collectives with compute (FSDP2 prefetch, async_op=True and wait late), fewer and "
+                  "larger ones (bucket gradients), and reduce in bf16 where it is accurate enough")
 BUCKET_FIX = "pad inputs to a few fixed lengths (buckets) so each compiles once"
 GRAPH_BREAK_FIX = ("a graph break splits the compiled function into graphs with a host round trip between them: "
                    "remove the Python-side work at that line (print, .item(), data-dependent branch), or "

@@ -19,6 +19,14 @@ import torch
 
 from ..device import observe
 
+def _wrapper_modules():
+    try:
+        import typing_extensions
+    except ImportError:
+        return ()
+    return (typing_extensions,)
+
+
 _NATIVELAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INTERNAL_DIRS = tuple(
     os.path.join(d, "") for d in (
@@ -27,6 +35,9 @@ _INTERNAL_DIRS = tuple(
         sysconfig.get_paths()["stdlib"],
     )
 )
+# Wrappers PyTorch's own calls go through (typing_extensions.deprecated wraps torch.distributed's
+# all_gather_into_tensor and reduce_scatter_tensor): their frames are not the user's.
+_INTERNAL_FILES = tuple(os.path.splitext(m.__file__)[0] for m in _wrapper_modules())
 _internal: dict = {}  # code object -> bool
 
 
@@ -47,12 +58,13 @@ def _is_internal(code) -> bool:
     hit = _internal.get(code)
     if hit is None:
         f = code.co_filename
-        hit = _internal[code] = f.startswith(_INTERNAL_DIRS) or f.startswith("<") or f.endswith("nativelab/__init__.py")
+        hit = _internal[code] = _is_internal_path(f) or f.endswith("nativelab/__init__.py")
     return hit
 
 
 def _is_internal_path(path: str) -> bool:
-    return path.startswith(_INTERNAL_DIRS) or path.startswith("<")
+    return path.startswith(_INTERNAL_DIRS) or path.startswith("<") or \
+        (path.endswith((".py", ".pyc")) and os.path.splitext(path)[0] in _INTERNAL_FILES)
 
 
 def user_site(depth: int = 2) -> Site | None:

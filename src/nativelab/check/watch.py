@@ -57,6 +57,15 @@ class Event:
 
 
 @dataclasses.dataclass
+class Collective:
+    """Calls of one collective at one source line."""
+
+    calls: int = 0
+    bytes: int = 0  # the buffers' bytes (the largest tensor argument of each call), summed
+    world: int = 1  # the group's size (the largest seen)
+
+
+@dataclasses.dataclass
 class Snapshot:
     allocated: int
     tensors: list  # (nbytes, site) of the largest live allocations
@@ -74,6 +83,7 @@ class Watch(Session):
         self.cast_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.int_fp32_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.wide_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        self.collective_sites: dict[tuple[str, Site | None], Collective] = collections.defaultdict(Collective)
         self.compiled_shapes: dict[Site | None, dict] = collections.defaultdict(dict)  # site -> {shapes: seconds}
         self.compile_calls: list[dict] = []  # torch.compile(...) calls: site, backend, dynamic, mode, options
         self.dynamo_metrics: dict[str, object] = {}  # compile id -> CompilationMetrics
@@ -103,6 +113,7 @@ class Watch(Session):
         _observe.dispatch = self._dispatch
         _observe.alloc = self._alloc
         _observe.kernel_run = self._kernel_run
+        _observe.collective = self._collective
         _compile_metrics.graph_observer = self._graph
         self._step_hook = _optimizer.register_optimizer_step_post_hook(self._optimizer_step)
         self._real_compile = torch.compile
@@ -116,6 +127,7 @@ class Watch(Session):
             _observe.dispatch = None
             _observe.alloc = None
             _observe.kernel_run = None
+            _observe.collective = None
             _observe.compiled_source = None
             _compile_metrics.graph_observer = None
             self._step_hook.remove()
@@ -250,6 +262,12 @@ class Watch(Session):
                               key=lambda x: -x[0])[: self.top_tensors]
                 self.peak_snapshot[i] = Snapshot(allocated, live)
 
+    def _collective(self, kind, tensors, world) -> None:
+        c = self.collective_sites[(kind, user_site())]
+        c.calls += 1
+        c.bytes += max((sum(t.numel() * t.element_size() for t in _tensors([a])) for a in tensors), default=0)
+        c.world = max(c.world, world)
+
     def _kernel_run(self, name, gm) -> None:
         self.kernel_runs[gm] = self.kernel_runs.get(gm, 0) + 1
 
@@ -299,7 +317,7 @@ def _tensors(items):
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):
-            yield from (t for t in a if isinstance(t, torch.Tensor))
+            yield from _tensors(a)
 
 
 def _sync_kind(site: Site | None) -> str:

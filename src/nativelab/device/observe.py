@@ -23,3 +23,8 @@ kernel_run = None
 # the graph compiler around CPU-fallback nodes while a dispatch hook is installed: inside a compiled graph the
 # Python stack only shows the call of the compiled function.
 compiled_source: str | None = None
+
+# collective(kind, tensors, world_size): each collective the `neuron` process group launches, as the user's code
+# calls it. `kind` is the collective's name (all_reduce, all_gather, reduce_scatter, broadcast, barrier, ...),
+# `tensors` its tensor arguments as passed (outputs and inputs, nested lists), `world_size` the group's size.
+collective = None
