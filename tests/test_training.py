@@ -199,29 +199,58 @@ def _gpt2_run(device, p=0.1, steps=3):
     return torch.stack(losses), grads, {n: t.detach().cpu() for n, t in model.state_dict().items()}
 
 
-def _assert_same_run(got, want):
+def _key_bias(n_embd=16):
+    """The key part of each block's `c_attn.bias`: its gradient is exactly zero in exact arithmetic (softmax is
+    invariant to adding q.b_k, one constant per row, to all of a row's scores), so what backward computes
+    there is rounding noise, whose bits depend on the order of float reductions."""
+    return slice(n_embd, 2 * n_embd)
+
+
+def _assert_same_run(got, want, noise=1e-6):
+    """Equal up to float reduction order. The device runs CPU kernels, but with the team size of its thread
+    policy (device/threads.py), which shrinks while other processes keep cores busy; some ATen reductions
+    (LayerNorm's weight/bias gradients, ...) split their work by thread count, so the order of float
+    additions, and the last bits of the results, can differ from the CPU's (about 1e-7 here). The tolerances
+    below are two orders of magnitude above that and far below what any real divergence (a weight untied,
+    dropout replayed with other masks, a late read) changes: 1e-2 and more.
+    One place is excluded: AdamW scales each update by 1/sqrt(v), so where a gradient is rounding noise (the
+    key bias, see _key_bias) the update is +-lr whatever the noise's size: its updated value is arbitrary on
+    any device (on the CPU itself with another thread count). We check that those gradients are noise on
+    both sides and leave those entries out of the weights compared."""
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
     for g, w in zip(got[1], want[1]):
         assert g.keys() == w.keys()
         for name in w:
             torch.testing.assert_close(g[name], w[name], atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+            if name.endswith("c_attn.bias"):
+                for grad in (g[name], w[name]):
+                    assert grad[_key_bias()].abs().max() < noise, f"{name}: the key bias's gradient is not noise"
     assert got[2].keys() == want[2].keys()
     for name in want[2]:
-        torch.testing.assert_close(got[2][name], want[2][name], atol=1e-5, rtol=1e-4)
+        a, b = got[2][name].clone(), want[2][name].clone()
+        if name.endswith("c_attn.bias"):
+            a[_key_bias()] = b[_key_bias()] = 0
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_gpt2_style_training_with_tied_weights_dropout_and_checkpointing_matches_cpu():
+def _pin_device_team(monkeypatch, n: int) -> None:
+    """The device's thread team fixed at n threads (NATIVELAB_THREADS), whatever the machine's load."""
+    from nativelab.device import threads
+
+    monkeypatch.setenv("NATIVELAB_THREADS", str(n))
+    monkeypatch.setattr(threads, "_state", {"mode": None, "most": 1, "next": 0.0, "last": None, "others": 0.0})
+
+
+def test_gpt2_style_training_with_tied_weights_dropout_and_checkpointing_matches_cpu(monkeypatch):
     # Every silent divergence of the device (untied weights, dropout replayed with other masks, late reads)
-    # shows up here as a different loss, gradient or updated weight. In a fresh process: after some other
-    # tests in this session (tests/test_rng.py's per-core states) the run differs; not yet understood.
-    import os
+    # shows up here as a different loss, gradient or updated weight. The device's team is pinned to the CPU's
+    # thread count: the same reduction order as the CPU run, and the same bits whatever the machine's load.
+    _pin_device_team(monkeypatch, torch.get_num_threads())
+    _assert_same_run(_gpt2_run("neuron"), _gpt2_run("cpu"))
 
-    from conftest import run_python
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = run_python(
-        f"import sys; sys.path.insert(0, {here!r}); import nativelab\n"
-        "from test_training import _gpt2_run, _assert_same_run\n"
-        "_assert_same_run(_gpt2_run('neuron'), _gpt2_run('cpu')); print('same')\n"
-    )
-    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
+def test_gpt2_run_under_load_differs_from_cpu_only_by_reduction_order(monkeypatch):
+    # What the thread policy does under load (a team of one while another process keeps a core busy) changes
+    # the order of float reductions only (here: the key bias's noise, AdamW's +-lr steps on it, ~1e-7 elsewhere).
+    _pin_device_team(monkeypatch, 1)
+    _assert_same_run(_gpt2_run("neuron"), _gpt2_run("cpu"))
