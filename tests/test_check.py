@@ -79,6 +79,23 @@ def test_int64_and_int_fp32_overflow(tmp_path):
     assert not any(f["kind"] == "int64-overflow" and f["line"] == _line(name, "scatter_add_") for f in r["findings"])
 
 
+def test_int64_and_int_fp32_overflow_inside_compiled_graphs(tmp_path):
+    name = "int_overflow_compiled.py"
+    code, r = _check(tmp_path, "--fail-on", "int64-overflow", _script(name))
+    assert code == 1 and r["notes"] == []
+    ids = torch.arange(8)  # the script's values, computed here in int64 on the CPU
+    add = _find(r, "int64-overflow", _line(name, "far = ids + 2**31"), op="aten::add.Tensor")
+    assert add["severity"] == "error" and add["count"] == 3
+    assert add["details"]["max_abs"] == int((ids + 2**31).abs().max())
+    total = _find(r, "int64-overflow", _line(name, "return far.sum()"), op="aten::sum")
+    assert total["details"]["max_abs"] == int((ids + 2**31).sum())
+    sc = _find(r, "int-fp32", _line(name, "out.scatter_add"))
+    want = torch.zeros(4, dtype=torch.int64).scatter_add(0, torch.tensor([0, 1, 1, 2]), torch.full((4,), 2**24 + 1))
+    assert sc["severity"] == "error" and sc["count"] == 3 and sc["details"]["max_abs"] == int(want.max())
+    inp = _find(r, "int64-cast", _line(name, "far = ids + 2**31"), op="compiled graph input")
+    assert inp["severity"] == "info" and inp["details"]["max_abs"] == 7
+
+
 def test_clean_script_passes_every_gate(tmp_path):
     for gate in ("fallback", "sync", "int64-overflow", "recompile", "memory", "fallback,sync,int64-overflow,recompile"):
         code, r = _check(tmp_path, "--fail-on", gate, _script("clean.py"))

@@ -243,6 +243,7 @@ def test_check_reads_dynamo_compilation_metrics():
     assert isinstance(check_private.dynamo_compilation_metrics(), list)
     assert isinstance(torch.ops.aten.mm.default, check_private.OpOverload)
     assert check_private.op_base_name(torch.ops.aten.mm.default) == "aten::mm"
+    assert check_private.is_mutating(torch.ops.aten.add_.Tensor) and not check_private.is_mutating(torch.ops.aten.add.Tensor)
 
 
 def test_dlpack_device_patch_and_torch_naming_bug():

@@ -10,6 +10,11 @@ def op_base_name(op: OpOverload) -> str:
     return op._schema.name
 
 
+def is_mutating(op: OpOverload) -> bool:
+    """The overload writes one of its arguments (in place, out=)."""
+    return op._schema.is_mutable
+
+
 def dynamo_compilation_metrics() -> list:
     """Dynamo's record of its recent frame compilations (`CompilationMetrics`: compile_id, co_name, co_filename,
     co_firstlineno, recompile_reason, restart_reasons, entire_frame_compile_time_s), oldest first; a bounded

@@ -70,6 +70,7 @@ class Check:
             name=self.name, findings=collect.all_findings(w, hw), estimate=estimate(w, hw, per), steps=w.steps,
             step_kind=w.step_kind, wall_seconds=w.wall_seconds, compile_seconds=w.compile_seconds(),
             fallback_ops=w.fallback_ops(), reference=reference, memory=collect.memory_summary(w, hw),
+            notes=[f"int64 values of a compiled graph not read ({e})" for e in w.probe_errors],
         )
 
 

@@ -67,6 +67,15 @@ def dtypes(watch: Watch, hw: Trainium2) -> list[F.Finding]:
             f"{op}: int64 input cast to int32, largest |value| {ev.max_value:,} "
             f"{'>' if over else '<='} 2^31-1", s, line, ev.count, F.INT64_FIX, _per(watch, ev.count), 0.0, code,
             {"op": op, "max_abs": ev.max_value, "limit": INT32_MAX}))
+    for (op, site), ev in watch.graph_int64_sites.items():
+        s, line, code = _site(site)
+        over = ev.max_value > INT32_MAX
+        what = "an int64 input" if op == "compiled graph input" else f"{op}: an int64 value"
+        out.append(F.Finding(
+            "int64-overflow" if over else "int64-cast", "error" if over else "info",
+            f"{what} in a compiled graph, held as int32 on the device, largest |value| {ev.max_value:,} "
+            f"{'>' if over else '<='} 2^31-1", s, line, ev.count, F.INT64_FIX, _per(watch, ev.count), 0.0, code,
+            {"op": op, "max_abs": ev.max_value, "limit": INT32_MAX, "compiled": True}))
     for (op, site), ev in watch.int_fp32_sites.items():
         s, line, code = _site(site)
         over = ev.max_value > FP32_EXACT

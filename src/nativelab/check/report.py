@@ -31,6 +31,7 @@ class Report:
     fallback_ops: list
     reference: dict | None = None  # measured figures to print beside the estimate (e.g. the guide's tok/s)
     memory: dict = dataclasses.field(default_factory=dict)  # logical core -> peak, usable, top tensors
+    notes: list = dataclasses.field(default_factory=list)  # what the check could not see (e.g. a graph's values)
 
     # -- gating --------------------------------------------------------------------------------------------
 
@@ -74,7 +75,7 @@ class Report:
             "findings": [f.as_dict() for f in self.findings],
             "estimate": {**self.estimate, "rate_per_s": self.rate()},
             "top_bottlenecks": [f.as_dict() for f in self.bottlenecks()],
-            "memory": self.memory, "reference": self.reference, "citations": CITATIONS,
+            "memory": self.memory, "reference": self.reference, "citations": CITATIONS, "notes": self.notes,
         }
 
     # -- outputs -------------------------------------------------------------------------------------------
@@ -118,6 +119,8 @@ class Report:
         console.print(self._estimate_table())
         for i, f in enumerate(self.bottlenecks(), 1):
             console.print(escape(f"top bottleneck {i}: {f.title} at {f.site}: {f.fix}"))
+        for n in self.notes:
+            console.print(escape(f"note: {n}"))
 
     def _estimate_table(self) -> Table:
         e = self.estimate

@@ -24,6 +24,7 @@ from ..device import ops as _ops
 from ..device import queue as _queue
 from ..profile.session import Session
 from . import _private
+from .graph_values import GraphValues
 from .source import Site, user_site
 
 INT32_MAX = 2**31 - 1
@@ -81,6 +82,7 @@ class Watch(Session):
         self.fallback_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.sync_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.cast_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        self.graph_int64_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.int_fp32_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.wide_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.collective_sites: dict[tuple[str, Site | None], Collective] = collections.defaultdict(Collective)
@@ -98,6 +100,8 @@ class Watch(Session):
         self._step_hook = None
         self._op_info: dict = {}  # op overload -> (name, runs on the device, out= names, integer-fp32 op)
         self.sources: dict[str, tuple] = {}
+        self.probe_errors: list[str] = []  # graphs whose values could not be read (reported, not raised)
+        self._graph_values: dict = {}  # id(device graph) -> (graph, GraphValues): kept alive with its entry
         self.kernel_runs: dict = {}  # library kernel traced graph -> calls (run inside graphs or queued alone)  # queue entry name -> (FX graph it runs or None, is a kernel)
         self.start_wall = 0.0
 
@@ -294,7 +298,37 @@ class Watch(Session):
             owner = getattr(fn, "__self__", None)
             src = getattr(owner, "source", None) if owner is not None else getattr(fn, "source", None)
             self.sources[name] = (src, owner is None)
-        return super().run(name, fn, args)
+        res = super().run(name, fn, args)
+        src, is_kernel = self.sources[name]
+        if src is not None and not is_kernel:
+            try:
+                self._graph_launch(src, fn, args, res)
+            except Exception as e:  # noqa: BLE001 - a probe must never fail the user's program
+                self._graph_values[id(src)] = (src, None)
+                self.probe_errors.append(f"{name}: {type(e).__name__}: {e}")
+        return res
+
+    def _graph_launch(self, gm, fn, args, res) -> None:
+        """A compiled graph ran (on the device's queue): read its int64 / integer-fp32 values (graph_values)."""
+        hit = self._graph_values.get(id(gm))
+        if hit is None:
+            hit = self._graph_values[id(gm)] = (gm, GraphValues(gm, INT_FP32_OPS))
+        gv = hit[1]
+        if gv is None or not gv.probes:
+            return
+        if fn.__name__ == "run":  # a queued launch: (host inputs, host outputs it wrote)
+            inputs, outputs = args
+        else:  # a launch run at once: its results
+            inputs, outputs = args, res if isinstance(res, (list, tuple)) else (res,)
+        for probe, v in gv.values(inputs, outputs):
+            if probe.kind == "int64":
+                ev = self.graph_int64_sites[(probe.name, probe.site)]
+            else:
+                ev = self.int_fp32_sites[(probe.name + " (compiled)", probe.site)]
+                ev.dtypes.add(str(v.dtype).replace("torch.", ""))
+            ev.count += 1
+            if v.numel():
+                ev.max_value = max(ev.max_value, abs(int(v.max())), abs(int(v.min())))
 
 
 def _bool_index(args) -> bool:
