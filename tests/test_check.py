@@ -183,10 +183,20 @@ def test_compile_dynamic_flagged_with_shapes_and_buckets(tmp_path):
     assert code == 1
     opt = _find(r, "compile-option", _line(name, "compiled = torch.compile("), option="dynamic")
     assert "rejected" in opt["fix"] and "awsdocs-neuron" in opt["fix"]
-    shapes = _find(r, "recompile", _line(name, "def score"))  # per compiled function
+    shapes = _find(r, "recompile", _line(name, "out = compiled(batch, w)"))  # per compiled function, at its call
+    assert shapes["details"]["def_site"].endswith(f"{name}:{_line(name, 'def score')}")
     assert shapes["details"]["distinct_shapes"] == 6
     assert shapes["details"]["buckets"] == [128, 256, 512]
     assert shapes["details"]["padding_waste"] == pytest.approx(propose_buckets([17, 60, 130, 250, 400, 512])[1])
+
+
+def test_recompile_points_at_the_call(tmp_path):
+    name = "recompile.py"
+    code, r = _check(tmp_path, "--fail-on", "recompile", _script(name))
+    assert code == 1
+    (f,) = [f for f in r["findings"] if f["kind"] == "recompile"]
+    assert f["line"] == _line(name, "y = compiled(x, k)") and "k == 2" in f["title"]
+    assert f["details"]["def_site"].endswith(f"{name}:{_line(name, 'def scale')}")
 
 
 @pytest.mark.slow

@@ -120,18 +120,24 @@ def compilation(watch: Watch, hw: Trainium2) -> list[F.Finding]:
         if not m.recompile_reason or _RESUME.match(m.co_name or ""):
             continue
         site = Site(m.co_filename, m.co_firstlineno or 0, m.co_name or "")
+        call = watch.compile_sites.get(str(m.compile_id), (None, None))[1]
+        where = call or site  # the call that recompiled it; its def in the details
         out.append(F.Finding("recompile", "warning", f"{m.co_name}() recompiled: {m.recompile_reason.strip()}",
-                             str(site), site.line, 1, F.RECOMPILE_FIX, None, 0.0, site.code(),
-                             {"compile_id": m.compile_id, "seconds": m.entire_frame_compile_time_s}))
+                             str(where), where.line, 1, F.RECOMPILE_FIX, None, 0.0, where.code(),
+                             {"compile_id": m.compile_id, "seconds": m.entire_frame_compile_time_s,
+                              "def_site": str(site), "call_site": str(call) if call else None}))
     # distinct shapes per compiled call site (static graphs: each is a compile on the real device)
     compile_s = [m.entire_frame_compile_time_s or 0.0 for m in metrics]
     for site, seen in watch.compiled_shapes.items():
         shapes = {sh for (kind, sh) in seen if kind != "backward"}
         if len(shapes) < 2:
             continue
-        s, line, code = _site(site)
+        calls = watch.compiled_calls.get(site) or {}
+        call = max(calls, key=calls.get) if calls else None  # the call that compiled most shapes
+        s, line, code = _site(call or site)
         lengths = _varying_lengths(shapes)
-        details = {"distinct_shapes": len(shapes), "shapes": [list(map(list, sh)) for sh in sorted(shapes)][:20]}
+        details = {"distinct_shapes": len(shapes), "shapes": [list(map(list, sh)) for sh in sorted(shapes)][:20],
+                   "def_site": str(site) if site else None, "call_sites": sorted(str(c) for c in calls)}
         fix = F.BUCKET_FIX
         if lengths:
             buckets, waste = propose_buckets(lengths)

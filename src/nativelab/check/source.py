@@ -85,6 +85,26 @@ def user_site(depth: int = 2) -> Site | None:
     return None
 
 
+def compiled_call_sites(depth: int = 2) -> tuple[Site | None, Site | None]:
+    """(the compiled function's def, the user's call of it), while Dynamo compiles a function or a compiled
+    function runs: the innermost user frame is then the function at its def line (its body has not started),
+    the next one the line that called it. Elsewhere (a backward compiled at loss.backward()): (None, that line)."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None, None
+    found = []
+    while f is not None and len(found) < 2:
+        if not _is_internal(f.f_code):
+            found.append(Site(f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    if not found:
+        return None, None
+    if found[0].code().startswith(("def ", "async def ", "@")):
+        return found[0], found[1] if len(found) > 1 else None
+    return None, found[0]
+
+
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 

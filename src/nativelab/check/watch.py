@@ -25,7 +25,7 @@ from ..device import queue as _queue
 from ..profile.session import Session
 from . import _private
 from .graph_values import GraphValues
-from .source import Site, user_site
+from .source import Site, compiled_call_sites, user_site
 
 INT32_MAX = 2**31 - 1
 FP32_EXACT = 2**24
@@ -87,6 +87,8 @@ class Watch(Session):
         self.wide_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.collective_sites: dict[tuple[str, Site | None], Collective] = collections.defaultdict(Collective)
         self.compiled_shapes: dict[Site | None, dict] = collections.defaultdict(dict)  # site -> {shapes: seconds}
+        self.compiled_calls: dict[Site | None, dict] = collections.defaultdict(dict)  # function -> {call site: n}
+        self.compile_sites: dict[str, tuple] = {}  # Dynamo compile id -> (def, call site) of the compiled function
         self.compile_calls: list[dict] = []  # torch.compile(...) calls: site, backend, dynamic, mode, options
         self.dynamo_metrics: dict[str, object] = {}  # compile id -> CompilationMetrics
         self.blocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -276,13 +278,21 @@ class Watch(Session):
         self.kernel_runs[gm] = self.kernel_runs.get(gm, 0) + 1
 
     def _graph(self, kind, shapes) -> None:
-        site = user_site()
+        def_site, call = compiled_call_sites()
+        site = def_site or call  # shapes are counted per compiled function
         seen = self.compiled_shapes[site]
         seen[(kind, shapes)] = seen.get((kind, shapes), 0) + 1
+        if call is not None and kind != "backward":
+            calls = self.compiled_calls[site]
+            calls[call] = calls.get(call, 0) + 1
+
 
     # -- Dynamo's own record (graph breaks, recompiles, compile time per frame) ------------------------------
 
     def _compile_start(self, args) -> None:
+        cid = getattr(args, "compile_id", None)  # Dynamo's CallbackArgs: the frame compile starting now
+        if cid is not None:
+            self.compile_sites[str(cid)] = compiled_call_sites()
         self._read_dynamo()
         super()._compile_start(args)
 
