@@ -47,7 +47,8 @@ def main() -> None:
         parts = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in e["parts_per"].items() if v)
         err = rate / GUIDE[tier] - 1
         print(f"{tier:<14} {rate:>15.1f} {GUIDE[tier]:>12.1f} {err:>+7.0%}   {parts}  "
-              f"[{e['counts']['launches'] / w.steps:.2f} launches, {e['counts']['kernels'] / w.steps:.0f} kernels "
+              f"[{e['counts']['launches'] / w.steps:.2f} graph launches, {e['counts']['eager_ops'] / w.steps:.2f} eager "
+              f"ops, {e['counts']['kernels'] / w.steps:.0f} kernels "
               f"per token]")
 
 

@@ -158,6 +158,19 @@ def test_api_marked_steps():
     assert observe.collective is None and observe.dispatch is None  # unhooked: the device pays one None test
 
 
+def test_eager_ops_cost_the_eager_launch_not_the_graph_launch():
+    x = torch.ones(64).to("neuron")
+    with Check("eager") as c:
+        y = (x * 2 + 1).sum()
+        torch.neuron.synchronize()
+    e = c.report().estimate
+    hw = c.hardware
+    assert e["counts"]["eager_ops"] == 3 and e["counts"]["launches"] == 0  # mul, add, sum: one launch each
+    assert e["parts"]["eager op launch"] == pytest.approx(3 * hw.eager_launch_s) and e["parts"]["graph launch"] == 0
+    assert hw.eager_launch_s < hw.launch_s
+    assert y.item() == 192.0
+
+
 def test_strict_mode_raises_at_the_line():
     name = "strict_argsort.py"
     env = dict(os.environ, NATIVELAB_STRICT="1", NATIVELAB_QUIET="1", PYTHONPATH=SRC)

@@ -1,6 +1,6 @@
 """A first-order estimate of the checked run on Trainium2, from what the emulated device executed.
 
-    device work   per launch of an eager op or a compiled graph: launch_s
+    device work   per launch of a compiled graph: launch_s; of an eager op: eager_launch_s
                   per kernel (one op of a compiled graph, or one library-kernel call): kernel_s
                   + max(bytes / HBM bandwidth, FLOPs / TensorEngine peak) of each unit of work
     CPU fallback  host_round_trip_s + its bytes over the host link, each call
@@ -81,7 +81,7 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     (or per-token) figures."""
     hw = hw or Trainium2()
     bw, peak = hw.core_bytes_per_s, hw.core_flops
-    launches = kernels = 0
+    launches = eager = kernels = 0
     roof = mem_s = flop_s = 0.0
     by_name: dict[str, float] = {}
     for name, st in watch.ops.items():
@@ -92,11 +92,13 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
             k, f = graph_work(src, is_kernel)
         else:
             k, f = 1, 0
-        n_launch = 0 if st.kind == "kernel" else st.calls
+        n_launch = st.calls if st.kind == "graph" else 0
+        n_eager = st.calls if st.kind == "op" else 0
         byte_s = (st.read + st.written) / bw
         fl_s = f * st.calls / peak
-        t = n_launch * hw.launch_s + k * st.calls * hw.kernel_s + max(byte_s, fl_s)
+        t = n_launch * hw.launch_s + n_eager * hw.eager_launch_s + k * st.calls * hw.kernel_s + max(byte_s, fl_s)
         launches += n_launch
+        eager += n_eager
         kernels += k * st.calls
         mem_s += byte_s
         flop_s += fl_s
@@ -118,7 +120,8 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     sync_s = sync_calls * hw.host_round_trip_s + sync_bytes / hw.host_link_bytes_per_s
     coll_s = sum(hw.collective_seconds(kind, c.bytes, c.world, c.calls) for (kind, _), c in watch.collective_sites.items())
     parts = {
-        "launch": launches * hw.launch_s,
+        "graph launch": launches * hw.launch_s,
+        "eager op launch": eager * hw.eager_launch_s,
         "kernels": kernels * hw.kernel_s,  # the kernels' FLOPs are in flop_s; their bytes in the graph's
         "device roofline": roof,
         "CPU fallbacks": fallback_s,
@@ -133,7 +136,8 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         "seconds_per": total / d,
         "parts": parts,
         "parts_per": {k: v / d for k, v in parts.items()},
-        "counts": {"launches": launches, "kernels": kernels, "fallback_calls": fb_calls, "sync_calls": sync_calls,
+        "counts": {"launches": launches, "eager_ops": eager, "kernels": kernels, "fallback_calls": fb_calls,
+                   "sync_calls": sync_calls,
                    "collective_calls": sum(c.calls for c in watch.collective_sites.values()),
                    "device_bytes": sum(st.read + st.written for st in watch.ops.values()
                                        if st.kind in ("op", "graph", "kernel")),

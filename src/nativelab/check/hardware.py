@@ -21,10 +21,17 @@ Published (AWS Neuron documentation):
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/device-memory.html
 
 Not published (named parameters, defaults stated and used unless overridden):
-- launch_s: one launch of a compiled graph / eager op by the runtime, host side included. The one constant
-  fitted to the guide: 898 us makes the base tier's estimate equal its measured 359 tok/s (compiled, greedy,
-  2.04 launches per token: the argmax fallback splits the graph); with it core is estimated at 538 tok/s
-  (guide 435, +24%) and experimental at 555 (guide 537, +3%). `python bench/check_estimate.py` redoes it.
+- launch_s: one launch of a compiled graph by the runtime, host side included. The one constant
+  fitted to the guide: 912 us makes the base tier's estimate equal its measured 359 tok/s (compiled, greedy,
+  2.00 graph launches per token: the argmax fallback splits the graph, + 0.04 eager ops); with it core is
+  estimated at 542 tok/s (guide 435, +24%) and experimental at 559 (guide 537, +4%).
+  `python bench/check_estimate.py` redoes it.
+- eager_launch_s: one eager op (not compiled: each op its own small graph and runtime execution). AWS's docs
+  give no per-op figure for TorchNeuron's eager mode (searched: the TorchNeuron overview, best-practices and
+  torch.compile pages, the runtime pages). Assumed 215 us: the median per-op execute time AWS measured for
+  eager (debug) mode on Trn1 with PyTorch/XLA (https://github.com/pytorch/xla/pull/3306, "XrtExecute ... 50%=
+  214.762us" over 68,993 op executions of BERT-large), the only public per-op figure of a Neuron eager stack
+  found; not fitted (the Lab 2 tiers are compiled). launch_s stays the compiled graph's.
 - kernel_s: the fixed cost of one op inside a graph or a library kernel (its engine instructions and their
   synchronisation; its bytes are in the roofline). Default 2 us, not fitted.
 - host_round_trip_s: one device -> host -> device round trip of a CPU fallback (a drain, a DMA each way over
@@ -49,6 +56,7 @@ CITATIONS = {
     "device_memory": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/device-memory.html",
     "trainium2_data_movement": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/"
                                "neuron-hardware/trainium2.html",
+    "eager_launch": "https://github.com/pytorch/xla/pull/3306",
     "torch_compile": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/compile/reference-torch-compile.html",
 }
 
@@ -67,7 +75,8 @@ class Trainium2:
     dma_bytes_per_s: float = 3.5e12
     neuronlink_bytes_per_s: float = 1.28e12  # device-to-device, per chip
     # not published: named parameters with stated defaults
-    launch_s: float = 898e-6  # THE fitted constant: the guide's base tier (359 tok/s), bench/check_estimate.py
+    launch_s: float = 912e-6  # THE fitted constant: the guide's base tier (359 tok/s), bench/check_estimate.py
+    eager_launch_s: float = 215e-6  # assumed (see above): per eager op
     kernel_s: float = 2.0e-6
     host_round_trip_s: float = 100e-6
     host_link_bytes_per_s: float = 32e9
@@ -95,7 +104,7 @@ class Trainium2:
         """The documented part of what the runtime keeps per logical core: its cores' micro-code."""
         return self.microcode_bytes_per_physical_core * self.lnc
 
-    UNPUBLISHED = ("launch_s", "kernel_s", "host_round_trip_s", "host_link_bytes_per_s", "collective_latency_s")
+    UNPUBLISHED = ("launch_s", "eager_launch_s", "kernel_s", "host_round_trip_s", "host_link_bytes_per_s", "collective_latency_s")
 
     # -- collectives ----------------------------------------------------------------------------------------
 
