@@ -96,6 +96,22 @@ def test_int64_and_int_fp32_overflow_inside_compiled_graphs(tmp_path):
     assert inp["severity"] == "info" and inp["details"]["max_abs"] == 7
 
 
+def test_bf16_drift_blames_the_op_that_adds_it(tmp_path):
+    name = "bf16_drift.py"
+    code, r = _check(tmp_path, "--bf16-drift", _script(name))
+    assert code == 0
+    (f,) = [f for f in r["findings"] if f["kind"] == "bf16-drift"]  # mean, div, tanh, mul only round (~2^-9)
+    assert f["line"] == _line(name, "centred = x - mean") and f["count"] == 2
+    torch.manual_seed(0)
+    x = (1002 + torch.randn(4096)).bfloat16()  # the script's values, on the CPU
+    want = x.float() - x.float().mean()
+    got = (x - x.mean()).float()
+    assert f["details"]["max_relative_error"] == pytest.approx(float((got - want).norm() / want.norm()), rel=1e-3)
+    assert f["details"]["max_relative_error"] > 0.5
+    _, r = _check(tmp_path, _script(name))  # off by default
+    assert not [f for f in r["findings"] if f["kind"] == "bf16-drift"]
+
+
 def test_clean_script_passes_every_gate(tmp_path):
     for gate in ("fallback", "sync", "int64-overflow", "recompile", "memory", "fallback,sync,int64-overflow,recompile"):
         code, r = _check(tmp_path, "--fail-on", gate, _script("clean.py"))

@@ -21,11 +21,14 @@ class Check:
     """Watches the device while active; `report()` gives the findings and the Trainium2 estimate.
 
     steps: optimizer steps count as steps by themselves; `nativelab.check.step()` marks them by hand (and then
-    only marked steps count); `tokens=True` counts the tokens every Llama `Generator.generate` returns.
+    only marked steps count); `tokens=True` counts the tokens every Llama `Generator.generate` returns;
+    `bf16_drift=True` compares bf16 eager results with float32 shadows (slow: every bf16 op runs twice).
     """
 
-    def __init__(self, name: str = "check", hardware: Trainium2 | None = None, tokens: bool = False):
+    def __init__(self, name: str = "check", hardware: Trainium2 | None = None, tokens: bool = False,
+                 bf16_drift: bool = False):
         self.name = name
+        self.bf16_drift = bf16_drift
         self.hardware = hardware or Trainium2()
         self.tokens = tokens
         self.watch: Watch | None = None
@@ -37,7 +40,7 @@ class Check:
                                "(the real torch_neuronx serves 'neuron': use its own tools on the chip)")
         if _active:
             raise RuntimeError("nativelab check: a check is already active (checks do not nest)")
-        self.watch = Watch(self.name)
+        self.watch = Watch(self.name, drift=self.bf16_drift)
         # The device's one-time "fell back to CPU" warnings would point into the check's hook; the report names
         # every fallback with its line instead.
         self._stack.enter_context(warnings.catch_warnings())

@@ -45,6 +45,8 @@ def parse_args(argv):
                     f"(comma-separated: {','.join(F.FAIL_ON)})")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                     help="a Trainium2 parameter of the estimate (launch_s, kernel_s, host_round_trip_s, ...)")
+    ap.add_argument("--bf16-drift", action="store_true",
+                    help="report bf16 ops whose results drift from a float32 shadow computation (eager ops; slow)")
     ap.add_argument("--quiet", action="store_true", help="no terminal report (with --json / --markdown)")
     ap.add_argument("target", nargs=argparse.REMAINDER,
                     help="a Python script and its arguments, or after --: a nativelab command (run ...)")
@@ -107,7 +109,8 @@ def main(argv=None, commands: dict | None = None) -> int:
         print(f"nativelab check: checking the '{target[0]}' command needs the nativelab CLI: "
               f"nativelab check -- {' '.join(target)}", file=sys.stderr)
         return 2
-    check = Check(" ".join(target), hardware=args.hardware, tokens=is_command and target[0] == "run")
+    check = Check(" ".join(target), hardware=args.hardware, tokens=is_command and target[0] == "run",
+                  bf16_drift=args.bf16_drift)
     code, error = 0, None
     with check, device_from(args.device_from):
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from . import findings as F
+from .drift import LIMIT
 from .hardware import Trainium2
 from .source import Site, _is_internal_path
 from .watch import FP32_EXACT, INT32_MAX, Watch
@@ -258,7 +259,23 @@ def _size(n: float) -> str:
     return f"{n:.0f} B"
 
 
-ALL = (fallbacks, syncs, dtypes, compilation, memory, collectives)
+def drift(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    """bf16 ops that add more than drift.LIMIT of relative error against their float32 shadow (--bf16-drift)."""
+    if watch.shadows is None:
+        return []
+    out = []
+    for (op, site), d in watch.shadows.sites.items():
+        if d.max_added <= LIMIT:
+            continue
+        s, line, code = _site(site)
+        out.append(F.Finding(
+            "bf16-drift", "warning", f"{op} in bf16 is {d.max_error:.1%} off its float32 computation (this op adds "
+            f"{d.max_added:.1%})", s, line, d.count, F.DRIFT_FIX, _per(watch, d.count), 0.0, code,
+            {"op": op, "max_relative_error": d.max_error, "max_added": d.max_added, "limit": LIMIT}))
+    return out
+
+
+ALL = (fallbacks, syncs, dtypes, compilation, memory, collectives, drift)
 
 
 def all_findings(watch: Watch, hw: Trainium2) -> list[F.Finding]:

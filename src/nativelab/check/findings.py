@@ -19,6 +19,7 @@ KINDS = {
     "compile-option": None,            # an option the real backend rejects or ignores
     "memory": "memory",                # peak device memory against a core's capacity
     "collective": None,                # collective calls, bytes and time
+    "bf16-drift": None,                # a bf16 op that adds a large error against float32 (--bf16-drift)
 }
 FAIL_ON = sorted({v for v in KINDS.values() if v})
 
@@ -106,6 +107,8 @@ INT64_FIX = ("the device casts int64 to int32: values beyond 2^31 wrap with no e
 INT_FP32_FIX = ("integer matmul / scatter-add / all-reduce are computed in fp32 on the device: exact only below "
                 "2^24 = 16,777,216. Accumulate in float32/int32 chunks that stay below 2^24, or reduce on the host")
 FLOAT64_FIX = "the device computes float64 as float32: use float32 (or bf16) explicitly; keep float64 on the host"
+DRIFT_FIX = ("compute this step in float32 (x.float() ... .to(torch.bfloat16)): reductions, variances, a mean "
+             "subtracted from large values and long accumulations lose bf16's 8 bits; autocast keeps them in fp32")
 COLLECTIVE_FIX = ("overlap collectives with compute (FSDP2 prefetch, async_op=True and wait late), fewer and "
                   "larger ones (bucket gradients), and reduce in bf16 where it is accurate enough")
 BUCKET_FIX = "pad inputs to a few fixed lengths (buckets) so each compiles once"

@@ -24,6 +24,7 @@ from ..device import ops as _ops
 from ..device import queue as _queue
 from ..profile.session import Session
 from . import _private
+from .drift import Shadows
 from .graph_values import GraphValues
 from .source import Site, compiled_call_sites, user_site
 
@@ -73,8 +74,11 @@ class Snapshot:
 
 
 class Watch(Session):
-    def __init__(self, name: str = "check", alloc_threshold: int = 1 << 20, top_tensors: int = 8):
+    def __init__(self, name: str = "check", alloc_threshold: int = 1 << 20, top_tensors: int = 8,
+                 drift: bool = False):
         super().__init__(name, timeline=False)
+        # bf16 results against float32 shadows (drift.py): off by default, it runs every bf16 op twice
+        self.shadows = Shadows(_memory.host_view, _queue.drain, _ops.DEVICE) if drift else None
         self.alloc_threshold = alloc_threshold
         self.top_tensors = top_tensors
         self.steps = 0
@@ -210,6 +214,9 @@ class Watch(Session):
         res = run()
         if int_fp32:
             self._int_fp32(name, op, args, res)
+        if self.shadows is not None:
+            self.shadows.after(name, op, args, kwargs, res, user_site(),
+                               [a for i, a in enumerate(args) if i in written] + [kwargs[k] for k in outs if k in kwargs])
         return res
 
     def _inputs(self, name, native, args, kwargs, outs) -> None:
