@@ -91,47 +91,66 @@ def build(gm: torch.fx.GraphModule, kind: str, options: dict):
 
 class _FrozenParams:
     """An inference graph whose parameters are constants of the generated code (compiled at the first call,
-    when the parameters themselves are known; compiled again if one changes in place)."""
+    when the parameters themselves are known; compiled again if one changes in place).
+
+    One Dynamo graph can serve several models: two models of one class run the same code, and their
+    parameters are graph inputs (Dynamo inlines nn.Modules), so the same graph is called with either set. It
+    keeps a compiled variant per parameter set (the newest `MAX_VARIANTS`): with a single variant, two Lab 2
+    experimental models built in one process recompiled at every switch between them (3.5 and 6.4 tok/s
+    instead of ~150)."""
+
+    MAX_VARIANTS = 8
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str):
         self.gm, self.kind = gm, kind
-        self.fn = None
-        self.keep: list[int] = []
-        self.frozen: list[int] = []
-        self.params: list[torch.Tensor] = []
-        self.versions: list[tuple[int, int]] = []
+        self.variants: dict[tuple, _Variant] = {}
+        self.frozen: list[int] | None = None  # positions of the frozen parameters (the same for every set)
 
     def __call__(self, *args):
-        if self.fn is None or self._stale(args):
-            self._compile(args)
-        keep = self.keep
-        return self.fn(*[args[i] for i in keep]) if len(keep) != len(args) else self.fn(*args)
+        if self.frozen is None:
+            self.frozen = self._frozen_positions(args)
+        key = tuple(id(args[i]) for i in self.frozen)
+        v = self.variants.get(key)
+        if v is None or v.stale(args):
+            if v is None and len(self.variants) >= self.MAX_VARIANTS:  # each variant holds prepacked weights
+                del self.variants[next(iter(self.variants))]
+            v = self.variants[key] = self._compile(args)
+        keep = v.keep
+        return v.fn(*[args[i] for i in keep]) if len(keep) != len(args) else v.fn(*args)
 
-    def _stale(self, args) -> bool:
+    def _frozen_positions(self, args) -> list[int]:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        written = {n.args[0] for n in self.gm.graph.nodes if n.op == "call_function" and n.target in _COPY_OPS}
+        return [
+            i for i, (a, ph) in enumerate(zip(args, placeholders))
+            if isinstance(a, torch.nn.Parameter) and a.device.type == DEVICE_NAME and ph not in written
+        ]
+
+    def _compile(self, args) -> "_Variant":
+        frozen = self.frozen
+        if not frozen:
+            return _Variant(_in_clean_thread(lambda: build(self.gm, self.kind, {})), list(range(len(args))), [], [])
+        gm = inputs_as_constants(self.gm, {i: args[i] for i in frozen})
+        fn = _in_clean_thread(lambda: build(gm, self.kind, {"freeze": True}))
+        params = [args[i] for i in frozen]
+        keep = [i for i in range(len(args)) if i not in set(frozen)]
+        return _Variant(fn, keep, frozen, params)
+
+
+class _Variant:
+    """One compiled variant of a _FrozenParams graph: the parameters it baked in and their versions."""
+
+    def __init__(self, fn, keep: list[int], frozen: list[int], params: list[torch.Tensor]):
+        self.fn, self.keep, self.frozen, self.params = fn, keep, frozen, params
+        self.versions = [(p._version, p.data_ptr()) for p in params]  # in-place writes and .data swaps
+
+    def stale(self, args) -> bool:
         """A frozen parameter was replaced (module.to()), written in place, or had its .data swapped."""
         for i, p, v in zip(self.frozen, self.params, self.versions):
             a = args[i]
             if a is not p or (a._version, a.data_ptr()) != v:
                 return True
         return False
-
-    def _compile(self, args) -> None:
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        written = {n.args[0] for n in self.gm.graph.nodes if n.op == "call_function" and n.target in _COPY_OPS}
-        frozen = [
-            i for i, (a, ph) in enumerate(zip(args, placeholders))
-            if isinstance(a, torch.nn.Parameter) and a.device.type == DEVICE_NAME and ph not in written
-        ]
-        if not frozen:
-            self.fn = _in_clean_thread(lambda: build(self.gm, self.kind, {}))
-            self.keep = list(range(len(args)))
-            return
-        gm = inputs_as_constants(self.gm, {i: args[i] for i in frozen})
-        self.fn = _in_clean_thread(lambda: build(gm, self.kind, {"freeze": True}))
-        self.keep = [i for i in range(len(args)) if i not in set(frozen)]
-        self.frozen = frozen
-        self.params = [args[i] for i in frozen]
-        self.versions = [(p._version, p.data_ptr()) for p in self.params]  # in-place writes and .data swaps
 
 
 _COPY_OPS = (torch.ops.aten.copy_.default,)
