@@ -11,7 +11,11 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/cpu/vec/functional.h>
 
+#include <algorithm>
 #include <cmath>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <vector>
 
 using at::vec::Vectorized;
@@ -19,60 +23,114 @@ using fVec = Vectorized<float>;
 
 namespace {
 
-// dot(w[0:k], h[0:k]) with w in the model dtype, h fp32.
-inline float dot_row(const float* w, const float* h, int64_t k) {
-  constexpr int64_t L = fVec::size();
-  fVec acc0(0.f), acc1(0.f);
-  int64_t i = 0;
-  for (; i + 2 * L <= k; i += 2 * L) {
-    acc0 = at::vec::fmadd(fVec::loadu(w + i), fVec::loadu(h + i), acc0);
-    acc1 = at::vec::fmadd(fVec::loadu(w + i + L), fVec::loadu(h + i + L), acc1);
-  }
-  float s = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, acc0 + acc1);
-  for (; i < k; i++) s += w[i] * h[i];
-  return s;
+// The OpenMP team of the calling thread (sized by the device's thread policy with omp_set_num_threads, i.e.
+// torch.set_num_threads); one thread where the build has no OpenMP.
+inline int team_size() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+inline int team_rank() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
 }
 
-inline float dot_row(const at::BFloat16* w, const float* h, int64_t k) {
-  using bVec = Vectorized<at::BFloat16>;
-  constexpr int64_t L = bVec::size();  // 2 fp32 vectors' worth
-  constexpr int64_t F = fVec::size();
-  fVec acc0(0.f), acc1(0.f);
+// This thread's share [b, e) of n items, in blocks of `block` so row groups are not split across threads.
+inline void share(int64_t n, int64_t block, int64_t& b, int64_t& e) {
+  const int64_t nt = team_size(), blocks = (n + block - 1) / block;
+  const int64_t per = (blocks + nt - 1) / nt;
+  b = std::min(n, team_rank() * per * block);
+  e = std::min(n, b + per * block);
+}
+
+inline float hsum(const fVec& v) {
+  return at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, v);
+}
+
+// R dot products at once: out[j] = rows[j][0:k] . h[0:k], weights in the model dtype, h in fp32 (L1-resident).
+// R rows in flight share each load of h and give the core R independent streams to keep memory busy; the
+// weights are widened to fp32 in registers (exact), accumulated in fp32.
+template <int R>
+inline void dot_rows(const float* const* rows, const float* h, int64_t k, float* out) {
+  constexpr int64_t L = fVec::size();
+  fVec acc[R];
+  for (int j = 0; j < R; j++) acc[j] = fVec(0.f);
   int64_t i = 0;
   for (; i + L <= k; i += L) {
-    auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(bVec::loadu(w + i));
-    acc0 = at::vec::fmadd(lo, fVec::loadu(h + i), acc0);
-    acc1 = at::vec::fmadd(hi, fVec::loadu(h + i + F), acc1);
+    const fVec hv = fVec::loadu(h + i);
+    for (int j = 0; j < R; j++) acc[j] = at::vec::fmadd(fVec::loadu(rows[j] + i), hv, acc[j]);
   }
-  float s = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, acc0 + acc1);
-  for (; i < k; i++) s += static_cast<float>(w[i]) * h[i];
-  return s;
+  for (int j = 0; j < R; j++) {
+    float s = hsum(acc[j]);
+    for (int64_t t = i; t < k; t++) s += rows[j][t] * h[t];
+    out[j] = s;
+  }
+}
+
+template <int R>
+inline void dot_rows(const at::BFloat16* const* rows, const float* h, int64_t k, float* out) {
+  using bVec = Vectorized<at::BFloat16>;
+  constexpr int64_t L = bVec::size();  // two fp32 vectors' worth
+  constexpr int64_t F = fVec::size();
+  fVec lo_acc[R], hi_acc[R];
+  for (int j = 0; j < R; j++) lo_acc[j] = hi_acc[j] = fVec(0.f);
+  int64_t i = 0;
+  for (; i + L <= k; i += L) {
+    const fVec h0 = fVec::loadu(h + i), h1 = fVec::loadu(h + i + F);
+    for (int j = 0; j < R; j++) {
+      auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(bVec::loadu(rows[j] + i));
+      lo_acc[j] = at::vec::fmadd(lo, h0, lo_acc[j]);
+      hi_acc[j] = at::vec::fmadd(hi, h1, hi_acc[j]);
+    }
+  }
+  for (int j = 0; j < R; j++) {
+    float s = hsum(lo_acc[j] + hi_acc[j]);
+    for (int64_t t = i; t < k; t++) s += static_cast<float>(rows[j][t]) * h[t];
+    out[j] = s;
+  }
+}
+
+constexpr int64_t ROWS = 4;  // rows per dot_rows call
+
+// y[r] = W[r, :] . h for this thread's rows r of [0, n) (W row-major [n, k], contiguous); call inside a team.
+template <typename T, typename Store>
+void matvec_share(const T* w, const float* h, int64_t n, int64_t k, Store&& store) {
+  int64_t b, e;
+  share(n, ROWS, b, e);
+  int64_t r = b;
+  float y[ROWS];
+  for (; r + ROWS <= e; r += ROWS) {
+    const T* rows[ROWS];
+    for (int j = 0; j < ROWS; j++) rows[j] = w + (r + j) * k;
+    dot_rows<ROWS>(rows, h, k, y);
+    for (int j = 0; j < ROWS; j++) store(r + j, y[j]);
+  }
+  for (; r < e; r++) {
+    const T* row = w + r * k;
+    dot_rows<1>(&row, h, k, y);
+    store(r, y[0]);
+  }
 }
 
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
 
-// Rows per parallel task: enough bytes that a task outweighs handing it out.
-inline int64_t grain(int64_t k) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)); }
-
-// y[n] = W[n, :] . h for n in [0, N) (W row-major [N, K], contiguous)
 template <typename T>
-void matvec(const T* w, const float* h, float* y, int64_t n, int64_t k) {
-  at::parallel_for(0, n, grain(k), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; r++) y[r] = dot_row(w + r * k, h, k);
-  });
-}
+inline float rnd(float v) { return static_cast<float>(static_cast<T>(v)); }  // round to the model dtype
 
+// out = rnd(x * rsqrt(mean(x^2) + eps)) * w, rounded again (the model's RMSNorm in its dtype)
 template <typename T>
 void rmsnorm(const float* x, const T* w, float* out, int64_t n, float eps) {
   float ss = 0.f;
   for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
   const float r = 1.f / std::sqrt(ss / n + eps);
-  for (int64_t i = 0; i < n; i++) out[i] = static_cast<float>(static_cast<T>(x[i] * r)) * to_f(w[i]);
+  for (int64_t i = 0; i < n; i++) out[i] = rnd<T>(rnd<T>(x[i] * r) * to_f(w[i]));
 }
-
-template <typename T>
-inline float rnd(float v) { return static_cast<float>(static_cast<T>(v)); }  // round to the model dtype
 
 template <typename T>
 void rope(float* v, const T* cos, const T* sin, int64_t d) {
@@ -91,7 +149,16 @@ struct Layer {
 template <typename T>
 const T* ptr(const at::Tensor& t) { return t.data_ptr<T>(); }
 
+#ifdef _OPENMP
+#define NL_BARRIER _Pragma("omp barrier")
+#else
+#define NL_BARRIER
+#endif
+
 // One decode step through every layer and the LM head; x (dim) is the embedded token, logits out (vocab).
+// One OpenMP team for the whole step (no fork/join per matrix): each phase splits its rows (or KV-head groups)
+// across the team and ends at a barrier; the residual stream and the normed activations, a few KB, are
+// computed by every thread into its own copy, so no phase waits for a single thread.
 template <typename T>
 void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const std::vector<Layer>& layers,
                  const T* final_norm, const T* lm_head, T* logits, int64_t dim, int64_t vocab, int64_t n_heads,
@@ -100,76 +167,118 @@ void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const s
   const int64_t ffn = layers[0].gate.size(0);
   const int64_t s_len = layers[0].k_cache.size(2);
   const int64_t group = n_heads / n_kv;
+  const int64_t nq = n_heads * d, nk = n_kv * d;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  std::vector<float> x(dim), h(dim), qkv((n_heads + 2 * n_kv) * d), att(n_heads * d), act(ffn), y(dim);
-  std::vector<float> tmp(std::max(ffn, vocab));
-  for (int64_t i = 0; i < dim; i++) x[i] = to_f(x_in[i]);
-  for (const Layer& L : layers) {
-    rmsnorm(x.data(), ptr<T>(L.in_norm), h.data(), dim, eps);
-    for (int64_t i = 0; i < dim; i++) h[i] = rnd<T>(h[i]);
-    // Q, K and V rows in one parallel pass over the three weights
-    const int64_t nq = n_heads * d, nk = n_kv * d;
-    const T *wq = ptr<T>(L.wq), *wk = ptr<T>(L.wk), *wv = ptr<T>(L.wv);
-    at::parallel_for(0, nq + 2 * nk, grain(dim), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; r++) {
-        const T* w = r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
-        qkv[r] = rnd<T>(dot_row(w, h.data(), dim));
-      }
-    });
-    float* q = qkv.data();
-    float* k = q + nq;
-    float* v = k + nk;
-    for (int64_t hh = 0; hh < n_heads; hh++) rope(q + hh * d, cos, sin, d);
-    for (int64_t hh = 0; hh < n_kv; hh++) rope(k + hh * d, cos, sin, d);
-    T* kc = L.k_cache.data_ptr<T>();  // (1, n_kv, S, d)
-    T* vc = L.v_cache.data_ptr<T>();
-    for (int64_t hh = 0; hh < n_kv; hh++)
-      for (int64_t i = 0; i < d; i++) {
-        kc[(hh * s_len + pos) * d + i] = static_cast<T>(k[hh * d + i]);
-        vc[(hh * s_len + pos) * d + i] = static_cast<T>(v[hh * d + i]);
-      }
-    // attention of each query head over the filled cache positions 0..pos
-    at::parallel_for(0, n_heads, 1, [&](int64_t b, int64_t e) {
-      std::vector<float> p(pos + 1), qh(d);
-      for (int64_t hh = b; hh < e; hh++) {
-        const int64_t g = hh / group;
-        for (int64_t i = 0; i < d; i++) qh[i] = rnd<T>(q[hh * d + i]);
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= pos; j++) {
-          p[j] = rnd<T>(dot_row(kc + (g * s_len + j) * d, qh.data(), d)) * scale;
-          mx = std::max(mx, p[j]);
+  // shared between the team: what one phase writes and the next reads
+  std::vector<float> qkv(nq + 2 * nk), att(nq), act(ffn), y(dim);
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+  {
+    std::vector<float> x(dim), h(std::max(dim, ffn)), p(pos + 1), qh(d);  // this thread's own
+    for (int64_t i = 0; i < dim; i++) x[i] = to_f(x_in[i]);
+    for (const Layer& L : layers) {
+      rmsnorm(x.data(), ptr<T>(L.in_norm), h.data(), dim, eps);
+      // Q, K and V rows: one pass over the three weights
+      {
+        const T *wq = ptr<T>(L.wq), *wk = ptr<T>(L.wk), *wv = ptr<T>(L.wv);
+        int64_t b, e;
+        share(nq + 2 * nk, ROWS, b, e);
+        auto row = [&](int64_t r) {
+          return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
+        };
+        float out[ROWS];
+        int64_t r = b;
+        for (; r + ROWS <= e; r += ROWS) {
+          const T* rows[ROWS];
+          for (int j = 0; j < ROWS; j++) rows[j] = row(r + j);
+          dot_rows<ROWS>(rows, h.data(), dim, out);
+          for (int j = 0; j < ROWS; j++) qkv[r + j] = rnd<T>(out[j]);
         }
-        float sum = 0.f;
-        for (int64_t j = 0; j <= pos; j++) sum += (p[j] = std::exp(p[j] - mx));
-        float* o = att.data() + hh * d;
-        std::fill(o, o + d, 0.f);
-        for (int64_t j = 0; j <= pos; j++) {
-          const float pj = rnd<T>(p[j] / sum);
-          const T* vr = vc + (g * s_len + j) * d;
-          for (int64_t i = 0; i < d; i++) o[i] += pj * to_f(vr[i]);
+        for (; r < e; r++) {
+          const T* one = row(r);
+          dot_rows<1>(&one, h.data(), dim, out);
+          qkv[r] = rnd<T>(out[0]);
         }
-        for (int64_t i = 0; i < d; i++) o[i] = rnd<T>(o[i]);
       }
-    });
-    matvec(ptr<T>(L.wo), att.data(), y.data(), dim, nq);
-    for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
-    rmsnorm(x.data(), ptr<T>(L.post_norm), h.data(), dim, eps);
-    for (int64_t i = 0; i < dim; i++) h[i] = rnd<T>(h[i]);
-    const T *wg = ptr<T>(L.gate), *wu = ptr<T>(L.up);
-    at::parallel_for(0, ffn, grain(2 * dim), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; r++) {
-        const float g = rnd<T>(dot_row(wg + r * dim, h.data(), dim));
-        const float u = rnd<T>(dot_row(wu + r * dim, h.data(), dim));
-        act[r] = rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u);
+      NL_BARRIER
+      // per KV-head group: RoPE on its K and queries, the cache write, attention over positions 0..pos
+      {
+        T* kc = L.k_cache.data_ptr<T>();  // (1, n_kv, S, d)
+        T* vc = L.v_cache.data_ptr<T>();
+        int64_t gb, ge;
+        share(n_kv, 1, gb, ge);
+        for (int64_t g = gb; g < ge; g++) {
+          float* k = qkv.data() + nq + g * d;
+          const float* v = qkv.data() + nq + nk + g * d;
+          rope(k, cos, sin, d);
+          for (int64_t i = 0; i < d; i++) {
+            kc[(g * s_len + pos) * d + i] = static_cast<T>(k[i]);
+            vc[(g * s_len + pos) * d + i] = static_cast<T>(v[i]);
+          }
+          for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {
+            float* q = qkv.data() + hh * d;
+            rope(q, cos, sin, d);
+            for (int64_t i = 0; i < d; i++) qh[i] = rnd<T>(q[i]);
+            float mx = -INFINITY;
+            for (int64_t j = 0; j <= pos; j++) {
+              const T* kr = kc + (g * s_len + j) * d;
+              dot_rows<1>(&kr, qh.data(), d, &p[j]);
+              p[j] = rnd<T>(p[j]) * scale;
+              mx = std::max(mx, p[j]);
+            }
+            float sum = 0.f;
+            for (int64_t j = 0; j <= pos; j++) sum += (p[j] = std::exp(p[j] - mx));
+            float* o = att.data() + hh * d;
+            std::fill(o, o + d, 0.f);
+            for (int64_t j = 0; j <= pos; j++) {
+              const float pj = rnd<T>(p[j] / sum);
+              const T* vr = vc + (g * s_len + j) * d;
+              for (int64_t i = 0; i < d; i++) o[i] += pj * to_f(vr[i]);
+            }
+            for (int64_t i = 0; i < d; i++) o[i] = rnd<T>(o[i]);
+          }
+        }
       }
-    });
-    matvec(ptr<T>(L.down), act.data(), y.data(), dim, ffn);
-    for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
+      NL_BARRIER
+      matvec_share(ptr<T>(L.wo), att.data(), dim, nq, [&](int64_t r, float v) { y[r] = v; });
+      NL_BARRIER
+      for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
+      rmsnorm(x.data(), ptr<T>(L.post_norm), h.data(), dim, eps);
+      // gate and up rows r together, SiLU(gate) * up
+      {
+        const T *wg = ptr<T>(L.gate), *wu = ptr<T>(L.up);
+        int64_t b, e;
+        share(ffn, ROWS / 2, b, e);
+        float out[ROWS];
+        int64_t r = b;
+        for (; r + ROWS / 2 <= e; r += ROWS / 2) {
+          const T* rows[ROWS];
+          for (int j = 0; j < ROWS / 2; j++) {
+            rows[2 * j] = wg + (r + j) * dim;
+            rows[2 * j + 1] = wu + (r + j) * dim;
+          }
+          dot_rows<ROWS>(rows, h.data(), dim, out);
+          for (int j = 0; j < ROWS / 2; j++) {
+            const float g = rnd<T>(out[2 * j]), u = rnd<T>(out[2 * j + 1]);
+            act[r + j] = rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u);
+          }
+        }
+        for (; r < e; r++) {
+          const T* rows[2] = {wg + r * dim, wu + r * dim};
+          dot_rows<2>(rows, h.data(), dim, out);
+          const float g = rnd<T>(out[0]), u = rnd<T>(out[1]);
+          act[r] = rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u);
+        }
+      }
+      NL_BARRIER
+      matvec_share(ptr<T>(L.down), act.data(), dim, ffn, [&](int64_t r, float v) { y[r] = v; });
+      NL_BARRIER
+      for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
+    }
+    rmsnorm(x.data(), final_norm, h.data(), dim, eps);
+    matvec_share(lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
   }
-  rmsnorm(x.data(), final_norm, h.data(), dim, eps);
-  for (int64_t i = 0; i < dim; i++) h[i] = rnd<T>(h[i]);
-  matvec(lm_head, h.data(), tmp.data(), vocab, dim);
-  for (int64_t i = 0; i < vocab; i++) logits[i] = static_cast<T>(tmp[i]);
 }
 
 void check(bool ok, const std::string& what) { TORCH_CHECK(ok, "nativelab decode kernel: ", what); }
@@ -199,12 +308,15 @@ void matvec_out(const at::Tensor& w, const at::Tensor& h, at::Tensor& y) {
   check(w.scalar_type() == y.scalar_type(), "y must have W's dtype");
   const int64_t n = w.size(0), k = w.size(1);
   at::Tensor hf = h.to(at::kFloat).contiguous();
-  std::vector<float> out(n);
   dispatch(w.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    matvec(w.data_ptr<scalar_t>(), hf.data_ptr<float>(), out.data(), n, k);
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    const float* hp = hf.data_ptr<float>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-    for (int64_t i = 0; i < n; i++) yp[i] = static_cast<scalar_t>(out[i]);
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    matvec_share(wp, hp, n, k, [&](int64_t r, float v) { yp[r] = static_cast<scalar_t>(v); });
   });
 }
 
