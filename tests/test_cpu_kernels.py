@@ -1,12 +1,17 @@
 """The hand-written CPU decode kernels (kernels/cpu/csrc/decode.cpp) against their PyTorch references, for every
 vector-ISA build this machine can run (AVX-512, AVX2, the portable default), fp32 and bf16, odd sizes, GQA."""
 
+import importlib
+
 import pytest
 import torch
 
 from nativelab.device import cpu_info
 from nativelab.kernels import ops as K
 from nativelab.kernels.cpu import build, decode
+from nativelab.kernels.ops.attention import reference_attention_tkg
+from nativelab.kernels.ops.mlp import reference_mlp
+from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.transformer import reference_transformer_tkg
 
 pytestmark = pytest.mark.slow  # builds the C++ extension once per ISA (cached on disk afterwards)
@@ -91,6 +96,59 @@ def test_transformer_decode_step(ext, dtype, pos_value, pos_dtype):
             torch.testing.assert_close(mine.float(), theirs, **TOL[dtype])  # the new position written, the rest kept
 
 
+def _f32(t):
+    return t.float()
+
+
+def _close(got, ref, dtype):
+    """Within the dtype's rounding of the largest value (the reference is the exact fp32 computation)."""
+    tol = 1e-4 if dtype == torch.float32 else 4e-2
+    assert (got.float() - ref).abs().max().item() <= tol * max(ref.abs().max().item(), 1.0)
+
+
+# The core tier's one-token kernels, odd sizes and grouped-query attention (6 query heads over 2 KV heads).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qkv_decode(ext, dtype):
+    a = _decoder(dtype)
+    n_heads, n_kv = a["n_heads"], a["n_kv_heads"]
+    d = a["wqs"][0].shape[0] // n_heads
+    q, k, v = (torch.empty(1, n, 1, d, dtype=dtype) for n in (n_heads, n_kv, n_kv))
+    args = (a["x"], a["input_norms"][0], a["wqs"][0], a["wks"][0], a["wvs"][0], a["cos"], a["sin"])
+    ext.qkv_decode(*args, n_heads, n_kv, 1e-5, q, k, v)
+    refs = reference_qkv(*map(_f32, args), n_heads, n_kv, 1e-5)
+    for got, ref in zip((q, k, v), refs):
+        _close(got, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pos_value", [0, 7, 15])
+def test_attention_decode(ext, dtype, pos_value):
+    a = _decoder(dtype)
+    n_heads, n_kv = a["n_heads"], a["n_kv_heads"]
+    d = a["wqs"][0].shape[0] // n_heads
+    torch.manual_seed(pos_value)
+    q, k, v = (torch.randn(1, n, 1, d).to(dtype) for n in (n_heads, n_kv, n_kv))
+    kc, vc = a["k_caches"][0].clone(), a["v_caches"][0].clone()
+    ref_kc, ref_vc = kc.float(), vc.float()
+    pos = torch.tensor([pos_value])
+    out = torch.empty(1, n_heads, 1, d, dtype=dtype)
+    ext.attention_decode(q, k, v, kc, vc, pos, out)
+    ref = reference_attention_tkg(q.float(), k.float(), v.float(), ref_kc, ref_vc, pos)
+    _close(out, ref, dtype)
+    torch.testing.assert_close(kc.float(), ref_kc, **TOL[dtype])  # the new position written, the rest kept
+    torch.testing.assert_close(vc.float(), ref_vc, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_mlp_decode(ext, dtype, residual):
+    a = _decoder(dtype)
+    args = (a["x"], a["gates"][1], a["ups"][1], a["downs"][1], a["post_norms"][1])
+    out = torch.empty_like(a["x"])
+    ext.mlp_decode(*args, 1e-5, residual, out)
+    _close(out, reference_mlp(*map(_f32, args), 1e-5, residual), dtype)
+
+
 def test_bad_input_is_a_clear_error(ext):
     a = _decoder(torch.float32)
     out = torch.empty(1, 1, a["lm_head"].shape[0])
@@ -124,3 +182,44 @@ def test_the_kernel_interface_runs_the_host_kernel_on_the_device(monkeypatch):
     assert calls == [1]
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dev["k_caches"][1].cpu(), a["k_caches"][1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qkv", "attention_tkg", "mlp"])
+def test_the_core_kernels_run_their_host_code_on_the_device(monkeypatch, name):
+    """The core tier's kernels on one token of device tensors go to their hand-written code and agree with the
+    traced path (the reference)."""
+    if build.extension() is None:
+        pytest.skip("no C++ toolchain")
+    monkeypatch.setenv("NATIVELAB_CPU_KERNELS", "1")
+    a = _decoder(torch.float32)
+    d = a["wqs"][0].shape[0] // a["n_heads"]
+    module = importlib.import_module(f"nativelab.kernels.ops.{'attention' if name == 'attention_tkg' else name}")
+    kernel = getattr(module, f"{name}_kernel")
+    calls = []
+    real = getattr(decode, name)
+
+    def spy(*args):
+        calls.append(1)
+        real(*args)
+
+    spy.accepts = real.accepts
+    monkeypatch.setitem(kernel.targets, "host", spy)
+    dev = lambda t: t.to("neuron")  # noqa: E731
+    pos = torch.tensor([5])
+    with torch.no_grad():
+        if name == "qkv":
+            args = (a["x"], a["input_norms"][0], a["wqs"][0], a["wks"][0], a["wvs"][0], a["cos"], a["sin"])
+            got = K.qkv(*map(dev, args), a["n_heads"], a["n_kv_heads"], 1e-5)
+            ref = reference_qkv(*args, a["n_heads"], a["n_kv_heads"], 1e-5)
+        elif name == "attention_tkg":
+            q, k, v = (torch.randn(1, n, 1, d) for n in (a["n_heads"], a["n_kv_heads"], a["n_kv_heads"]))
+            kc, vc = a["k_caches"][0], a["v_caches"][0]
+            got = K.attention_tkg(dev(q), dev(k), dev(v), dev(kc), dev(vc), dev(pos))
+            ref = reference_attention_tkg(q, k, v, kc.clone(), vc.clone(), pos)
+        else:
+            args = (a["x"], a["gates"][0], a["ups"][0], a["downs"][0])
+            got = K.mlp(*map(dev, args), dev(a["post_norms"][0]), 1e-5, True)
+            ref = reference_mlp(*args, a["post_norms"][0], 1e-5, True)
+        got = [t.cpu() for t in got] if isinstance(got, (tuple, list)) else got.cpu()
+    assert calls == [1]
+    torch.testing.assert_close(got, ref if not isinstance(ref, tuple) else list(ref), rtol=1e-4, atol=1e-4)

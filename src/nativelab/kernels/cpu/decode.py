@@ -1,6 +1,7 @@
 """The hand-written batch-1 decode kernels (csrc/decode.cpp) as host implementations of the kernel interface:
 `transformer_tkg` (the whole decode step: per layer RMSNorm + fused QKV + RoPE + cache write, attention over
-the filled cache, output projection, RMSNorm + SwiGLU; then the LM head) and `matvec`.
+the filled cache, output projection, RMSNorm + SwiGLU; then the LM head), the core tier's one-token `qkv`,
+`attention_tkg` and `mlp`, and `matvec`.
 
 Each host implementation has an `accepts(*args)` that the kernel interface asks at launch (on shapes and
 dtypes only, no values): anything else (a prompt, a batch, a non-contiguous weight) takes the traced path."""
@@ -43,3 +44,47 @@ transformer_tkg.accepts = _accepts_tkg
 def matvec(w: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> None:
     """out (N) = w (N, K) @ h (K), fp32 accumulation (a test and benchmark entry point)."""
     build.extension().matvec_out(w, h, out)
+
+
+def _one_token(x) -> bool:
+    return x.dim() == 3 and x.shape[:2] == (1, 1) and x.dtype in _DTYPES
+
+
+def _ready(*ts) -> bool:
+    return build.enabled() and not torch.is_grad_enabled() and _dense(*ts) and build.extension() is not None
+
+
+def qkv(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps, q_out, k_out, v_out):
+    build.extension().qkv_decode(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps, q_out, k_out, v_out)
+
+
+def _accepts_qkv(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps, q_out, k_out, v_out) -> bool:
+    return _one_token(x) and cos.shape[0] == 1 and _ready(x, norm_w, wq, wk, wv, cos, sin, q_out, k_out, v_out)
+
+
+qkv.accepts = _accepts_qkv
+
+
+def attention_tkg(q, k_new, v_new, k_cache, v_cache, pos, out):
+    build.extension().attention_decode(q, k_new, v_new, k_cache, v_cache, pos, out)
+
+
+def _accepts_attention(q, k_new, v_new, k_cache, v_cache, pos, out) -> bool:
+    if q.dim() != 4 or q.shape[0] != 1 or q.shape[2] != 1 or q.dtype not in _DTYPES or k_cache.shape[0] != 1:
+        return False
+    return pos.numel() == 1 and pos.dtype in (torch.int32, torch.int64) and _ready(q, k_new, v_new, k_cache,
+                                                                                   v_cache, out)
+
+
+attention_tkg.accepts = _accepts_attention
+
+
+def mlp(x, gate_w, up_w, down_w, norm_w, eps, residual, out):
+    build.extension().mlp_decode(x, gate_w, up_w, down_w, norm_w, eps, residual, out)
+
+
+def _accepts_mlp(x, gate_w, up_w, down_w, norm_w, eps, residual, out) -> bool:
+    return _one_token(x) and _ready(x, gate_w, up_w, down_w, norm_w, out)
+
+
+mlp.accepts = _accepts_mlp

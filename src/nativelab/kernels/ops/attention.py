@@ -39,7 +39,8 @@ def attention_cte_kernel(q, k, v, out):
     out.copy_(reference_attention_cte(q, k, v))
 
 
-@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.attention_tkg:attention_tkg"})
+@wrap_kernel(targets={"cuda": "nativelab.kernels.triton.attention_tkg:attention_tkg",
+                      "host": "nativelab.kernels.cpu.decode:attention_tkg"})
 def attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos, out):
     out.copy_(reference_attention_tkg(q, k_new, v_new, k_cache, v_cache, pos))
 

@@ -17,7 +17,8 @@ def reference_mlp(x, gate_w, up_w, down_w, norm_w=None, eps: float = 1e-5, resid
     return x + y if residual else y
 
 
-@wrap_kernel(weights=(1, 2, 3, 4), targets={"cuda": "nativelab.kernels.triton.mlp:mlp"})
+@wrap_kernel(weights=(1, 2, 3, 4), targets={"cuda": "nativelab.kernels.triton.mlp:mlp",
+                                            "host": "nativelab.kernels.cpu.decode:mlp"})
 def mlp_kernel(x, gate_w, up_w, down_w, norm_w, eps, residual, out):
     out.copy_(reference_mlp(x, gate_w, up_w, down_w, norm_w, eps, residual))
 

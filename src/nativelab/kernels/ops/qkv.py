@@ -23,7 +23,8 @@ def reference_qkv(x, norm_w, wq, wk, wv, cos, sin, n_heads: int, n_kv_heads: int
     return reference_rope(q, cos, sin), reference_rope(k, cos, sin), v
 
 
-@wrap_kernel(weights=(1, 2, 3, 4), targets={"cuda": "nativelab.kernels.triton.qkv:qkv"})
+@wrap_kernel(weights=(1, 2, 3, 4), targets={"cuda": "nativelab.kernels.triton.qkv:qkv",
+                                            "host": "nativelab.kernels.cpu.decode:qkv"})
 def qkv_kernel(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps, q_out, k_out, v_out):
     q, k, v = reference_qkv(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps)
     q_out.copy_(q)

@@ -155,6 +155,91 @@ const T* ptr(const at::Tensor& t) { return t.data_ptr<T>(); }
 #define NL_BARRIER
 #endif
 
+// Q, K and V rows (one pass over the three weights) for this thread's share: qkv = rnd([wq; wk; wv] @ h).
+template <typename T>
+void qkv_rows(const T* wq, const T* wk, const T* wv, const float* h, int64_t dim, int64_t nq, int64_t nk,
+              float* qkv) {
+  int64_t b, e;
+  share(nq + 2 * nk, ROWS, b, e);
+  auto row = [&](int64_t r) {
+    return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
+  };
+  float out[ROWS];
+  int64_t r = b;
+  for (; r + ROWS <= e; r += ROWS) {
+    const T* rows[ROWS];
+    for (int j = 0; j < ROWS; j++) rows[j] = row(r + j);
+    dot_rows<ROWS>(rows, h, dim, out);
+    for (int j = 0; j < ROWS; j++) qkv[r + j] = rnd<T>(out[j]);
+  }
+  for (; r < e; r++) {
+    const T* one = row(r);
+    dot_rows<1>(&one, h, dim, out);
+    qkv[r] = rnd<T>(out[0]);
+  }
+}
+
+// act = rnd(SiLU(rnd(gate @ h)) * rnd(up @ h)) for this thread's share of the rows, gate and up row r together.
+template <typename T>
+void swiglu_rows(const T* wg, const T* wu, const float* h, int64_t dim, int64_t ffn, float* act) {
+  int64_t b, e;
+  share(ffn, ROWS / 2, b, e);
+  float out[ROWS];
+  auto silu_mul = [](float g, float u) { return rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u); };
+  int64_t r = b;
+  for (; r + ROWS / 2 <= e; r += ROWS / 2) {
+    const T* rows[ROWS];
+    for (int j = 0; j < ROWS / 2; j++) {
+      rows[2 * j] = wg + (r + j) * dim;
+      rows[2 * j + 1] = wu + (r + j) * dim;
+    }
+    dot_rows<ROWS>(rows, h, dim, out);
+    for (int j = 0; j < ROWS / 2; j++) act[r + j] = silu_mul(rnd<T>(out[2 * j]), rnd<T>(out[2 * j + 1]));
+  }
+  for (; r < e; r++) {
+    const T* rows[2] = {wg + r * dim, wu + r * dim};
+    dot_rows<2>(rows, h, dim, out);
+    act[r] = silu_mul(rnd<T>(out[0]), rnd<T>(out[1]));
+  }
+}
+
+// The query heads of KV group g (q: roped, fp32) over cache positions 0..pos -> att (fp32, rounded to T).
+// p (pos + 1) and qh (d) are the caller's scratch.
+template <typename T>
+void attend_group(int64_t g, const float* q, const T* kc, const T* vc, int64_t pos, int64_t s_len, int64_t d,
+                  int64_t group, float* att, float* p, float* qh) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {
+    for (int64_t i = 0; i < d; i++) qh[i] = rnd<T>(q[hh * d + i]);
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= pos; j++) {
+      const T* kr = kc + (g * s_len + j) * d;
+      dot_rows<1>(&kr, qh, d, &p[j]);
+      p[j] = rnd<T>(p[j]) * scale;
+      mx = std::max(mx, p[j]);
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j <= pos; j++) sum += (p[j] = std::exp(p[j] - mx));
+    float* o = att + hh * d;
+    std::fill(o, o + d, 0.f);
+    for (int64_t j = 0; j <= pos; j++) {
+      const float pj = rnd<T>(p[j] / sum);
+      const T* vr = vc + (g * s_len + j) * d;
+      for (int64_t i = 0; i < d; i++) o[i] += pj * to_f(vr[i]);
+    }
+    for (int64_t i = 0; i < d; i++) o[i] = rnd<T>(o[i]);
+  }
+}
+
+// k and v (fp32) of KV group g into the caches at position pos.
+template <typename T>
+void write_cache(int64_t g, const float* k, const float* v, T* kc, T* vc, int64_t pos, int64_t s_len, int64_t d) {
+  for (int64_t i = 0; i < d; i++) {
+    kc[(g * s_len + pos) * d + i] = static_cast<T>(k[i]);
+    vc[(g * s_len + pos) * d + i] = static_cast<T>(v[i]);
+  }
+}
+
 // One decode step through every layer and the LM head; x (dim) is the embedded token, logits out (vocab).
 // One OpenMP team for the whole step (no fork/join per matrix): each phase splits its rows (or KV-head groups)
 // across the team and ends at a barrier; the residual stream and the normed activations, a few KB, are
@@ -168,7 +253,6 @@ void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const s
   const int64_t s_len = layers[0].k_cache.size(2);
   const int64_t group = n_heads / n_kv;
   const int64_t nq = n_heads * d, nk = n_kv * d;
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
   // shared between the team: what one phase writes and the next reads
   std::vector<float> qkv(nq + 2 * nk), att(nq), act(ffn), y(dim);
 #ifdef _OPENMP
@@ -179,28 +263,7 @@ void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const s
     for (int64_t i = 0; i < dim; i++) x[i] = to_f(x_in[i]);
     for (const Layer& L : layers) {
       rmsnorm(x.data(), ptr<T>(L.in_norm), h.data(), dim, eps);
-      // Q, K and V rows: one pass over the three weights
-      {
-        const T *wq = ptr<T>(L.wq), *wk = ptr<T>(L.wk), *wv = ptr<T>(L.wv);
-        int64_t b, e;
-        share(nq + 2 * nk, ROWS, b, e);
-        auto row = [&](int64_t r) {
-          return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
-        };
-        float out[ROWS];
-        int64_t r = b;
-        for (; r + ROWS <= e; r += ROWS) {
-          const T* rows[ROWS];
-          for (int j = 0; j < ROWS; j++) rows[j] = row(r + j);
-          dot_rows<ROWS>(rows, h.data(), dim, out);
-          for (int j = 0; j < ROWS; j++) qkv[r + j] = rnd<T>(out[j]);
-        }
-        for (; r < e; r++) {
-          const T* one = row(r);
-          dot_rows<1>(&one, h.data(), dim, out);
-          qkv[r] = rnd<T>(out[0]);
-        }
-      }
+      qkv_rows(ptr<T>(L.wq), ptr<T>(L.wk), ptr<T>(L.wv), h.data(), dim, nq, nk, qkv.data());
       NL_BARRIER
       // per KV-head group: RoPE on its K and queries, the cache write, attention over positions 0..pos
       {
@@ -210,34 +273,10 @@ void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const s
         share(n_kv, 1, gb, ge);
         for (int64_t g = gb; g < ge; g++) {
           float* k = qkv.data() + nq + g * d;
-          const float* v = qkv.data() + nq + nk + g * d;
           rope(k, cos, sin, d);
-          for (int64_t i = 0; i < d; i++) {
-            kc[(g * s_len + pos) * d + i] = static_cast<T>(k[i]);
-            vc[(g * s_len + pos) * d + i] = static_cast<T>(v[i]);
-          }
-          for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {
-            float* q = qkv.data() + hh * d;
-            rope(q, cos, sin, d);
-            for (int64_t i = 0; i < d; i++) qh[i] = rnd<T>(q[i]);
-            float mx = -INFINITY;
-            for (int64_t j = 0; j <= pos; j++) {
-              const T* kr = kc + (g * s_len + j) * d;
-              dot_rows<1>(&kr, qh.data(), d, &p[j]);
-              p[j] = rnd<T>(p[j]) * scale;
-              mx = std::max(mx, p[j]);
-            }
-            float sum = 0.f;
-            for (int64_t j = 0; j <= pos; j++) sum += (p[j] = std::exp(p[j] - mx));
-            float* o = att.data() + hh * d;
-            std::fill(o, o + d, 0.f);
-            for (int64_t j = 0; j <= pos; j++) {
-              const float pj = rnd<T>(p[j] / sum);
-              const T* vr = vc + (g * s_len + j) * d;
-              for (int64_t i = 0; i < d; i++) o[i] += pj * to_f(vr[i]);
-            }
-            for (int64_t i = 0; i < d; i++) o[i] = rnd<T>(o[i]);
-          }
+          write_cache(g, k, qkv.data() + nq + nk + g * d, kc, vc, pos, s_len, d);
+          for (int64_t hh = g * group; hh < (g + 1) * group; hh++) rope(qkv.data() + hh * d, cos, sin, d);
+          attend_group(g, qkv.data(), kc, vc, pos, s_len, d, group, att.data(), p.data(), qh.data());
         }
       }
       NL_BARRIER
@@ -245,32 +284,7 @@ void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const s
       NL_BARRIER
       for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
       rmsnorm(x.data(), ptr<T>(L.post_norm), h.data(), dim, eps);
-      // gate and up rows r together, SiLU(gate) * up
-      {
-        const T *wg = ptr<T>(L.gate), *wu = ptr<T>(L.up);
-        int64_t b, e;
-        share(ffn, ROWS / 2, b, e);
-        float out[ROWS];
-        int64_t r = b;
-        for (; r + ROWS / 2 <= e; r += ROWS / 2) {
-          const T* rows[ROWS];
-          for (int j = 0; j < ROWS / 2; j++) {
-            rows[2 * j] = wg + (r + j) * dim;
-            rows[2 * j + 1] = wu + (r + j) * dim;
-          }
-          dot_rows<ROWS>(rows, h.data(), dim, out);
-          for (int j = 0; j < ROWS / 2; j++) {
-            const float g = rnd<T>(out[2 * j]), u = rnd<T>(out[2 * j + 1]);
-            act[r + j] = rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u);
-          }
-        }
-        for (; r < e; r++) {
-          const T* rows[2] = {wg + r * dim, wu + r * dim};
-          dot_rows<2>(rows, h.data(), dim, out);
-          const float g = rnd<T>(out[0]), u = rnd<T>(out[1]);
-          act[r] = rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u);
-        }
-      }
+      swiglu_rows(ptr<T>(L.gate), ptr<T>(L.up), h.data(), dim, ffn, act.data());
       NL_BARRIER
       matvec_share(ptr<T>(L.down), act.data(), dim, ffn, [&](int64_t r, float v) { y[r] = v; });
       NL_BARRIER
@@ -350,6 +364,92 @@ void transformer_decode(const at::Tensor& x, const at::Tensor& pos, const at::Te
   });
 }
 
+// The core tier's kernels for one token (batch 1), each one OpenMP team.
+
+// q_out (1, H, 1, d), k_out / v_out (1, KV, 1, d) = RoPE(rmsnorm(x) @ wq), RoPE(... @ wk), ... @ wv.
+void qkv_decode(const at::Tensor& x, const at::Tensor& norm_w, const at::Tensor& wq, const at::Tensor& wk,
+                const at::Tensor& wv, const at::Tensor& cos, const at::Tensor& sin, int64_t n_heads,
+                int64_t n_kv_heads, double eps, at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_out) {
+  check(x.numel() == x.size(-1) && wq.size(0) % n_heads == 0, "x must be one token (1, 1, dim)");
+  const int64_t dim = x.size(-1), d = wq.size(0) / n_heads, nq = n_heads * d, nk = n_kv_heads * d;
+  check(wk.size(0) == nk && wv.size(0) == nk && q_out.numel() == nq && k_out.numel() == nk, "head counts");
+  dispatch(x.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<float> qkv(nq + 2 * nk);
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+      std::vector<float> h(dim), xf(dim);
+      for (int64_t i = 0; i < dim; i++) xf[i] = to_f(ptr<T>(x)[i]);
+      rmsnorm(xf.data(), ptr<T>(norm_w), h.data(), dim, static_cast<float>(eps));
+      qkv_rows(ptr<T>(wq), ptr<T>(wk), ptr<T>(wv), h.data(), dim, nq, nk, qkv.data());
+    }
+    const T *c = ptr<T>(cos), *sn = ptr<T>(sin);
+    for (int64_t hh = 0; hh < n_heads + n_kv_heads; hh++) rope(qkv.data() + hh * d, c, sn, d);
+    T *q = q_out.data_ptr<T>(), *k = k_out.data_ptr<T>(), *v = v_out.data_ptr<T>();
+    for (int64_t i = 0; i < nq; i++) q[i] = static_cast<T>(qkv[i]);
+    for (int64_t i = 0; i < nk; i++) k[i] = static_cast<T>(qkv[nq + i]);
+    for (int64_t i = 0; i < nk; i++) v[i] = static_cast<T>(qkv[nq + nk + i]);
+  });
+}
+
+// k_new / v_new (1, KV, 1, d) into the caches (1, KV, S, d) at pos, then q (1, H, 1, d) over positions 0..pos.
+void attention_decode(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, at::Tensor& k_cache,
+                      at::Tensor& v_cache, const at::Tensor& pos, at::Tensor& out) {
+  const int64_t n_heads = q.size(1), n_kv = k_cache.size(1), s_len = k_cache.size(2), d = q.size(3);
+  check(q.size(0) == 1 && q.size(2) == 1 && n_heads % n_kv == 0, "q must be (1, heads, 1, head_dim)");
+  const int64_t p = read_pos(pos);
+  check(p >= 0 && p < s_len, "pos beyond the cache");
+  dispatch(q.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<float> qf(n_heads * d), att(n_heads * d), k(n_kv * d), v(n_kv * d);
+    for (int64_t i = 0; i < n_heads * d; i++) qf[i] = to_f(ptr<T>(q)[i]);
+    for (int64_t i = 0; i < n_kv * d; i++) k[i] = to_f(ptr<T>(k_new)[i]), v[i] = to_f(ptr<T>(v_new)[i]);
+    T *kc = k_cache.data_ptr<T>(), *vc = v_cache.data_ptr<T>();
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+      std::vector<float> sc(p + 1), qh(d);
+      int64_t gb, ge;
+      share(n_kv, 1, gb, ge);
+      for (int64_t g = gb; g < ge; g++) {
+        write_cache(g, k.data() + g * d, v.data() + g * d, kc, vc, p, s_len, d);
+        attend_group(g, qf.data(), kc, vc, p, s_len, d, n_heads / n_kv, att.data(), sc.data(), qh.data());
+      }
+    }
+    T* o = out.data_ptr<T>();
+    for (int64_t i = 0; i < n_heads * d; i++) o[i] = static_cast<T>(att[i]);
+  });
+}
+
+// out (1, 1, dim) = [x +] down @ (SiLU(gate @ h) * (up @ h)), h = rmsnorm(x).
+void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
+                const at::Tensor& norm_w, double eps, bool residual, at::Tensor& out) {
+  check(x.numel() == x.size(-1), "x must be one token (1, 1, dim)");
+  const int64_t dim = x.size(-1), ffn = gate.size(0);
+  check(up.size(0) == ffn && down.size(0) == dim && down.size(1) == ffn, "weights [ffn, dim], [dim, ffn]");
+  dispatch(x.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<float> act(ffn), xf(dim);
+    for (int64_t i = 0; i < dim; i++) xf[i] = to_f(ptr<T>(x)[i]);
+    T* o = out.data_ptr<T>();
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+      std::vector<float> h(dim);
+      rmsnorm(xf.data(), ptr<T>(norm_w), h.data(), dim, static_cast<float>(eps));
+      swiglu_rows(ptr<T>(gate), ptr<T>(up), h.data(), dim, ffn, act.data());
+      NL_BARRIER
+      matvec_share(ptr<T>(down), act.data(), dim, ffn, [&](int64_t r, float y) {
+        o[r] = static_cast<T>(residual ? xf[r] + rnd<T>(y) : y);
+      });
+    }
+  });
+}
+
 std::string isa() {
 #if defined(CPU_CAPABILITY_AVX512)
   return "AVX512";
@@ -363,5 +463,8 @@ std::string isa() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("matvec_out", &matvec_out, "y = W @ h (bf16 / fp32 W, fp32 accumulation)");
   m.def("transformer_decode", &transformer_decode, "one batch-1 decode step through every layer + LM head");
+  m.def("qkv_decode", &qkv_decode, "one token: RMSNorm + Q/K/V + RoPE (the core tier's qkv)");
+  m.def("attention_decode", &attention_decode, "one token: cache write + attention over positions 0..pos");
+  m.def("mlp_decode", &mlp_decode, "one token: RMSNorm + SwiGLU MLP (+ residual)");
   m.def("isa", &isa, "the vector ISA this build was compiled for");
 }
