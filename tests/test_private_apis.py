@@ -269,3 +269,19 @@ def test_after_import_hook_runs_on_first_import(tmp_path, monkeypatch):
     _private.after_import("nl_after_import_probe", lambda m: seen.append(2))  # already imported: at once
     assert seen == [1, 2]
     del sys.modules["nl_after_import_probe"]
+
+
+def test_privateuse1_kineto_profiler_registry_as_csrc_declares_it():
+    # csrc/profiler_plugin.cpp declares PyTorch's PrivateUse1ProfilerRegistry itself (its header includes a
+    # Kineto header by a path the extension build does not search): the declaration must match the header.
+    from pathlib import Path
+
+    header = Path(torch.__file__).parent / "include/torch/csrc/profiler/standalone/privateuse1_profiler.h"
+    text = header.read_text()
+    assert "std::function<std::unique_ptr<libkineto::IActivityProfiler>()>;" in text
+    assert "static PrivateUse1ProfilerRegistry& instance();" in text
+    assert "void registerFactory(PrivateUse1ProfilerFactory factory);" in text
+    # The session's interface and the kernel activity type PyTorch maps to DeviceType.PrivateUse1.
+    kineto = Path(torch.__file__).parent / "include/kineto"
+    assert "virtual void pushCorrelationId" in (kineto / "IActivityProfiler.h").read_text()
+    assert "CONCURRENT_KERNEL = 5" in (kineto / "ActivityType.h").read_text()

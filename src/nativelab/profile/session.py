@@ -22,6 +22,7 @@ import torch
 
 from .. import device as _device
 from ..compiler import metrics as _compile_metrics
+from ..device import kineto_events as _kineto_events
 from ..device import ops as _ops
 from ..device import queue as _queue
 from ..device import runtime_ops as _runtime_ops
@@ -88,7 +89,7 @@ class Session:
         if not _device.is_registered():
             raise RuntimeError("nativelab.profile measures nativelab's emulated device, which is not registered "
                                "here (the real torch_neuronx serves 'neuron': use the Neuron profiler)")
-        if _queue.observer is not None:
+        if _queue.observer is not None and _queue.observer is not _kineto_events.trace_observer():
             raise RuntimeError("nativelab.profile: a profiling session is already active (sessions do not nest)")
         _queue.drain()  # earlier work belongs to no session
         self._dynamo0 = _private.dynamo_counters()
@@ -96,7 +97,8 @@ class Session:
         self._drains0 = _queue.drains
         _private.add_compile_callbacks(self._compile_start, self._compile_end)
         self.start_ns = _perf_ns()
-        _queue.observer = self
+        if not _kineto_events.adopt(self):  # inside a torch.profiler trace, its observer runs this one's
+            _queue.observer = self
         return self
 
     def __exit__(self, *exc) -> None:
@@ -104,7 +106,8 @@ class Session:
             if exc[0] is None:
                 _queue.drain()  # work queued inside the session is part of it
         finally:
-            _queue.observer = None
+            if not _kineto_events.release(self):
+                _queue.observer = None
             _private.remove_compile_callbacks(self._compile_start, self._compile_end)
         self.wall_seconds = (_perf_ns() - self.start_ns) / 1e9
         self.drains = _queue.drains - self._drains0

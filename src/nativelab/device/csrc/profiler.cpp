@@ -41,9 +41,12 @@ struct ProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
 
 }  // namespace
 
+void register_kineto_plugin();  // profiler_plugin.cpp
+
 void register_profiler_stubs() {
   static ProfilerStubs stubs;
   torch::profiler::impl::registerPrivateUse1Methods(&stubs);
+  register_kineto_plugin();
 }
 
 }  // namespace nativelab

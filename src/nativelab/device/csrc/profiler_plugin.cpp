@@ -1,0 +1,159 @@
+// torch.profiler's device lane: a Kineto activity-profiler plugin for PrivateUse1 (what CUPTI is for CUDA).
+// With ProfilerActivity.PrivateUse1, Kineto configures this plugin; the session it returns turns on the
+// device's queue observer (device/kineto_events.py) at start, collects each queued entry's run (name, device,
+// start/end in Unix ns, the correlation id of the op that queued it) at stop, and hands them to Kineto as
+// kernel activities. PyTorch maps CONCURRENT_KERNEL to DeviceType::PrivateUse1 for a renamed backend, links
+// each one to the CPU op with that correlation id (its device time in key_averages()), and the Chrome trace
+// gets a "neuron N" lane.
+#include <kineto/IActivityProfiler.h>
+#include <kineto/libkineto.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Export.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+// PyTorch's registry (torch/csrc/profiler/standalone/privateuse1_profiler.h, exported by libtorch_cpu).
+// Declared here rather than included: that header includes <IActivityProfiler.h> from Kineto's own include
+// directory, which torch.utils.cpp_extension does not put on the include path. The canary in
+// tests/test_private_apis.py checks the header still declares these two members.
+namespace torch::profiler::impl {
+using PrivateUse1ProfilerFactory = std::function<std::unique_ptr<libkineto::IActivityProfiler>()>;
+class TORCH_API PrivateUse1ProfilerRegistry {
+ public:
+  static PrivateUse1ProfilerRegistry& instance();
+  void registerFactory(PrivateUse1ProfilerFactory factory);
+};
+}  // namespace torch::profiler::impl
+
+namespace py = pybind11;
+
+namespace nativelab {
+namespace {
+
+// The correlation ids Kineto pushes as each profiled op starts, per thread (the op that queues device work
+// runs on the thread that called it).
+thread_local std::vector<uint64_t> t_correlation;
+
+uint64_t current_correlation() { return t_correlation.empty() ? 0 : t_correlation.back(); }
+
+const std::set<libkineto::ActivityType> kActivities = {libkineto::ActivityType::CONCURRENT_KERNEL};
+
+struct DeviceEvent {
+  std::string name;
+  int64_t device, start_ns, end_ns;
+  uint64_t correlation;
+};
+
+class Session final : public libkineto::IActivityProfilerSession {
+ public:
+  void start() override {
+    status_ = libkineto::TraceStatus::RECORDING;
+    call_python("_start", [&](py::object fn) { fn(py::cpp_function([] { return current_correlation(); })); });
+  }
+
+  void stop() override {
+    call_python("_stop", [&](py::object fn) {
+      for (auto item : fn()) {
+        auto t = item.cast<py::tuple>();
+        events_.push_back({t[0].cast<std::string>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(),
+                           t[3].cast<int64_t>(), t[4].cast<uint64_t>()});
+      }
+    });
+    status_ = libkineto::TraceStatus::PROCESSING;
+  }
+
+  std::vector<std::string> errors() override { return errors_; }
+
+  void processTrace(libkineto::ActivityLogger& logger) override {
+    processTrace(logger, [](int32_t) -> const libkineto::ITraceActivity* { return nullptr; }, 0, 0);
+  }
+
+  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked,
+                    int64_t /*startTime*/, int64_t /*endTime*/) override {
+    buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
+    int32_t id = 0;
+    for (const auto& e : events_) {
+      buffer_->emplace_activity(buffer_->span, libkineto::ActivityType::CONCURRENT_KERNEL, e.name);
+      auto& a = *buffer_->activities.back();
+      a.startTime = e.start_ns;
+      a.endTime = e.end_ns;
+      a.id = ++id;
+      a.device = static_cast<int32_t>(e.device);
+      a.resource = 0;  // the device's one queue
+      a.linked = e.correlation ? linked(static_cast<int32_t>(e.correlation)) : nullptr;
+      a.log(logger);  // the logger keeps a pointer: the activity lives in buffer_, which Kineto then owns
+    }
+    status_ = libkineto::TraceStatus::READY;
+  }
+
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override { return nullptr; }
+
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
+    std::set<int64_t> devices;
+    for (const auto& e : events_) devices.insert(e.device);
+    std::vector<libkineto::ResourceInfo> out;
+    for (auto d : devices) out.push_back({0, d, d, "neuron " + std::to_string(d) + " queue"});
+    return out;
+  }
+
+  // Kineto keeps the buffer (and so the activities the logger was given) until the trace is released.
+  std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return std::move(buffer_); }
+
+  void pushCorrelationId(uint64_t id) override { t_correlation.push_back(id); }
+  void popCorrelationId() override {
+    if (!t_correlation.empty()) t_correlation.pop_back();
+  }
+
+ private:
+  template <class F>
+  void call_python(const char* name, F&& body) {
+    py::gil_scoped_acquire gil;
+    try {
+      body(py::module_::import("nativelab.device.kineto_events").attr(name));
+    } catch (const std::exception& e) {
+      errors_.push_back(std::string("neuron profiler: ") + name + ": " + e.what());
+      status_ = libkineto::TraceStatus::ERROR;
+    }
+  }
+
+  std::vector<DeviceEvent> events_;
+  std::vector<std::string> errors_;
+  std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
+};
+
+class Profiler final : public libkineto::IActivityProfiler {
+ public:
+  const std::string& name() const override { return name_; }
+  const std::set<libkineto::ActivityType>& availableActivities() const override { return kActivities; }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
+      const std::set<libkineto::ActivityType>& activity_types, const libkineto::Config& /*config*/) override {
+    for (auto t : activity_types)
+      if (kActivities.count(t)) return std::make_unique<Session>();
+    return nullptr;
+  }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
+      int64_t /*ts_ms*/, int64_t /*duration_ms*/, const std::set<libkineto::ActivityType>& activity_types,
+      const libkineto::Config& config) override {
+    return configure(activity_types, config);
+  }
+
+ private:
+  std::string name_{"neuron"};
+};
+
+}  // namespace
+
+void register_kineto_plugin() {
+  torch::profiler::impl::PrivateUse1ProfilerRegistry::instance().registerFactory(
+      [] { return std::unique_ptr<libkineto::IActivityProfiler>(std::make_unique<Profiler>()); });
+}
+
+}  // namespace nativelab
