@@ -333,3 +333,56 @@ def test_inference_graph_holding_a_constant_tensor():
     with torch.no_grad():
         got = torch.compile(lambda x: last_logits(m, x), backend="neuron")(x.to("neuron"))
     torch.testing.assert_close(got.cpu(), want.detach(), atol=1e-5, rtol=1e-5)
+
+
+def _two_dropouts(x):
+    return F.dropout(x * 2, 0.5, training=True) + F.dropout(x.sin(), 0.3, training=True)
+
+
+def test_compiled_random_ops_draw_from_the_device_generator_at_the_call():
+    # Inductor seeds a graph's random numbers from the default generator when its code runs. On the device
+    # that code runs from the queue: it must still draw at the call, from the device's generator (as eager
+    # random ops and CUDA do), whatever the program does with the CPU generator before it syncs.
+    x = torch.randn(16, 16)
+    torch._dynamo.reset()
+    cpu_f = torch.compile(_two_dropouts, backend="inductor")
+    torch.manual_seed(0)
+    want = cpu_f(x)  # the same compiled code on CPU
+    torch.manual_seed(5)
+    seed5 = torch.get_rng_state()
+    torch._dynamo.reset()
+    f = torch.compile(_two_dropouts, backend="neuron")
+    xd = x.to("neuron")
+    f(xd).cpu()  # compiled
+    torch.manual_seed(0)
+    y = f(xd)
+    batch = torch.randn(8)  # the next batch drawn on the CPU before the sync
+    torch.set_rng_state(seed5)  # and the CPU generator restored (what checkpoint and fork_rng do)
+    torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0)
+    torch.manual_seed(0)
+    assert torch.equal(batch, torch.randn(8))  # the device's draws leave the CPU's stream alone, as CUDA's do
+    torch.manual_seed(0)
+    y = f(xd)
+    torch.manual_seed(1)  # a reseed between the call and the sync
+    torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
+def test_compiled_checkpoint_replays_the_forwards_dropout_in_backward():
+    # AOTAutograd saves the generator state before a random op in a checkpointed region and replays the op
+    # from it in the backward graph (run_and_save_rng_state / run_with_rng_state); PyTorch implements those for
+    # CPU/CUDA states only (the device's compile failed on them). The backward's mask must be the forward's:
+    # for y = dropout(x * 3), dy/dx is 3 / (1 - p) exactly where y kept x.
+    def f(x):
+        return torch.utils.checkpoint.checkpoint(lambda t: F.dropout(t * 3, 0.5, training=True), x,
+                                                 use_reentrant=False)
+
+    torch._dynamo.reset()
+    x = (torch.rand(64, 64) + 0.5).to("neuron").requires_grad_()
+    torch.manual_seed(0)
+    y = torch.compile(f, backend="neuron")(x)
+    y.sum().backward()
+    kept = y.detach().cpu() != 0
+    assert 0.3 < kept.float().mean() < 0.7
+    torch.testing.assert_close(x.grad.cpu(), kept.float() * 6.0)
+    torch._dynamo.reset()

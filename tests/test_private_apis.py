@@ -170,6 +170,41 @@ def test_compiler_dynamo_and_fake_tensor_apis():
     assert cc_private.STANDALONE_COMPILE_LOGGER in logging.Logger.manager.loggerDict
 
 
+def test_compiler_rng_apis():
+    """The compiler's view of random ops (src/nativelab/compiler/_private.py): AOTAutograd still replays a
+    random op of a checkpointed region with the two operators `rng_state_hops` names, with the signatures
+    compiler/random_ops.py rewrites; Inductor's `fallback_random` switch still exists."""
+    import torch._inductor.config
+    import torch.nn.functional as F
+
+    from nativelab.compiler import _private as cc_private
+
+    save, replay = cc_private.rng_state_hops()
+    seen = []
+
+    def compiler(gm, example_inputs):
+        seen.append([n for n in gm.graph.nodes if n.op == "call_function" and n.target in (save, replay)])
+        return cc_private.make_boxed_func(gm.forward)
+
+    def f(x):
+        return torch.utils.checkpoint.checkpoint(lambda t: F.dropout(t * 3, 0.5, training=True), x,
+                                                 use_reentrant=False)
+
+    torch._dynamo.reset()
+    x = torch.ones(8, requires_grad=True)
+    torch.compile(f, backend=cc_private.aot_autograd(fw_compiler=compiler, bw_compiler=compiler))(x).sum().backward()
+    torch._dynamo.reset()
+    (fw_node,), (bw_node,) = seen
+    assert fw_node.target is save and fw_node.args[0] is torch.ops.aten.native_dropout.default
+    assert bw_node.target is replay and bw_node.args[1] is torch.ops.aten.native_dropout.default
+    state, (out, _) = save(torch.ops.aten.native_dropout.default, torch.ones(64), 0.5, True)  # CPU semantics
+    again, _ = replay(state, torch.ops.aten.native_dropout.default, torch.ones(64), 0.5, True)
+    assert state.dtype == torch.uint8 and torch.equal(again, out)
+    assert isinstance(cc_private.inductor_fallback_random(), bool)
+    with torch._inductor.config.patch(fallback_random=True):
+        assert cc_private.inductor_fallback_random() is True
+
+
 def test_kernel_private_apis():
     """The kernel library's fake-tensor check (src/nativelab/kernels/_private.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -177,8 +177,9 @@ class _TinyGPT2(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def _gpt2_run(device, p=0.1, steps=3):
-    """Losses, per-step gradients and the AdamW-updated weights of the tiny GPT-2 (same seeds on any device)."""
+def _gpt2_run(device, p=0.1, steps=3, backend=None):
+    """Losses, per-step gradients and the AdamW-updated weights of the tiny GPT-2 (same seeds on any device),
+    the model run through torch.compile(backend=backend) if one is given."""
     torch.manual_seed(0)
     model = _TinyGPT2(p=p)
     gen = torch.Generator().manual_seed(1)
@@ -186,11 +187,12 @@ def _gpt2_run(device, p=0.1, steps=3):
     model.to(device).train()
     assert model.lm_head.weight is model.wte.weight and "lm_head.weight" in model.state_dict()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    step = model if backend is None else torch.compile(model, backend=backend)
     torch.manual_seed(2)  # the dropout masks: the CPU's generator on CPU, the device's on the device
     losses, grads = [], []
     for batch in data.to(device):
         opt.zero_grad()
-        loss = model(batch[:, :-1], batch[:, 1:])
+        loss = step(batch[:, :-1], batch[:, 1:])
         loss.backward()
         opt.step()
         losses.append(loss.detach().cpu())
@@ -254,3 +256,22 @@ def test_gpt2_run_under_load_differs_from_cpu_only_by_reduction_order(monkeypatc
     # the order of float reductions only (here: the key bias's noise, AdamW's +-lr steps on it, ~1e-7 elsewhere).
     _pin_device_team(monkeypatch, 1)
     _assert_same_run(_gpt2_run("neuron"), _gpt2_run("cpu"))
+
+
+@pytest.mark.slow
+def test_gpt2_style_training_compiled_for_the_device_matches_cpu(monkeypatch):
+    # The same run through torch.compile(backend="neuron"): Dynamo + AOTAutograd graphs, the checkpointed
+    # blocks' dropout replayed in the backward graph from the device generator's saved state (AOTAutograd's
+    # run_and_save_rng_state / run_with_rng_state, see compiler/random_ops.py). Inductor's own random numbers
+    # differ from eager's on any device (they do on CPU too); `fallback_random` is PyTorch's switch for
+    # comparing compiled random ops with eager, so the reference is the plain eager CPU run.
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    _pin_device_team(monkeypatch, torch.get_num_threads())
+    try:
+        with torch._inductor.config.patch(fallback_random=True):
+            got = _gpt2_run("neuron", backend="neuron")
+    finally:
+        torch._dynamo.reset()
+    _assert_same_run(got, _gpt2_run("cpu"))

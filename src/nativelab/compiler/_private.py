@@ -13,7 +13,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 __all__ = ["OpOverload", "aot_autograd", "make_boxed_func", "dynamo_backend_known", "register_dynamo_backend",
            "recompute_meta", "op_base_name", "standalone_compile", "load_artifact", "STANDALONE_COMPILE_LOGGER",
-           "split_bf16_tile_transposes", "install_cpp_source_filter"]
+           "split_bf16_tile_transposes", "install_cpp_source_filter", "rng_state_hops",
+           "inductor_fallback_random"]
 
 # -- Dynamo and AOTAutograd: how the backend receives graphs ------------------------------------------------
 
@@ -44,6 +45,15 @@ def register_dynamo_backend(name: str, compiler_fn) -> None:
     from torch._dynamo.backends.registry import register_backend
 
     register_backend(compiler_fn=compiler_fn, name=name)
+
+
+def rng_state_hops():
+    """AOTAutograd's operators for a random op inside an activation-checkpointed region: (the forward's
+    `run_and_save_rng_state(op, *args)` -> (state, result), the backward's `run_with_rng_state(state, op,
+    *args)`). PyTorch implements them for CPU/CUDA/XPU/HPU generator states only."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    return run_and_save_rng_state, run_with_rng_state
 
 
 # -- Fake tensors: node metadata without running anything ---------------------------------------------------
@@ -83,6 +93,15 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool)
 
     return compile_graph(gm, example_inputs, dynamic_shapes="from_example_inputs",
                          options={"config_patches": {"freezing": freezing, "cpp.dynamic_threads": True}})
+
+
+def inductor_fallback_random() -> bool:
+    """Inductor's `fallback_random` setting (`torch._inductor.config.fallback_random`): random ops run as
+    PyTorch's eager kernels (the eager numbers) instead of Inductor's own generator. It changes the generated
+    code, so it is part of the compile cache key."""
+    from torch._inductor import config
+
+    return bool(config.fallback_random)
 
 
 def load_artifact(path: str):

@@ -17,7 +17,7 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from ..device.config import DEVICE_NAME
-from . import lowering, metrics, partition
+from . import lowering, metrics, partition, random_ops
 from ._private import aot_autograd, make_boxed_func, recompute_meta
 from .freezing import inputs_as_constants
 from .runtime import FallbackNodes
@@ -73,10 +73,11 @@ def build(gm: torch.fx.GraphModule, kind: str, options: dict):
     """Partition one static ATen graph and lower its device subgraphs."""
     _counter[0] += 1
     base = f"{kind}_{_counter[0]}"
+    random_ops.as_device_rng_nodes(gm)
     ids, fallbacks = partition.partition(gm)
     s = metrics.current()
     s.fallback_nodes += sum(1 for n, i in ids.items() if i in fallbacks and n.op == "call_function"
-                            and partition.is_fallback(n))
+                            and partition.is_fallback(n) and n.target not in random_ops.REPLAY_FUNCTIONS)
     if not fallbacks:
         return lowering.lower(gm, base, options)
     split = split_module(gm, None, lambda n: ids.get(n, 0), keep_original_order=True)

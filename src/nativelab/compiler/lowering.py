@@ -16,7 +16,7 @@ import torch.fx
 
 from ..device import cpu_info, gemm_policy, memory, queue, threads
 from ..device.config import DEVICE_NAME
-from . import _private, cache, gemm, metrics
+from . import _private, cache, gemm, metrics, random_ops
 from .runtime import DeviceGraph
 
 COMPILER_VERSION = "nativelab-neuron-cc 4"  # bump when the lowering changes what it generates (3: fp32 GEMMs, 4: run-time thread counts)
@@ -40,7 +40,8 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
     metrics.current().partitions += 1
     n_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     metrics.log.info("neuron: %s %s (%d ops, key %s) in %.2fs", how, name, n_ops, (key or "-")[:12], seconds)
-    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single, source=gm)
+    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single, source=gm,
+                       random=random_ops.draws_random(gm))
 
 
 def compile_cached(cpu_gm: torch.fx.GraphModule, cpu_inputs: list, key: str | None, freeze: bool = False):
@@ -149,6 +150,7 @@ def _key(cpu_gm, cpu_inputs, options) -> str:
     # the host's vector ISA (ATEN_CPU_CAPABILITY can lower it), the bf16 GEMM policy and the thread count
     # decide the generated code: an artifact built for AVX-512 must not serve a run forced to AVX2
     h.update(f"{cpu_info.isa()} {gemm_policy.min_rows()} {threads.ceiling()}".encode())
+    h.update(f"fallback_random={_private.inductor_fallback_random()}".encode())  # eager or Inductor random ops
     h.update(repr(sorted(options.items())).encode())
     h.update(cpu_gm.code.encode())
     for name, t in sorted(cpu_gm.state_dict().items()):  # constants baked into the graph

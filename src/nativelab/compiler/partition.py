@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from ..device import ops as device_ops
+from . import random_ops
 from ._private import OpOverload, op_base_name
 
 _NATIVE_BASES = frozenset(n.split(".", 1)[0] for n in device_ops.NATIVE_OPS)
@@ -42,6 +43,8 @@ def is_fallback(node: torch.fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
         return False
+    if target in random_ops.REPLAY_FUNCTIONS:
+        return True  # a random op replayed from a saved generator state: run eagerly (random_ops.py)
     if not isinstance(target, OpOverload):
         return False  # Python scalar arithmetic and prims: part of the device graph
     if target.namespace != "aten":

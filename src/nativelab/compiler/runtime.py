@@ -3,9 +3,11 @@ fallback nodes through the device's eager dispatch."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from ..device import memory, observe, queue, tracking
+from ..device import memory, observe, queue, rng, tracking
 from ..device.ops import device_index, host_args_for_queue
 
 DEVICE = memory.DEVICE
@@ -17,7 +19,7 @@ class DeviceGraph(torch.nn.Module):
     A graph whose outputs alias its inputs runs at launch instead (after draining the queue), so the aliases
     can point into the inputs' device memory."""
 
-    def __init__(self, name: str, fn, out_specs, aliasing: bool, single: bool, source=None):
+    def __init__(self, name: str, fn, out_specs, aliasing: bool, single: bool, source=None, random=False):
         super().__init__()
         self.name = name
         self.fn = fn
@@ -27,6 +29,9 @@ class DeviceGraph(torch.nn.Module):
         self.out_specs = out_specs  # per output: (shape, stride, dtype, on the host) or None for non-tensors
         self.aliasing = aliasing
         self.single = single  # the graph returns one value, not a tuple
+        # The code draws random numbers (Inductor seeds them from the default CPU generator): it runs at launch
+        # with the core's generator in that place, as eager random ops do (see random_ops.py).
+        self.random = random
 
     def forward(self, *args):
         index = device_index(args)
@@ -37,7 +42,8 @@ class DeviceGraph(torch.nn.Module):
             hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE else a
                      for a in args]
             queue.drain()
-            res = _as_tuple(queue.run_now(self.name, self.run_now, hargs))
+            with rng.default_generator_drawn_from(index) if self.random else contextlib.nullcontext():
+                res = _as_tuple(queue.run_now(self.name, self.run_now, hargs))
             outs = [
                 _on_host(r, args) if spec is not None and spec[3] else _back_to_device(r, args, index)
                 for r, spec in zip(res, self.out_specs)
@@ -49,7 +55,13 @@ class DeviceGraph(torch.nn.Module):
             ]
             houts = [memory.host_view(o) if o is not None else None for o in outs]
             hargs = host_args_for_queue(args)  # CPU inputs captured at launch, as in eager ops
-            queue.submit(self.name, self.run, (hargs, houts))
+            if self.random:  # run now, as the one entry of the queue (same modes as queued work)
+                queue.drain()
+                with rng.default_generator_drawn_from(index):
+                    queue.submit(self.name, self.run, (hargs, houts))
+                    queue.drain()
+            else:
+                queue.submit(self.name, self.run, (hargs, houts))
         return outs[0] if self.single else tuple(outs)
 
     def run_now(self, *hargs):
