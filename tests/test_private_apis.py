@@ -170,6 +170,25 @@ def test_compiler_dynamo_and_fake_tensor_apis():
     assert cc_private.STANDALONE_COMPILE_LOGGER in logging.Logger.manager.loggerDict
 
 
+def test_swap_of_a_parameter_held_by_autograd():
+    """device/_private.py's swap_tensors_held_by_autograd: `Module._apply` still swaps through
+    `torch.utils.swap_tensors` (the name conversion.py replaces while it converts), which still refuses a
+    tensor an autograd graph holds; ours swaps it (`_use_count`, `_swap_tensor_impl`) and poisons the old graph."""
+    import inspect
+
+    assert "torch.utils.swap_tensors(param, param_applied)" in inspect.getsource(torch.nn.Module._apply)
+    w = torch.nn.Parameter(torch.ones(3, 3))
+    out = (torch.ones(2, 3, requires_grad=True) @ w).tanh() @ w  # w saved for backward
+    assert w._use_count() > 2
+    with pytest.raises(RuntimeError, match="use_count"):
+        torch.utils.swap_tensors(w, torch.nn.Parameter(torch.zeros(3, 3)))
+    new = torch.nn.Parameter(torch.zeros(3, 3))
+    _private.swap_tensors_held_by_autograd(w, new)
+    assert torch.equal(w.detach(), torch.zeros(3, 3)) and torch.equal(new.detach(), torch.ones(3, 3))
+    with pytest.raises(RuntimeError, match="before its module moved"):
+        out.sum().backward()
+
+
 def test_compiler_rng_apis():
     """The compiler's view of random ops (src/nativelab/compiler/_private.py): AOTAutograd still replays a
     random op of a checkpointed region with the two operators `rng_state_hops` names, with the signatures

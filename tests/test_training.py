@@ -134,6 +134,44 @@ def test_moving_a_module_keeps_its_parameters_and_their_ties():
     assert not torch.__future__.get_swap_module_params_on_conversion()  # a CPU-only program converts as before
 
 
+def test_moving_a_module_after_a_forward_keeps_its_parameters():
+    # The guide's Step 3: `expected = model(x)` on CPU, then `model.to('neuron')`. The output's autograd graph
+    # still holds the parameters it saved for backward (PyTorch's swap refuses such a tensor); the module must
+    # still keep its Parameter objects (ties, an optimizer made before), silently, and train as on CPU.
+    import warnings
+    import weakref
+
+    torch.manual_seed(0)
+    m = _TiedLM()
+    ref = copy.deepcopy(m)
+    idx = torch.tensor([[1, 4, 7], [2, 9, 3]])
+    expected = m(idx)
+    assert m.lm_head.weight._use_count() > 2  # held by the graph (AccumulateGrad + saved for backward)
+    weight = m.wte.weight
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.to("neuron")
+    assert m.lm_head.weight is m.wte.weight is weight and weight.device.type == "neuron"
+    torch.testing.assert_close(m(idx.to("neuron")).detach().cpu(), expected.detach())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for model, o, device in ((m, opt, "neuron"), (ref, ref_opt, "cpu")):
+        nn.functional.cross_entropy(model(idx.to(device)).flatten(0, 1), idx.flatten().to(device)).backward()
+        o.step()
+    torch.testing.assert_close(m.wte.weight.grad.cpu(), ref.wte.weight.grad)
+    torch.testing.assert_close(m.wte.weight.detach().cpu(), ref.wte.weight.detach())
+    # Backward through the graph built before the move would accumulate into a parameter that has moved: an
+    # error, not a gradient lost.
+    with pytest.raises(RuntimeError, match="before its module moved"):
+        expected.sum().backward()
+    # A Python weak reference (a compiled model's guards) still refuses the swap: new Parameters, with a warning.
+    lin = nn.Linear(3, 3)
+    held = weakref.ref(lin.weight)
+    with pytest.warns(UserWarning, match="new Parameter objects"):
+        lin.to("neuron")
+    assert lin.weight is not held() and lin.weight.device.type == "neuron"
+
+
 class _TinyGPT2(nn.Module):
     """GPT-2's shape, tiny: token + position embeddings, pre-norm blocks with causal attention and a GELU MLP,
     dropout after embeddings, attention and projections, the LM head tied to the token embedding, and each

@@ -239,3 +239,53 @@ def patch_dlpack_device(device_type: str) -> None:
 
     __dlpack_device__.__wrapped__ = original
     torch.Tensor.__dlpack_device__ = __dlpack_device__
+
+
+def swap_tensors_held_by_autograd(t1: torch.Tensor, t2: torch.Tensor) -> None:
+    """`torch.utils.swap_tensors(t1, t2)` for a parameter that autograd graphs still hold.
+
+    PyTorch's swap refuses a tensor whose C++ use count is above 2 (itself plus its AccumulateGrad node): an
+    output computed before `module.to()` (`expected = model(x)`) keeps each parameter it saved for backward
+    (a Linear after the first saves its weight). The swap moves the Python object to the new TensorImpl; C++
+    holders keep the old one, which is what they would keep without swapping too (the module would get new
+    Parameter objects and they would hold the old ones). So we swap as PyTorch does, and poison the old
+    AccumulateGrad as PyTorch does for count 2: backward through a graph built before the move raises instead
+    of accumulating into a tensor nobody sees. Python weak references still refuse (PyTorch's rule)."""
+    import copyreg
+    import weakref
+
+    for name, t in (("t1", t1), ("t2", t2)):
+        if weakref.getweakrefs(t):
+            raise RuntimeError(f"Cannot swap {name} because it has weakref associated with it")
+    if t2._use_count() > 1:
+        raise RuntimeError(f"Expected use_count of t2 to be 1, got {t2._use_count()}")
+    slots = set(copyreg._slotnames(t1.__class__))
+    if slots != set(copyreg._slotnames(t2.__class__)):
+        raise RuntimeError("Cannot swap t1 and t2 if they have different slots")
+    if t1.requires_grad and t1.is_leaf:
+        torch.autograd.graph.get_gradient_edge(t1).node.register_prehook(_moved_parameter_backward)
+
+    def swap_attr(name):
+        tmp = getattr(t1, name)
+        setattr(t1, name, getattr(t2, name))
+        setattr(t2, name, tmp)
+
+    swap_attr("__class__")
+    swap_attr("__dict__")
+    for slot in slots:
+        if hasattr(t1, slot) and hasattr(t2, slot):
+            swap_attr(slot)
+        elif hasattr(t1, slot):
+            setattr(t2, slot, getattr(t1, slot))
+            delattr(t1, slot)
+        elif hasattr(t2, slot):
+            setattr(t1, slot, getattr(t2, slot))
+            delattr(t2, slot)
+    torch._C._swap_tensor_impl(t1, t2)
+
+
+def _moved_parameter_backward(grad_outputs):
+    raise RuntimeError(
+        "neuron: backward through a graph built before its module moved to another device (module.to()): the "
+        "parameter it would accumulate into has moved. Run backward before .to(), or compute the output again."
+    )

@@ -6,7 +6,9 @@ is not, so each module would get a new Parameter: a tied embedding and LM head b
 apart, and an optimizer built before `.to()` holds stale ones. With PyTorch's own swap mode
 (`torch.__future__.set_swap_module_params_on_conversion`) `_apply` swaps the moved tensor into the existing
 Parameter instead. We turn it on for conversions that cross the device boundary only: a program that never
-uses `neuron` converts exactly as before.
+uses `neuron` converts exactly as before. PyTorch's swap refuses a parameter an autograd graph still holds
+(the guide's `expected = model(x); model.to('neuron')`); ours swaps it and makes backward through that old
+graph an error (`_private.swap_tensors_held_by_autograd`). Only a Python weak reference still refuses it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import warnings
 
 import torch
 
+from . import _private
 from .config import DEVICE_NAME as DEVICE
 
 _future = torch.__future__
@@ -38,22 +41,23 @@ def _keeping_parameters(method, target_of):
         if _future.get_swap_module_params_on_conversion() or not _crosses_device(self, target_of(*args, **kwargs)):
             return method(self, *args, **kwargs)
         _future.set_swap_module_params_on_conversion(True)
+        swap, torch.utils.swap_tensors = torch.utils.swap_tensors, _private.swap_tensors_held_by_autograd
         try:
             return method(self, *args, **kwargs)
         except RuntimeError as e:
             if "Couldn't swap" not in str(e):
                 raise
-            # A parameter PyTorch cannot swap (something else holds it: a weak reference such as a compiled
-            # model's guards, or the autograd graph of an output computed before .to()): convert the rest as
-            # PyTorch does without swapping; moved parameters are not moved twice.
+            # A parameter held by a Python weak reference (a compiled model's guards): PyTorch refuses to swap
+            # it. Convert the rest as PyTorch does without swapping; moved parameters are not moved twice.
             warnings.warn(
-                f"nativelab: {e} (still referenced, e.g. by the autograd graph of an output computed before "
-                ".to()); the module gets new Parameter objects: tied parameters come apart and an optimizer "
-                "made before .to() holds the old ones (tie again / make the optimizer after .to())", stacklevel=2,
+                f"nativelab: {e} ({e.__cause__}); the module gets new Parameter objects: tied parameters come "
+                "apart and an optimizer made before .to() holds the old ones (tie again / make the optimizer "
+                "after .to())", stacklevel=2,
             )
             _future.set_swap_module_params_on_conversion(False)
             return method(self, *args, **kwargs)
         finally:
+            torch.utils.swap_tensors = swap
             _future.set_swap_module_params_on_conversion(False)
 
     convert.__wrapped__ = method
