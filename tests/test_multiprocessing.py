@@ -3,6 +3,16 @@
 import torch
 import torch.multiprocessing as mp
 
+import subprocess
+import sys
+
+
+def _run_script(tmp_path, code: str, timeout: int):
+    # A file, not `python -c`: spawned children import the parent's __main__ to find the functions they run.
+    script = tmp_path / "main.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout)
+
 
 def _worker(rank, q):
     import torch
@@ -27,3 +37,95 @@ def test_device_tensors_are_passed_to_workers_as_host_copies_back():
     with ctx.Pool(1) as pool:
         out = pool.apply(torch.mul, (x.cpu(), 2))
     assert torch.equal(out, torch.arange(6.0) * 2)
+
+
+# Device tensors cannot be shared across processes (the emulated device's memory is not shared memory): every
+# way of sending one fails at once with the same clear error, in a bounded time, never a hang.
+SEND = """
+import time, torch, torch.multiprocessing as mp
+
+def receive(q, out):
+    try:
+        out.put(("received", str(q.get(timeout=60))))
+    except Exception as e:
+        out.put((type(e).__name__, str(e)))
+
+def make_on_device():
+    return torch.ones(2, device="neuron")
+
+if __name__ == "__main__":
+    x = torch.arange(4.0).to("neuron")
+    ctx = mp.get_context("spawn")
+    # multiprocessing.Queue pickles in a feeder thread: the receiver's get() raises
+    q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=receive, args=(q, out))
+    p.start()
+    q.put(x)
+    kind, msg = out.get(timeout=90)
+    p.join(30)
+    print("queue", kind, "cannot be sent to another process" in msg and "t.cpu()" in msg)
+    # Pool: the sender raises, for arguments and for results
+    with ctx.Pool(1) as pool:
+        for fn, args in ((torch.mul, (x, 2)), (make_on_device, ())):
+            try:
+                pool.apply(fn, args)
+                print("pool", "no error")
+            except Exception as e:
+                print("pool", "cannot be sent to another process" in str(e))
+        # The documented way: a CPU tensor there, results back on the host
+        print("cpu", torch.equal(pool.apply(torch.mul, (x.cpu(), 2)), torch.arange(4.0) * 2))
+    # A pipe pickles in the caller: raises there
+    a, b = ctx.Pipe()
+    try:
+        a.send(x.untyped_storage())
+        print("pipe", "no error")
+    except Exception as e:
+        print("pipe", type(e).__name__)
+"""
+
+
+def test_sending_a_device_tensor_fails_at_once_with_a_clear_error(tmp_path):
+    out = _run_script(tmp_path, SEND, timeout=240)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()[-5:]
+    assert lines == ["queue SharingError True", "pool True", "pool True", "cpu True", "pipe SharingError"], out.stdout
+
+
+# CUDA's rule: a child forked after the parent initialised the device cannot use it; before, it can.
+FORK = """
+import torch, multiprocessing as mp
+
+def use_device(out):
+    try:
+        out.put(("ok", (torch.ones(3).to("neuron") * 2).cpu().tolist()))
+    except Exception as e:
+        out.put((type(e).__name__, str(e)))
+
+def cpu_only(out):
+    out.put(("ok", (torch.ones(3) * 2).tolist()))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    for initialise in (False, True):
+        if initialise:
+            (torch.ones(2, device="neuron") + 1).cpu()
+        for fn in (use_device, cpu_only):
+            out = ctx.Queue()
+            p = ctx.Process(target=fn, args=(out,))
+            p.start()
+            kind, res = out.get(timeout=60)
+            p.join(30)
+            print(initialise, fn.__name__, kind,
+                  res if kind == "ok" else ("forked subprocess" in res and "'spawn' start method" in res))
+"""
+
+
+def test_forked_child_of_an_initialised_device_gets_cudas_error(tmp_path):
+    out = _run_script(tmp_path, FORK, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-4:] == [
+        "False use_device ok [2.0, 2.0, 2.0]",
+        "False cpu_only ok [2.0, 2.0, 2.0]",
+        "True use_device RuntimeError True",
+        "True cpu_only ok [2.0, 2.0, 2.0]",
+    ], out.stdout

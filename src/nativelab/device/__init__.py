@@ -76,6 +76,9 @@ def register() -> bool:
     dynamo_interface.install(cfg.num_cores)
     autocast.install(lib, aten_lib)
     int32_targets.install(aten_lib)
+    from . import multiprocessing as _multiprocessing  # torch.multiprocessing and fork: clear errors, no hang
+
+    _multiprocessing.install()
     # Lazy conjugate/negative bits: let `_copy_from` see them (host views keep them) instead of PyTorch's
     # math-bit fallback cloning the source, which re-enters `_copy_from` forever for a device.
     for key in ("Conjugate", "Negative"):
