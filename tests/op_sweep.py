@@ -21,17 +21,22 @@ def _to(x, device):
     return x
 
 
-def _compare(dev_out, cpu_out):
+# fp32: the device runs the same CPU kernels, so results agree to within reordering. bf16: PyTorch's default
+# bf16 tolerance (torch.testing), as OpInfo tests use for a device against CPU.
+TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=1e-5, rtol=1.6e-2)}
+
+
+def _compare(dev_out, cpu_out, tol=TOLERANCE[torch.float32]):
     if isinstance(cpu_out, torch.Tensor):
         if not isinstance(dev_out, torch.Tensor):
             raise AssertionError(f"expected a tensor, got {type(dev_out)}")
         if dev_out.device.type != "neuron":
             raise AssertionError(f"output on {dev_out.device}, expected neuron")
-        torch.testing.assert_close(dev_out.cpu(), cpu_out, equal_nan=True, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(dev_out.cpu(), cpu_out, equal_nan=True, **tol)
     elif isinstance(cpu_out, (list, tuple)):
         assert len(dev_out) == len(cpu_out)
         for d, c in zip(dev_out, cpu_out):
-            _compare(d, c)
+            _compare(d, c, tol)
     elif isinstance(cpu_out, (int, float, bool)):
         assert dev_out == cpu_out or (dev_out != dev_out and cpu_out != cpu_out), f"{dev_out} != {cpu_out}"
 
@@ -94,7 +99,7 @@ def sweep(dtype=torch.float32, ops=None, trace=False):
                     if info.name in FACTORIES:
                         kwargs["device"] = "neuron"
                     got = info(_to(s.input, "neuron"), *_to(s.args, "neuron"), **kwargs)
-                    _compare(got, expected)
+                    _compare(got, expected, TOLERANCE[dtype])
                 ran += 1
             except Exception as e:  # noqa: BLE001
                 err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -114,7 +119,7 @@ if __name__ == "__main__":
     import nativelab  # noqa: F401
 
     t0 = time.time()
-    p, f, s = sweep(trace="--trace" in sys.argv)
+    p, f, s = sweep(torch.bfloat16 if "--bf16" in sys.argv else torch.float32, trace="--trace" in sys.argv)
     print(f"passed {len(p)} failed {len(f)} skipped {len(s)} in {time.time() - t0:.0f}s")
     for k, v in sorted(f.items()):
         print("FAIL", k, v)
