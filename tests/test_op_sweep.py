@@ -20,19 +20,24 @@ EXPECTED_FAILURES = {
 }
 
 
-@pytest.mark.slow
-def test_opinfo_sweep_fp32():
+def _sweep(dtype: str):
+    """(passed, failed) of the OpInfo sweep in `dtype` ("float32", "bfloat16"), run in a fresh interpreter."""
     code = (
-        "import json, sys\n"
+        "import json, sys, torch\n"
         "sys.path.insert(0, 'tests')\n"
         "import nativelab, op_sweep\n"
-        "p, f, s = op_sweep.sweep()\n"
+        f"p, f, s = op_sweep.sweep(torch.{dtype})\n"
         "print(json.dumps({'passed': p, 'failed': f, 'skipped': s}))\n"
     )
     r = run_python(code, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
-    passed, failed = result["passed"], result["failed"]
+    return result["passed"], result["failed"]
+
+
+@pytest.mark.slow
+def test_opinfo_sweep_fp32():
+    passed, failed = _sweep("float32")
     unexpected = {k: v for k, v in failed.items() if k not in EXPECTED_FAILURES}
     assert not unexpected, unexpected
     ratio = len(passed) / (len(passed) + len(failed))
@@ -69,17 +74,7 @@ BF16_KNOWN_BUGS = {
 
 @pytest.mark.slow
 def test_opinfo_sweep_bf16_forward():
-    code = (
-        "import json, sys, torch\n"
-        "sys.path.insert(0, 'tests')\n"
-        "import nativelab, op_sweep\n"
-        "p, f, s = op_sweep.sweep(torch.bfloat16)\n"
-        "print(json.dumps({'passed': p, 'failed': f, 'skipped': s}))\n"
-    )
-    r = run_python(code, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads(r.stdout.strip().splitlines()[-1])
-    passed, failed = result["passed"], result["failed"]
+    passed, failed = _sweep("bfloat16")
     unexpected = {k: v for k, v in failed.items() if k not in EXPECTED_FAILURES and k not in BF16_KNOWN_BUGS}
     assert not unexpected, unexpected
     ratio = len(passed) / (len(passed) + len(failed))
