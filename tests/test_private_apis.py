@@ -339,3 +339,52 @@ def test_privateuse1_kineto_profiler_registry_as_csrc_declares_it():
     kineto = Path(torch.__file__).parent / "include/kineto"
     assert "virtual void pushCorrelationId" in (kineto / "IActivityProfiler.h").read_text()
     assert "CONCURRENT_KERNEL = 5" in (kineto / "ActivityType.h").read_text()
+
+
+# -- The device's C++ runtime (csrc/): what it calls in libtorch / libtorch_python that is not public API.
+
+
+def test_cpp_python_kernel_bridge_converts_arguments_and_results():
+    """ops.cpp hands calls it leaves to Python over with torch::jit::toPyObject / toIValue (declared by hand)
+    plus getTHPDtype / getTHPLayout / getTHPMemoryFormat for ints that are dtypes, layouts, memory formats:
+    a Python-path op with such arguments and several results must round-trip."""
+    from nativelab.device import ops
+
+    ops.set_fast_path(False)
+    try:
+        x = torch.randn(4, 6)
+        d = x.to("neuron")
+        vals, idx = torch.max(d, dim=1)  # two results through toIValue
+        e = torch.empty(2, 3, 4, 5, dtype=torch.bfloat16, device="neuron", memory_format=torch.channels_last)
+        s = d.sum(0, dtype=torch.float64)  # a ScalarType argument seen as torch.float64 by the Python kernel
+    finally:
+        ops.set_fast_path(True)
+    torch.testing.assert_close(vals.cpu(), x.max(1).values)
+    assert torch.equal(idx.cpu(), x.max(1).indices)
+    assert e.dtype == torch.bfloat16 and e.is_contiguous(memory_format=torch.channels_last)
+    assert s.dtype == torch.float64
+    torch.testing.assert_close(s.cpu(), x.sum(0, dtype=torch.float64))
+
+
+def test_cpp_view_kernels_and_composite_redispatch():
+    """ops.cpp registers at::native::view / as_strided_tensorimpl / _reshape_alias for the device and runs
+    _to_copy as PyTorch's CompositeExplicitAutograd kernel (redispatchBoxed)."""
+    x = torch.randn(4, 6)
+    d = x.to("neuron")
+    v = d.view(6, 4)
+    a = d.as_strided((3, 2), (1, 3), 2)
+    assert v.untyped_storage().data_ptr() == d.untyped_storage().data_ptr()
+    torch.testing.assert_close(v.cpu(), x.view(6, 4))
+    torch.testing.assert_close(a.cpu(), x.as_strided((3, 2), (1, 3), 2))
+    h = d.to(torch.float16)
+    assert h.device == d.device and h.dtype == torch.float16
+    torch.testing.assert_close(h.cpu(), x.to(torch.float16))
+
+
+def test_cpp_storage_wrap_and_unpack():
+    """memory.cpp passes storages to Python with THPStorage_Unpack / THPStorage_Wrap."""
+    d = torch.randn(8, device="neuron") * 2  # memory the runtime allocated
+    st = d.untyped_storage()
+    assert memory._rt.mem_owns(st)
+    host = memory.host_storage(st)
+    assert host.device.type == "cpu" and host.data_ptr() == st.data_ptr() and host.nbytes() == st.nbytes()

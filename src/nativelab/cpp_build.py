@@ -57,25 +57,26 @@ def check_toolchain(name: str) -> None:
         raise CppBuildError(f"nativelab: ninja is needed to build the '{name}' extension (`pip install ninja`)")
 
 
-def build_key(name: str, sources, extra_cflags=(), extra_ldflags=()) -> str:
+def build_key(name: str, sources, extra_cflags=(), extra_ldflags=(), depends=()) -> str:
     import torch
 
     h = hashlib.sha256()
     for part in (name, torch.__version__, sys.implementation.cache_tag, *extra_cflags, "|",
                  *extra_ldflags):
         h.update(part.encode() + b"\0")
-    for src in sources:
+    for src in (*sources, *depends):
         h.update(Path(src).name.encode() + b"\0")
         h.update(Path(src).read_bytes())
     return h.hexdigest()[:20]
 
 
-def load_extension(name: str, sources, extra_cflags=(), extra_ldflags=(), verbose: bool = False):
+def load_extension(name: str, sources, extra_cflags=(), extra_ldflags=(), verbose: bool = False, depends=()):
     """The Python module built from `sources` (C++ files defining `PyInit_<name>`, e.g. with pybind11's
-    `PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`), compiled once per machine and cached."""
+    `PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`), compiled once per machine and cached; `depends` (headers the
+    sources include) are part of the cache key too."""
     sources = [str(s) for s in sources]
     extra_cflags, extra_ldflags = list(extra_cflags), list(extra_ldflags)
-    key = build_key(name, sources, extra_cflags, extra_ldflags)
+    key = build_key(name, sources, extra_cflags, extra_ldflags, depends)
     mod = _loaded.get(key)
     if mod is not None:
         return mod

@@ -18,7 +18,7 @@ import torch
 
 from . import (
     _private, autocast, config, conversion, dynamo_interface, guard, int32_targets, memory, module, ops, queue,
-    rnn_cells, runtime_ops, tracking,
+    rnn_cells, runtime, runtime_ops, tracking,
 )
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
@@ -67,11 +67,9 @@ def register() -> bool:
     _private.keep_out_of_fused_transformer_paths()
     memory.init(cfg)
     lib = torch.library.Library("_", "IMPL")
-    lib.fallback(ops.device_kernel, "PrivateUse1")
+    ops.install(runtime.load(), cfg.fast_path)  # the boxed kernel every op reaches (C++, Python behind it)
     aten_lib = torch.library.Library("aten", "IMPL")
-    for op, kernel in ops.direct_kernels().items():
-        aten_lib.impl(op, kernel, "PrivateUse1")
-    runtime_ops.install(aten_lib)
+    runtime_ops.install(aten_lib, runtime.load())
     rnn_cells.install(aten_lib)
     dynamo_interface.install(cfg.num_cores)
     autocast.install(lib, aten_lib)
@@ -112,7 +110,7 @@ def _accelerator_hooks() -> dict:
 
     def reset_peak(i):
         s = memory.stats(i)
-        s.peak = s.allocated
+        s.reset_peak()
 
     return {
         "_accelerator_isAllocatorInitialized": lambda: True,

@@ -53,6 +53,7 @@ class Config:
     sync: bool  # NATIVELAB_SYNC=1: every op completes before returning (like CUDA_LAUNCH_BLOCKING)
     dtype_policy: bool  # the real device's int64->int32 / float64->float32 casting
     quiet: bool  # no "emulated on the host CPU" notice
+    fast_path: bool = True  # NATIVELAB_FAST_PATH=0: every op through the Python kernel (the reference path)
     strict: bool = False  # NATIVELAB_STRICT=1: a CPU fallback raises at the line that caused it
 
 
@@ -82,6 +83,7 @@ def load() -> Config:
         core_memory_bytes=int(_float_env("NATIVELAB_CORE_MEMORY_GB", HBM_GB / PHYSICAL_CORES * lnc) * (1 << 30)),
         sync=_flag_env("NATIVELAB_SYNC", False),
         dtype_policy=_flag_env("NATIVELAB_DTYPE_POLICY", True),
+        fast_path=_flag_env("NATIVELAB_FAST_PATH", True),
         quiet=_flag_env("NATIVELAB_QUIET", False),
         strict=_flag_env("NATIVELAB_STRICT", False),
     )

@@ -21,6 +21,7 @@ def init(cores: int) -> None:
     global num_cores, _rt
     num_cores = cores
     _rt = runtime.load()
+    queue.bind(_rt)
     _rt.init(cores, queue.drain, queue.idle, _record_marker)
     _defaults[:] = [_rt.default_generator(i) for i in range(cores)]
     _hosts[:] = [_rt.host_generator(g) for g in _defaults]

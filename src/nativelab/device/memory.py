@@ -1,28 +1,39 @@
 """Device memory: host buffers behind device storages, accounted per logical core.
 
-A device storage is made from the data pointer of a CPU storage that we keep on the storage's Python
-object (PyTorch keeps that object alive exactly as long as the C++ storage). When the device storage
-dies, the block dies with it and its bytes are returned to the core's account.
+Two kinds of device storage, one account (the C++ runtime's, memory.cpp, which raises the OOM):
+- the outputs of ops the C++ kernel queues (ops.cpp): host memory the runtime allocated, freed with the storage;
+- memory adopted here from CPU results (fallbacks, copies, the Python path): a device storage made from the
+  data pointer of a CPU storage that we keep on the storage's Python object (PyTorch keeps that object alive
+  exactly as long as the C++ storage). When the device storage dies, the block dies with it and its bytes
+  are returned to the core's account.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _private, config as _config, observe
+from . import _private, config as _config, observe, runtime
 
 DEVICE = _config.DEVICE_NAME
+_rt = None
 
 
 class CoreStats:
-    __slots__ = ("allocated", "peak", "num_allocs", "num_frees", "capacity")
+    """One core's account, read from the runtime when asked."""
 
-    def __init__(self, capacity: int):
-        self.allocated = 0
-        self.peak = 0
-        self.num_allocs = 0
-        self.num_frees = 0
-        self.capacity = capacity
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    allocated = property(lambda self: _rt.mem_stats(self.index)[0])
+    peak = property(lambda self: _rt.mem_stats(self.index)[1])
+    num_allocs = property(lambda self: _rt.mem_stats(self.index)[2])
+    num_frees = property(lambda self: _rt.mem_stats(self.index)[3])
+    capacity = property(lambda self: _rt.mem_stats(self.index)[4])
+
+    def reset_peak(self) -> None:
+        _rt.mem_reset_peak(self.index)
 
 
 _stats: list[CoreStats] = []
@@ -32,7 +43,12 @@ _devices: list[torch.device] = []
 
 
 def init(cfg: _config.Config) -> None:
-    _stats[:] = [CoreStats(cfg.core_memory_bytes) for _ in range(cfg.num_cores)]
+    global _rt, _check_capacity, _reserve, _release
+    _rt = runtime.load()
+    _check_capacity, _reserve, _release = _rt.mem_check, _rt.mem_reserve, _rt.mem_release
+    for i in range(cfg.num_cores):
+        _rt.mem_set_capacity(i, cfg.core_memory_bytes)
+    _stats[:] = [CoreStats(i) for i in range(cfg.num_cores)]
     _devices[:] = [torch.device(DEVICE, i) for i in range(cfg.num_cores)]
 
 
@@ -51,29 +67,11 @@ class _Block:
         self.nbytes = nbytes
 
     def __del__(self):
-        s = _stats[self.index]
-        s.allocated -= self.nbytes
-        s.num_frees += 1
+        _release(self.index, self.nbytes)
 
 
-def _check_capacity(index: int, nbytes: int) -> None:
-    s = _stats[index]
-    if s.allocated + nbytes > s.capacity:
-        gib = 1 << 30
-        raise torch.OutOfMemoryError(
-            f"neuron:{index} out of memory: tried to allocate {nbytes} bytes ({nbytes / gib:.2f} GiB); "
-            f"{s.allocated} bytes ({s.allocated / gib:.2f} GiB) already allocated of a capacity of "
-            f"{s.capacity} bytes ({s.capacity / gib:.2f} GiB). Set NATIVELAB_CORE_MEMORY_GB to change it."
-        )
-
-
-def _reserve(index: int, nbytes: int) -> None:
-    _check_capacity(index, nbytes)
-    s = _stats[index]
-    s.allocated += nbytes
-    s.num_allocs += 1
-    if s.allocated > s.peak:
-        s.peak = s.allocated
+# The runtime's account (set by init): raise torch.OutOfMemoryError / count / uncount bytes on a core.
+_check_capacity = _reserve = _release = None
 
 
 def adopt(host: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
@@ -94,10 +92,16 @@ def alloc_storage(nbytes: int, index: int) -> torch.UntypedStorage:
 
 
 def host_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
+    """The CPU storage over a device storage's memory. It keeps that memory alive: work queued on it may
+    outlive the device tensors. The runtime's own memory gets a new one each time (cached on the device
+    storage's Python object it would keep that storage alive forever)."""
     try:
         return st._nl_block.host
     except AttributeError:
-        return _foreign_host(st)
+        pass
+    if st.device.type == DEVICE and _rt.mem_owns(st):
+        return _rt.mem_host_storage(st)
+    return _foreign_host(st)
 
 
 class _Foreign:
@@ -219,13 +223,17 @@ def copy_bytes(dst: torch.UntypedStorage, src: torch.UntypedStorage) -> None:
 
 
 def swap_memory(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
-    """Exchange the memory of two device storages on one core: pointers, host buffers and their accounts.
-    Each storage and each host storage keeps its identity, so the tensors of `a`, and their cached host
-    views, see `b`'s memory afterwards (how a storage is resized in place)."""
-    ba, bb = a._nl_block, b._nl_block
+    """Exchange the memory of two device storages on one core, with what owns it (a block of this module on
+    the storage's Python object, or the runtime's block inside its data pointer). Each storage keeps its
+    identity, so the tensors of `a` see `b`'s memory afterwards (how a storage is resized in place); their
+    cached host views are dropped by `host_view`, which checks the pointer."""
+    ba, bb = getattr(a, "_nl_block", None), getattr(b, "_nl_block", None)
     _private.swap_storage_memory(a, b)
-    _private.swap_storage_memory(ba.host, bb.host)
-    ba.nbytes, bb.nbytes = bb.nbytes, ba.nbytes
+    for st, block in ((a, bb), (b, ba)):
+        if block is not None:
+            st._nl_block = block
+        elif hasattr(st, "_nl_block"):
+            del st._nl_block
 
 
 def set_storage(t: torch.Tensor, st, offset: int, size, stride) -> torch.Tensor:

@@ -153,7 +153,7 @@ def max_memory_allocated(device=None) -> int:
 
 def reset_peak_memory_stats(device=None) -> None:
     s = memory.stats(guard.index_of(device))
-    s.peak = s.allocated
+    s.reset_peak()
 
 
 def memory_reserved(device=None) -> int:

@@ -7,6 +7,9 @@ at the moment the user's code calls into the device, so the caller's stack is th
 
 from __future__ import annotations
 
+import sys
+import types
+
 # dispatch(op, args, kwargs, run) -> result: wraps every ATen op that reaches the device's boxed kernel;
 # `run()` performs the op and returns its result. The hook may look at the arguments before and the result after.
 dispatch = None
@@ -28,3 +31,25 @@ compiled_source: str | None = None
 # calls it. `kind` is the collective's name (all_reduce, all_gather, reduce_scatter, broadcast, barrier, ...),
 # `tensors` its tensor arguments as passed (outputs and inputs, nested lists), `world_size` the group's size.
 collective = None
+
+_listeners: list = []  # called when a hook is set or cleared (ops.py: the C++ fast path stays off while one is)
+
+
+class _Notifying(types.ModuleType):
+    """A module whose attributes named in `_watched` call its `_listeners` when set."""
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in self._watched:
+            for fn in self._listeners:
+                fn()
+
+
+def notify_on_set(module_name: str, names) -> None:
+    """Make setting `names` on the module call its `_listeners` (a list it defines)."""
+    mod = sys.modules[module_name]
+    mod._watched = frozenset(names)
+    mod.__class__ = _Notifying
+
+
+notify_on_set(__name__, ("dispatch", "alloc"))

@@ -734,6 +734,82 @@ def resize_storage(st: torch.UntypedStorage, nbytes: int) -> None:
     memory.swap_memory(st, new)  # `new` now holds the old memory and frees it when it goes
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The C++ kernel (csrc/ops.cpp) takes the common case of a native op without entering the interpreter; it asks
+# these two once per op overload and once per call signature, and sends every other call to device_kernel.
+
+fast_path = True  # NATIVELAB_FAST_PATH=0: every op through the Python kernel above (the reference path)
+_rt = None
+
+
+def fast_route(name: str, overload: str):
+    """For the C++ kernel, once per op overload: (the OpOverload, its tracking name, its route), the route being
+    None (every call through Python), ('f', out= overload name or '') for a functional op queued with its
+    outputs, or ('m', the argument each return is) for an op that writes its arguments."""
+    ns, _, base = name.partition("::")
+    op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+    rec = record_for(op)
+    if rec.route != "native" or rec.random or rec.cpu_ok:
+        return op, rec.name, None
+    if rec.mutable:
+        if rec.returns_alias and all(i is not None for i in rec.returns_alias):
+            return op, rec.name, ("m", tuple(rec.returns_alias))
+        return op, rec.name, None
+    return op, rec.name, ("f", rec.out_op._schema.overload_name if rec.out_op is not None else "")
+
+
+def fast_spec(op, *args):
+    """For the C++ kernel, once per call signature (dtypes, shapes, strides, the other arguments): None (this
+    signature goes through Python: the dtype policy or the GEMM policy has work, no meta kernel, an out=
+    argument to resize), else (kind, [(shape, stride, dtype) of each output])."""
+    rec = _records[op]
+    full = list(args)
+    # the dtype policy has nothing to do: no wide input, index arguments already the int64 CPU kernels take
+    for i, a in enumerate(full):
+        if i in rec.int64_args:
+            if isinstance(a, _Tensor) and a.dtype != torch.int64:
+                return None
+        elif any(t.dtype in _NARROW and t.dim() != 0 for t in _tensors((a,))):
+            return None
+    if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, full):
+        return None
+    try:
+        kind, outs, resizes, _ = _meta_spec(rec, full)
+    except Exception:  # noqa: BLE001 - no usable meta kernel: the Python path runs it on the host
+        return None
+    if resizes:
+        return None
+    return kind, [(tuple(shape), tuple(stride), dtype) for shape, stride, dtype in outs]
+
+
+def _refresh_fast_path() -> None:
+    """The C++ path is off while anything watches op by op (a profiler, nativelab check) or in sync mode."""
+    _rt.set_fast(
+        fast_path and not queue.sync_mode and queue.observer is None and observe.dispatch is None
+        and observe.alloc is None
+    )
+
+
+def install(rt, enabled: bool = True) -> None:
+    """Register the device's kernel (the C++ one, which calls device_kernel for what it leaves to Python)."""
+    global _rt, fast_path
+    _rt, fast_path = rt, enabled
+    direct = sorted(op.name().split("::", 1)[1] for op in direct_kernels() if op.name().startswith("aten::"))
+    rt.install_kernels(device_kernel, fast_route, fast_spec, direct)
+    tracking.pull = rt.take_executed
+    queue._listeners.append(_refresh_fast_path)
+    observe._listeners.append(_refresh_fast_path)
+    _refresh_fast_path()
+
+
+def set_fast_path(on: bool) -> None:
+    """Turn the C++ path on or off (tests compare the two; off is NATIVELAB_FAST_PATH=0)."""
+    global fast_path
+    queue.drain()
+    fast_path = bool(on)
+    _refresh_fast_path()
+
+
 # -- What the layers above may ask (the graph runtime, the profiler): public, so they import no underscore name.
 
 

@@ -2,7 +2,8 @@
 
 It registers what PyTorch reads from C++ only: the device guard (current device per thread, streams,
 events), the PrivateUse1 hooks (availability, device count, generators, pinned host memory). The per-op
-policy stays Python (ops.py); the runtime reaches the Python work queue through callbacks.
+policy stays Python (ops.py), decided once per op overload and call signature; the per-call work of the
+common case (allocation on a core, host views, the work queue) is C++ (ops.cpp, memory.cpp, queue.cpp).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .. import cpp_build
 
 NAME = "nativelab_device"
 SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))
 CFLAGS = ("-O2",)
 _module = None
 
@@ -21,5 +23,5 @@ def load():
     """The compiled runtime module (built once per machine: about 10 s on 2 cores, then cached)."""
     global _module
     if _module is None:
-        _module = cpp_build.load_extension(NAME, SOURCES, extra_cflags=CFLAGS)
+        _module = cpp_build.load_extension(NAME, SOURCES, extra_cflags=CFLAGS, depends=HEADERS)
     return _module

@@ -15,6 +15,7 @@ DEVICE = memory.DEVICE
 
 
 quiet = False
+_rt = None  # the C++ runtime (install)
 H2D_QUEUED = "aten::copy_ (host to device)"  # the queue entry of a host-to-device copy made in program order
 _noticed = False
 
@@ -24,6 +25,8 @@ def _notice() -> None:
     global _noticed
     _noticed = True
     rng.mark_initialized()  # the device is in use from here (CUDA's lazy init)
+    if _rt is not None:
+        _rt.set_noticed()  # the C++ kernels may allocate without asking Python from now on
     if not quiet:
         print(
             "nativelab: the 'neuron' device is emulated on the host CPU (NATIVELAB_QUIET=1 hides this line)",
@@ -196,10 +199,16 @@ KERNELS = {
 }
 
 
-def install(lib: torch.library.Library) -> None:
-    """Register the runtime's own kernels for the device (they take precedence over the boxed fallback)."""
+def install(lib: torch.library.Library, rt) -> None:
+    """Register the runtime's own kernels for the device (they take precedence over the boxed fallback). The
+    C++ runtime takes some of them (allocation, copies): it serves their common case and calls the Python
+    kernel here for the rest."""
+    global _rt
+    _rt = rt
+    taken = set(rt.install_runtime_kernels(KERNELS))
     for name, kernel in KERNELS.items():
-        lib.impl(name, kernel, "PrivateUse1")
+        if name not in taken:
+            lib.impl(name, kernel, "PrivateUse1")
     if not _pinning_works():
         lib.impl("_pin_memory", pin_memory_without_allocator, "CPU")
 

@@ -10,6 +10,14 @@ graphs: collections.Counter = collections.Counter()  # compiled graph name -> la
 _fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
 _warned: set[str] = set()
 strict = False  # NATIVELAB_STRICT=1: a CPU fallback is an error, raised at the call that caused it
+# The counts of ops the C++ kernel queued since the last look (set at registration): merged into `executed`
+# whenever it is read through this module, so the hot path counts in C++.
+pull = None
+
+
+def _merge() -> None:
+    if pull is not None:
+        executed.update(pull())
 
 
 class FallbackError(RuntimeError):
@@ -23,15 +31,18 @@ def get_fallback_ops() -> list[str]:
 
 def get_executed_ops() -> list[str]:
     """De-duplicated names of the ops that ran on the device."""
+    _merge()
     return list(executed)
 
 
 def get_op_counts() -> dict[str, dict[str, int]]:
     """Per-op call counts: {'device': {...}, 'fallback': {...}}."""
+    _merge()
     return {"device": dict(executed), "fallback": dict(fallback)}
 
 
 def clear_op_tracking() -> None:
+    _merge()
     executed.clear()
     fallback.clear()
     graphs.clear()

@@ -1,9 +1,11 @@
 // The Python face of the runtime (nativelab.device.runtime loads it): set-up, the current device, generators,
 // and the entry the device queue calls when it reaches an event's marker.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 
-#include "runtime.h"
+#include "queue.h"
 
 namespace py = pybind11;
 
@@ -60,5 +62,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::reinterpret_steal<py::object>(THPGenerator_Wrap(host_generator(unwrap_generator(gen))));
   }, "the CPU generator that holds a neuron generator's state (what the CPU kernels draw from)");
   m.def("event_reached", &event_reached);
+  // memory.cpp: the per-core account
+  m.def("mem_set_capacity", &mem_set_capacity);
+  m.def("mem_check", &mem_check, "raise torch.OutOfMemoryError if nbytes would not fit on the core");
+  m.def("mem_reserve", &mem_reserve);
+  m.def("mem_release", &mem_release);
+  m.def("mem_stats", [](int index) {
+    const auto s = mem_stats(index);
+    return py::make_tuple(s.allocated, s.peak, s.num_allocs, s.num_frees, s.capacity);
+  }, "(allocated, peak, num_allocs, num_frees, capacity) of a core");
+  m.def("mem_reset_peak", &mem_reset_peak);
+  // Storages are passed as torch.UntypedStorage objects (device ones: the caller checks the device).
+  m.def("mem_owns", [](py::handle st) { return mem_owns(THPStorage_Unpack(st.ptr())); },
+        "whether a device storage's memory is the runtime's own (freed with the storage)");
+  m.def("mem_host_storage", [](py::handle st) {
+    return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_host_storage(THPStorage_Unpack(st.ptr()))));
+  }, "a CPU storage over a device storage's memory, keeping the device storage alive");
+  // queue.cpp
+  m.def("queue_submit", &queue_submit_python, "queue Python work fn(*args) named name; returns the queue length");
+  m.def("queue_size", &queue_size);
+  m.def("queue_run", &queue_run, "run everything queued; None, or (name, exception, dropped) for a failed entry");
+  // ops.cpp
+  m.def("install_kernels", &install_kernels, "register the device's op kernel (fallback + the named ops)");
+  m.def("set_fast", &set_fast, "whether ops may take the C++ path (off while a tool watches or in sync mode)");
+  m.def("install_runtime_kernels", &install_runtime_kernels,
+        "take over runtime_ops kernels (name -> Python kernel) that C++ serves; returns the names taken");
+  m.def("set_noticed", &set_noticed, "the emulated-device notice was printed: allocations may skip Python");
+  m.def("take_executed", &take_executed, "per-op counts of ops the C++ path ran since the last call");
   m.def("is_pinned", [](uintptr_t ptr) { return is_pinned(reinterpret_cast<const void*>(ptr)); });
 }

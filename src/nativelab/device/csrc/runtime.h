@@ -1,14 +1,19 @@
 // The emulated device's C++ runtime: what PyTorch reads through the PrivateUse1 hooks and the device guard
 // (current device per thread, streams, events, generators, pinned host memory). Layout after PyTorch's
-// OpenReg: a file per concept. The op work itself stays in Python (nativelab/device/ops.py) for now; the
-// runtime reaches it through the callbacks below, which module.cpp sets from Python.
+// OpenReg: a file per concept. The per-op policy is Python's (nativelab/device/ops.py), decided once per op
+// overload and call signature; the per-call work is ops.cpp's.
 #pragma once
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
+#include <c10/core/Storage.h>
+
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace nativelab {
 
@@ -23,13 +28,35 @@ c10::DeviceIndex current_device() noexcept;
 void set_device(c10::DeviceIndex index);
 c10::DeviceIndex exchange_device(c10::DeviceIndex index);
 
-// The device's work queue lives in Python (queue.py); these reach it, taking the GIL.
+// queue.py drives the queue (drains run Python context around the work); these reach it, taking the GIL.
 struct QueueCallbacks {
   std::function<void()> drain;                           // run everything queued
   std::function<bool()> idle;                            // nothing queued
   std::function<void(int64_t, int64_t)> record_marker;   // queue a marker that calls event_reached(id, version)
 };
 QueueCallbacks& queue_callbacks();
+
+// memory.cpp: the per-core account (every device byte, whoever allocated it) and the runtime's own blocks
+struct MemStats {
+  int64_t allocated, peak, num_allocs, num_frees, capacity;
+};
+void mem_set_capacity(int index, int64_t capacity);
+void mem_check(int index, int64_t nbytes);    // throws torch.OutOfMemoryError if it would not fit
+void mem_reserve(int index, int64_t nbytes);  // mem_check, then count it
+void mem_release(int index, int64_t nbytes) noexcept;
+MemStats mem_stats(int index);
+void mem_reset_peak(int index);
+c10::DataPtr mem_alloc(int index, int64_t nbytes);  // host memory on core `index`, counted until freed
+c10::Storage mem_storage(int index, int64_t nbytes);
+bool mem_owns(const c10::Storage& st);  // memory the runtime allocated (not adopted by memory.py)
+// A CPU storage over a device storage's memory that keeps the device storage alive (work queued on host views
+// may outlive every device tensor of that memory).
+c10::Storage mem_host_storage(const c10::Storage& st);
+
+// queue.cpp: the work queue (its entries and Python face: queue.h)
+struct QueueEntry;
+size_t queue_push(QueueEntry&& e);
+size_t queue_size();
 
 // events.cpp
 void* event_create(bool timing);
@@ -51,6 +78,7 @@ void register_guard();
 void register_hooks();
 void register_profiler_stubs();
 bool is_pinned(const void* ptr);
+
 
 }  // namespace nativelab
 

@@ -1,0 +1,601 @@
+// The kernel every ATen op on the device reaches (the PrivateUse1 fallback, and the structured native ops
+// registered by name). Python decides once per op overload what the op is (ops.py: native / view / fallback,
+// its out= form, what it returns) and once per call signature what its outputs are (meta kernels, the dtype
+// and GEMM policies); this file does the per-call work of the common case without entering the interpreter:
+// the signature key, the cached output spec, allocation on the core, host views and queueing. Anything
+// unusual (a first call of a signature, fallbacks, random ops, the dtype policy, a watching tool, sync mode)
+// goes to the Python kernel, ops.device_kernel.
+#include "queue.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace py = pybind11;
+
+// From libtorch_python (torch/csrc/jit/python/pybind_utils.h, declared here: that header alone doubles the
+// build time): IValue <-> Python object, as PyTorch's own Python kernels convert them.
+namespace torch::jit {
+py::object toPyObject(c10::IValue ivalue);
+c10::IValue toIValue(py::handle obj, const c10::TypePtr& type, std::optional<int32_t> N);
+}  // namespace torch::jit
+
+namespace nativelab {
+namespace {
+
+constexpr size_t kMaxPending = 256;  // as queue.py: a deep queue keeps many buffers alive
+constexpr size_t kMaxSpecs = 4096;   // call signatures cached per op overload
+
+struct OutSpec {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+  int64_t nbytes;
+};
+
+struct Spec {
+  bool fast = false;  // false: calls with this signature go to Python
+  char kind = 't';    // 't' one tensor, 'u' a tuple, 'l' a list, 'm' writes its arguments
+  std::vector<OutSpec> outs;
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (auto v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
+
+enum class Route { kUndecided, kPython, kFunctional, kMutating };
+
+struct OpEntry {
+  Route route = Route::kUndecided;
+  std::string name;  // 'aten::mul.Tensor', as the tracking API names it
+  py::object* py_op = nullptr;  // the OpOverload (held for the process)
+  std::optional<c10::OperatorHandle> out_op;
+  std::vector<int> out_map;  // per argument of the out= form: >= 0 an input, < 0 output -(k+1)
+  std::vector<int> returns_alias;  // a mutating op: the argument each return is
+  std::unordered_map<std::vector<int64_t>, Spec, KeyHash> specs;
+  int64_t executed = 0;
+};
+
+std::mutex g_mu;  // never held while taking the GIL
+std::unordered_map<const void*, OpEntry*> g_entries;
+std::atomic<bool> g_fast{false};
+py::object* g_python_kernel = nullptr;  // ops.device_kernel(op, *args, **kwargs)
+py::object* g_decide = nullptr;         // ops.fast_route(op_name, overload) -> (op, name, route)
+py::object* g_spec = nullptr;           // ops.fast_spec(op, *args) -> None | (kind, [(sizes, strides, dtype)])
+
+OpEntry* entry_for(const c10::OperatorHandle& op) {
+  const void* key = &op.schema();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_entries.find(key);
+    if (it != g_entries.end() && it->second->route != Route::kUndecided) return it->second;
+  }
+  // First call of this overload: ask Python (outside the lock, GIL taken)
+  auto* e = new OpEntry();
+  {
+    py::gil_scoped_acquire gil;
+    const auto& name = op.schema().operator_name();
+    py::tuple d = (*g_decide)(name.name, name.overload_name);
+    e->py_op = new py::object(d[0]);
+    e->name = d[1].cast<std::string>();
+    py::object route = d[2];
+    if (route.is_none()) {
+      e->route = Route::kPython;
+    } else {
+      py::tuple r = route;
+      const auto kind = r[0].cast<std::string>();
+      if (kind == "m") {
+        e->route = Route::kMutating;
+        for (auto h : py::reinterpret_borrow<py::tuple>(r[1])) e->returns_alias.push_back(h.cast<int>());
+      } else {
+        e->route = Route::kFunctional;
+        const auto out = r[1].cast<std::string>();
+        if (!out.empty()) {
+          auto handle = c10::Dispatcher::singleton().findSchema({name.name, out});
+          if (handle) {
+            e->out_op = *handle;
+            int j = 0, k = 0;
+            for (const auto& a : handle->schema().arguments()) {
+              const bool written = a.alias_info() != nullptr && a.alias_info()->isWrite();
+              e->out_map.push_back(written ? -(++k) : j++);
+            }
+          }
+        }
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& slot = g_entries[key];
+  if (slot == nullptr || slot->route == Route::kUndecided) slot = e;
+  else delete e;  // another thread decided first (its py_op stays held: harmless)
+  return slot;
+}
+
+// ---- the per-call signature -----------------------------------------------------------------------------
+
+inline void put_tensor_meta(std::vector<int64_t>& key, const at::Tensor& t) {
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  key.push_back(t.dim());
+  for (auto s : t.sizes()) key.push_back(s);
+  for (auto s : t.strides()) key.push_back(s);
+}
+
+// A tensor argument the fast path takes: on the device (one core for the whole call) or a 0-d CPU scalar.
+inline bool put_tensor(std::vector<int64_t>& key, const at::Tensor& t, int& index) {
+  if (!t.defined()) {
+    key.push_back(-1);
+    return true;
+  }
+  const auto dev = t.device();
+  if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
+  if (dev.type() == kDevice) {
+    if (index < 0) index = dev.index();
+    else if (index != dev.index()) return false;  // Python raises the device-mismatch error
+    key.push_back(-100 - dev.index());
+  } else if (dev.is_cpu() && t.dim() == 0) {
+    key.push_back(-90);
+  } else {
+    return false;
+  }
+  put_tensor_meta(key, t);
+  return true;
+}
+
+bool build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int& index) {
+  key.reserve(48);
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = args[i];
+    if (v.isTensor()) {
+      if (!put_tensor(key, v.toTensor(), index)) return false;
+    } else if (v.isNone()) {
+      key.push_back(-2);
+    } else if (v.isInt()) {
+      key.push_back(-3);
+      key.push_back(v.toInt());
+    } else if (v.isDouble()) {
+      // Its value is left out: no op's output metadata depends on a float scalar's value (shape-giving
+      // floats come in lists, which go to Python), and optimizers pass a new step size at every step.
+      key.push_back(-4);
+    } else if (v.isBool()) {
+      key.push_back(-5);
+      key.push_back(v.toBool());
+    } else if (v.isIntList()) {
+      key.push_back(-6);
+      auto l = v.toIntList();
+      key.push_back(static_cast<int64_t>(l.size()));
+      for (int64_t x : l) key.push_back(x);
+    } else if (v.isTensorList()) {
+      key.push_back(-7);
+      auto l = v.toTensorList();
+      key.push_back(static_cast<int64_t>(l.size()));
+      for (size_t j = 0; j < l.size(); ++j) {
+        if (!put_tensor(key, l.get(j), index)) return false;
+      }
+    } else if (v.isString()) {
+      key.push_back(-8);
+      key.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+    } else {
+      return false;  // generators, devices, optional-tensor lists, complex scalars ...: Python
+    }
+  }
+  return index >= 0;
+}
+
+// ---- host views -----------------------------------------------------------------------------------------
+
+// A CPU tensor over a device tensor's memory, keeping the device storage alive (queued work may outlive
+// every device tensor that refers to it).
+at::Tensor host_view(const at::Tensor& t) {
+  auto h = at::detail::make_tensor<c10::TensorImpl>(mem_host_storage(t.storage()),
+                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  h.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return h;
+}
+
+// What queued work reads: device tensors as host views; a CPU tensor copied now, as CUDA copies a CPU
+// operand at launch (the caller may write it before the queue runs), unless it is a wrapped Python number.
+c10::IValue to_host(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!t.defined()) return v;
+    if (t.device().type() == kDevice) return host_view(t);
+    return t.unsafeGetTensorImpl()->is_wrapped_number() ? v : c10::IValue(t.clone());
+  }
+  if (v.isTensorList()) {
+    auto l = v.toTensorList();
+    c10::List<at::Tensor> out;
+    out.reserve(l.size());
+    for (size_t j = 0; j < l.size(); ++j) out.push_back(to_host(l.get(j)).toTensor());
+    return out;
+  }
+  return v;
+}
+
+at::Tensor device_tensor(const OutSpec& o, int index) {
+  auto storage = mem_storage(index, o.nbytes);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                    c10::scalarTypeToTypeMeta(o.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides);
+  return t;
+}
+
+int64_t nbytes_for(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t itemsize) {
+  int64_t last = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) return 0;
+    last += (sizes[i] - 1) * strides[i];
+  }
+  return (last + 1) * itemsize;
+}
+
+// ---- the Python side ------------------------------------------------------------------------------------
+
+py::object to_python(const c10::IValue& v);
+
+// An argument as PyTorch's Python kernels see it: dtypes, layouts and memory formats (ints in an IValue) as
+// their torch objects, wrapped scalars as Python numbers.
+py::object to_python(const c10::IValue& v, const c10::Argument& arg) {
+  if (v.isInt()) {
+    auto type = arg.real_type();
+    if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
+    switch (type->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(v.toScalarType())));
+      case c10::TypeKind::LayoutType:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(v.toLayout())));
+      case c10::TypeKind::MemoryFormatType:
+        return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(v.toMemoryFormat()));
+      default:
+        break;
+    }
+  }
+  return to_python(v);
+}
+
+py::object to_python(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number()) {  // as PyTorch's Python kernels see it
+      const auto s = t.item();
+      if (s.isFloatingPoint()) return py::float_(s.toDouble());
+      if (s.isBoolean()) return py::bool_(s.toBool());
+      if (s.isIntegral(false)) return py::int_(s.toLong());
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
+Spec python_spec(OpEntry* e, const c10::OperatorHandle& op, const c10::IValue* args, size_t n) {
+  const auto& arguments = op.schema().arguments();
+  py::gil_scoped_acquire gil;
+  py::tuple pargs(n + 1);
+  pargs[0] = *e->py_op;
+  for (size_t i = 0; i < n; ++i) pargs[i + 1] = to_python(args[i], arguments[i]);
+  py::object r = (*g_spec)(*pargs);
+  Spec s;
+  if (r.is_none()) return s;
+  py::tuple t = r;
+  const auto kind = t[0].cast<std::string>();
+  s.kind = kind == "mutating" ? 'm' : kind == "list" ? 'l' : kind == "tuple" ? 'u' : 't';
+  for (auto o : py::reinterpret_borrow<py::list>(t[1])) {
+    py::tuple ot = py::reinterpret_borrow<py::tuple>(o);
+    OutSpec os;
+    os.sizes = ot[0].cast<std::vector<int64_t>>();
+    os.strides = ot[1].cast<std::vector<int64_t>>();
+    TORCH_CHECK(THPDtype_Check(ot[2].ptr()), "neuron: fast_spec returned a bad dtype");
+    os.dtype = reinterpret_cast<THPDtype*>(ot[2].ptr())->scalar_type;
+    os.nbytes = nbytes_for(os.sizes, os.strides, static_cast<int64_t>(c10::elementSize(os.dtype)));
+    s.outs.push_back(std::move(os));
+  }
+  s.fast = true;
+  return s;
+}
+
+// Call a Python kernel with an op's boxed arguments (keyword-only ones by name) and push what it returns.
+// `first`, when set, goes before the arguments (the OpOverload, for ops.device_kernel).
+void call_python(const py::object& fn, const py::object* first, const c10::OperatorHandle& op,
+                 torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t n = arguments.size();
+  py::gil_scoped_acquire gil;
+  auto* args = stack->data() + stack->size() - n;
+  size_t npos = 0;
+  while (npos < n && !arguments[npos].kwarg_only()) ++npos;
+  const size_t lead = first != nullptr ? 1 : 0;
+  py::tuple pargs(npos + lead);
+  if (first != nullptr) pargs[0] = *first;
+  py::dict kwargs;
+  for (size_t i = 0; i < n; ++i) {
+    if (i < npos) pargs[i + lead] = to_python(args[i], arguments[i]);
+    else kwargs[py::str(arguments[i].name())] = to_python(args[i], arguments[i]);
+  }
+  py::object out = fn(*pargs, **kwargs);
+  torch::jit::drop(*stack, n);
+  const auto& returns = schema.returns();
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, returns[0].real_type(), std::nullopt));
+  } else if (returns.size() > 1) {
+    py::tuple t = out;
+    for (size_t i = 0; i < returns.size(); ++i) {
+      stack->push_back(torch::jit::toIValue(t[i], returns[i].real_type(), std::nullopt));
+    }
+  }
+}
+
+void run_python(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  call_python(*g_python_kernel, e->py_op, op, stack);
+}
+
+// ---- the fast path --------------------------------------------------------------------------------------
+
+bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  c10::IValue* args = stack->data() + stack->size() - n;
+  std::vector<int64_t> key;
+  int index = -1;
+  if (!build_key(args, n, key, index)) return false;
+  const Spec* spec = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = e->specs.find(key);
+    if (it != e->specs.end()) spec = &it->second;
+  }
+  if (spec == nullptr) {  // first call of this signature: Python works out the outputs and the policies
+    Spec s = python_spec(e, op, args, n);
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (e->specs.size() >= kMaxSpecs) return false;  // a signature zoo: Python (and its own cache) serves it
+    spec = &e->specs.emplace(std::move(key), std::move(s)).first->second;  // node-based: stays put
+  }
+  if (!spec->fast) return false;
+
+  QueueEntry q;
+  q.op_name = &e->name;
+  std::vector<c10::IValue> results;
+  if (spec->kind == 'm') {
+    q.op = op;
+    q.stack.reserve(n);
+    for (size_t i = 0; i < n; ++i) q.stack.push_back(to_host(args[i]));
+    for (int a : e->returns_alias) results.push_back(args[a]);
+  } else {
+    std::vector<at::Tensor> outs, houts;
+    for (const auto& o : spec->outs) {
+      outs.push_back(device_tensor(o, index));
+      houts.push_back(host_view(outs.back()));
+    }
+    if (e->out_op) {
+      q.op = *e->out_op;
+      q.stack.reserve(e->out_map.size());
+      for (int m : e->out_map) q.stack.push_back(m >= 0 ? to_host(args[m]) : c10::IValue(houts[-m - 1]));
+    } else {
+      q.op = op;
+      q.stack.reserve(n);
+      for (size_t i = 0; i < n; ++i) q.stack.push_back(to_host(args[i]));
+      q.copy_into = std::move(houts);
+    }
+    if (spec->kind == 'l') {
+      results.emplace_back(c10::List<at::Tensor>(outs));
+    } else {
+      for (auto& o : outs) results.emplace_back(std::move(o));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    e->executed += 1;
+  }
+  const size_t pending = queue_push(std::move(q));
+  torch::jit::drop(*stack, n);
+  for (auto& r : results) stack->push_back(std::move(r));
+  if (pending >= kMaxPending) queue_callbacks().drain();
+  return true;
+}
+
+void device_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
+  OpEntry* e = entry_for(op);
+  if (e->route != Route::kPython && g_fast.load(std::memory_order_relaxed) && run_fast(e, op, stack)) return;
+  run_python(e, op, stack);
+}
+
+// ---- the runtime's own ops: allocation and copies ---------------------------------------------------------
+// The common case in C++, the rest (first allocation's notice, other layouts, transfers a profiler times, errors
+// worded by the Python kernels) through runtime_ops.py's kernel of the same name.
+
+std::unordered_map<std::string, py::object*> g_runtime;  // op name -> runtime_ops kernel (set once, then read)
+std::atomic<bool> g_noticed{false};  // the "emulated device" line was printed (runtime_ops._notice)
+std::mutex g_count_mu;
+std::unordered_map<std::string, int64_t> g_counts;  // executed counts of the runtime's ops
+
+void count(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_count_mu);
+  g_counts[name] += 1;
+}
+
+void python_runtime(const char* name, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  call_python(*g_runtime.at(name), nullptr, op, stack);
+}
+
+std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = acc;
+    acc *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+// The core an allocation goes to, when the fast path may make it: -1 otherwise.
+int alloc_index(const c10::IValue& layout, const c10::IValue& device, const c10::IValue& pin) {
+  if (!g_fast.load(std::memory_order_relaxed) || !g_noticed.load(std::memory_order_relaxed)) return -1;
+  if (!layout.isNone() && layout.toLayout() != c10::kStrided) return -1;
+  if (!pin.isNone() && pin.toBool()) return -1;
+  if (device.isNone()) return current_device();
+  const auto d = device.toDevice();
+  if (d.type() != kDevice) return -1;
+  if (!d.has_index()) return current_device();
+  return d.index() < device_count() ? d.index() : -1;
+}
+
+at::ScalarType dtype_of(const c10::IValue& v) {
+  return v.isNone() ? c10::typeMetaToScalarType(c10::get_default_dtype()) : v.toScalarType();
+}
+
+void push_empty(torch::jit::Stack* stack, size_t n, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                at::ScalarType dtype, int index) {
+  OutSpec o{std::move(sizes), std::move(strides), dtype, 0};
+  o.nbytes = nbytes_for(o.sizes, o.strides, static_cast<int64_t>(c10::elementSize(dtype)));
+  auto t = device_tensor(o, index);
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(t));
+}
+
+// empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype, Layout? layout, Device? device, bool? pin_memory)
+void empty_strided_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  auto* a = stack->data() + stack->size() - 6;
+  const int index = alloc_index(a[3], a[4], a[5]);
+  if (index < 0 || !a[0].isIntList() || !a[1].isIntList()) return python_runtime("empty_strided", op, stack);
+  auto sizes = a[0].toIntVector();
+  auto strides = a[1].toIntVector();
+  if (sizes.size() != strides.size()) return python_runtime("empty_strided", op, stack);
+  push_empty(stack, 6, std::move(sizes), std::move(strides), dtype_of(a[2]), index);
+}
+
+// empty.memory_format(SymInt[] size, *, ScalarType? dtype, Layout? layout, Device? device, bool? pin_memory,
+//                     MemoryFormat? memory_format)
+void empty_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  auto* a = stack->data() + stack->size() - 6;
+  const int index = alloc_index(a[2], a[3], a[4]);
+  const bool plain = a[5].isNone() || a[5].toMemoryFormat() == c10::MemoryFormat::Contiguous ||
+                     a[5].toMemoryFormat() == c10::MemoryFormat::Preserve;
+  if (index < 0 || !plain || !a[0].isIntList()) return python_runtime("empty.memory_format", op, stack);
+  auto sizes = a[0].toIntVector();
+  auto strides = contiguous_strides(sizes);
+  push_empty(stack, 6, std::move(sizes), std::move(strides), dtype_of(a[1]), index);
+}
+
+const std::string kCopy = "aten::copy_";
+const std::string kCopyH2D = "aten::copy_ (host to device)";  // as runtime_ops.H2D_QUEUED
+
+bool plain_tensor(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
+}
+
+// copy_(Tensor(a!) self, Tensor src, bool non_blocking=False): device to device and host to device queued in
+// program order (the source snapshotted, as CUDA does for pageable memory); device to host stays Python (it
+// drains, and the profiler times the transfer).
+void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  auto* a = stack->data() + stack->size() - 3;
+  const auto& dst = a[0].toTensor();
+  const auto& src = a[1].toTensor();
+  const bool dst_dev = dst.device().type() == kDevice;
+  const bool src_dev = src.device().type() == kDevice;
+  if (!g_fast.load(std::memory_order_relaxed) || !dst_dev || !plain_tensor(dst) || !plain_tensor(src) ||
+      !(src_dev || (src.device().is_cpu() && (src.dim() == 0 || src.sizes() == dst.sizes())))) {
+    return python_runtime("copy_", op, stack);
+  }
+  if (!src_dev && queue_size() == 0) {  // nothing queued may still read dst: copy now
+    host_view(dst).copy_(src);
+    count(kCopy);
+    auto result = a[0];
+    torch::jit::drop(*stack, 3);
+    stack->push_back(std::move(result));
+    return;
+  }
+  QueueEntry q;
+  q.op = op;
+  q.op_name = src_dev ? &kCopy : &kCopyH2D;
+  q.stack = {host_view(dst), src_dev ? c10::IValue(host_view(src)) : c10::IValue(src.clone()), false};
+  count(kCopy);
+  const size_t pending = queue_push(std::move(q));
+  auto result = a[0];
+  torch::jit::drop(*stack, 3);
+  stack->push_back(std::move(result));
+  if (pending >= kMaxPending) queue_callbacks().drain();
+}
+
+// _to_copy: PyTorch's composite kernel (empty + copy_, both above), made blocking as runtime_ops.to_copy is.
+void to_copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  // (self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
+  (*stack)[stack->size() - 3] = false;
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
+}
+
+}  // namespace
+
+std::vector<std::string> install_runtime_kernels(const py::dict& kernels) {
+  auto* aten = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  std::vector<std::string> taken;
+  auto take = [&](const char* name, torch::CppFunction fn) {
+    if (!kernels.contains(name)) return;
+    g_runtime[name] = new py::object(kernels[name]);
+    aten->impl(name, std::move(fn));
+    taken.emplace_back(name);
+  };
+  take("empty_strided", torch::CppFunction::makeFromBoxedFunction<&empty_strided_kernel>());
+  take("empty.memory_format", torch::CppFunction::makeFromBoxedFunction<&empty_kernel>());
+  take("copy_", torch::CppFunction::makeFromBoxedFunction<&copy_kernel>());
+  take("_to_copy", torch::CppFunction::makeFromBoxedFunction<&to_copy_kernel>());
+  return taken;
+}
+
+void set_noticed() { g_noticed.store(true); }
+
+
+void install_kernels(py::function python_kernel, py::function decide, py::function spec,
+                     const std::vector<std::string>& direct) {
+  g_python_kernel = new py::object(std::move(python_kernel));
+  g_decide = new py::object(std::move(decide));
+  g_spec = new py::object(std::move(spec));
+  // Held for the process: the registrations live as long as these objects.
+  auto* fallback = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&device_kernel>());
+  auto* aten = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const auto& name : direct) aten->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&device_kernel>());
+  // Views: metadata over the same device storage, as every backend answers them (OpenReg's minimal set).
+  aten->impl("view", TORCH_FN(at::native::view));
+  aten->impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  aten->impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+}
+
+void set_fast(bool on) { g_fast.store(on); }
+
+py::dict take_executed() {
+  std::vector<std::pair<std::string, int64_t>> counts;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (auto& kv : g_entries) {
+      if (kv.second->executed) {
+        counts.emplace_back(kv.second->name, kv.second->executed);
+        kv.second->executed = 0;
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_count_mu);
+    for (auto& kv : g_counts) {
+      if (kv.second) counts.emplace_back(kv.first, kv.second);
+      kv.second = 0;
+    }
+  }
+  py::dict d;
+  for (auto& c : counts) d[py::str(c.first)] = d.contains(c.first) ? d[py::str(c.first)].cast<int64_t>() + c.second : c.second;
+  return d;
+}
+
+}  // namespace nativelab
