@@ -59,3 +59,25 @@ def test_rng_state_api_per_core_and_fork_rng():
     assert torch.equal(torch.randn(4, device="neuron").cpu(), inside)
     with pytest.raises(TypeError, match="RNG state"):
         torch.neuron.set_rng_state(torch.zeros(3))
+
+
+@pytest.mark.slow
+def test_a_traced_kernel_draws_at_the_launch_from_the_device_generator():
+    # A kernel's traced code seeds its random numbers from the default generator when it runs; launched on the
+    # device it is queued, and must still draw at the launch from the device's generator, like eager ops.
+    from nativelab.kernels import wrap_kernel
+
+    def noisy_kernel(x, out):
+        out.copy_(x * (torch.rand_like(x) > 0.5))
+
+    kernel = wrap_kernel(noisy_kernel)
+    x, out = torch.ones(64), torch.empty(64)
+    torch.manual_seed(0)
+    kernel(x, out)  # the same kernel on CPU
+    xd, outd = x.to("neuron"), torch.empty(64, device="neuron")
+    torch.manual_seed(0)
+    kernel(xd, outd)
+    batch = torch.randn(8)  # a CPU draw before the sync
+    assert torch.equal(outd.cpu(), out)
+    torch.manual_seed(0)
+    assert torch.equal(batch, torch.randn(8))

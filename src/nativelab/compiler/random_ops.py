@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..device import rng
+from ..device import queue, rng
 from ..device.config import DEVICE_NAME
 from ._private import rng_state_hops
 
@@ -76,3 +76,12 @@ def draws_random(gm: torch.fx.GraphModule) -> bool:
         n.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
         for n in gm.graph.nodes
     )
+
+
+def run_at_call(name: str, fn, args, index: int) -> None:
+    """Run the device work `fn(*args)` that draws random numbers now, as the queue's one entry (same modes
+    as queued work), with core `index`'s generator in the default CPU generator's place."""
+    queue.drain()
+    with rng.default_generator_drawn_from(index):
+        queue.submit(name, fn, args)
+        queue.drain()

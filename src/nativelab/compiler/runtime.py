@@ -9,6 +9,7 @@ import torch
 
 from ..device import memory, observe, queue, rng, tracking
 from ..device.ops import device_index, host_args_for_queue
+from . import random_ops
 
 DEVICE = memory.DEVICE
 
@@ -55,11 +56,8 @@ class DeviceGraph(torch.nn.Module):
             ]
             houts = [memory.host_view(o) if o is not None else None for o in outs]
             hargs = host_args_for_queue(args)  # CPU inputs captured at launch, as in eager ops
-            if self.random:  # run now, as the one entry of the queue (same modes as queued work)
-                queue.drain()
-                with rng.default_generator_drawn_from(index):
-                    queue.submit(self.name, self.run, (hargs, houts))
-                    queue.drain()
+            if self.random:
+                random_ops.run_at_call(self.name, self.run, (hargs, houts), index)
             else:
                 queue.submit(self.name, self.run, (hargs, houts))
         return outs[0] if self.single else tuple(outs)

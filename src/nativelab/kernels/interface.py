@@ -31,6 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..compiler import metrics
 from ..compiler.freezing import inputs_as_constants
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
+from ..compiler.random_ops import draws_random, run_at_call
 from ..device import memory, observe, queue, tracking
 from ._private import is_fake
 
@@ -113,7 +114,11 @@ class Kernel:
             compiled = self._compiled[key] = self._compile(tensors, spec, frozen)
         live = [t for i, t in enumerate(tensors) if i not in frozen] if frozen else tensors
         if tensors and tensors[0].device.type == DEVICE:
-            queue.submit(f"kernel:{self.name}", compiled, [memory.host_view(t) for t in live])
+            hosted = [memory.host_view(t) for t in live]
+            if compiled.random:  # drawn at the call, from the device's generator, as eager random ops
+                run_at_call(f"kernel:{self.name}", compiled, hosted, tensors[0].device.index or 0)
+            else:
+                queue.submit(f"kernel:{self.name}", compiled, hosted)
             tracking.executed[f"kernel:{self.name}"] += 1
         else:
             compiled(*live)
@@ -166,6 +171,7 @@ class Kernel:
                     t.copy_(r)
 
         launch.source = gm  # the traced graph (baked weights included): the profiler reads its traffic from it
+        launch.random = draws_random(gm)  # its code draws random numbers (seeded from the default generator)
         return launch
 
     def _key(self, gm: torch.fx.GraphModule, examples) -> str:
