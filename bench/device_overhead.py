@@ -1,10 +1,11 @@
-"""Per-op and per-training-step cost of the emulated device against plain CPU PyTorch, in one run.
+"""Per-op, per-training-step and per-decode-step cost of the emulated device against plain CPU PyTorch, in one run.
 
-    python bench/device_overhead.py [--iters 10000] [--steps 500]
+    python bench/device_overhead.py [--iters 10000] [--steps 500] [--decode-steps 20]
 
 Prints microseconds per `t * 2 + 1` on 64x64 (two ops), per training step of a small MLP (Linear 10->2,
 CrossEntropy, Adam, batch 64), for plain CPU, the device (default asynchronous mode) and the device in
-NATIVELAB_SYNC mode, and the device/CPU ratios. Medians of 5 interleaved repeats.
+NATIVELAB_SYNC mode, and the device/CPU ratios; then milliseconds per eager decode step of the guide's `small`
+Llama (bf16, batch 1, static KV cache) on plain CPU tensors and on the device. Medians of 5 interleaved repeats.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn as nn
 
 import nativelab
 from nativelab.device import queue
+from nativelab.models.llama import Llama
 
 
 def elementwise(device: str, iters: int) -> float:
@@ -57,20 +59,46 @@ def train_step(device: str, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e6
 
 
+_llamas: dict = {}
+
+
+def decode_step(device: str, steps: int) -> float:
+    """One eager decode step of the `small` Llama in bf16 (batch 1, static KV cache), in microseconds."""
+    if device not in _llamas:
+        torch.manual_seed(0)
+        m = Llama.from_size("small").to(torch.bfloat16).eval()
+        m.to(device)
+        m.setup_cache()
+        # as bench/compile.py: the token in the device's int32, the position as the model gets it
+        tok = torch.tensor([[7]], dtype=torch.int32 if device != "cpu" else torch.int64).to(device)
+        _llamas[device] = (m, tok, torch.tensor([5]).to(device))
+    m, tok, pos = _llamas[device]
+    with torch.inference_mode():
+        for _ in range(3):
+            m(tok, pos)
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            m(tok, pos)
+        sync(device)
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
 def sync(device: str) -> None:
     if device != "cpu":
         torch.neuron.synchronize()
 
 
-def measure(fn, n: int, repeats: int) -> dict[str, list[float]]:
-    results = {"cpu": [], "neuron (async)": [], "neuron (sync)": []}
+def measure(fn, n: int, repeats: int, with_sync: bool = True) -> dict[str, list[float]]:
+    results = {"cpu": [], "neuron (async)": []} | ({"neuron (sync)": []} if with_sync else {})
     for _ in range(repeats):  # interleaved, so machine noise hits every variant alike
         results["cpu"].append(fn("cpu", n))
         queue.sync_mode = False
         results["neuron (async)"].append(fn("neuron", n))
-        queue.sync_mode = True
-        results["neuron (sync)"].append(fn("neuron", n))
-        queue.sync_mode = False
+        if with_sync:
+            queue.sync_mode = True
+            results["neuron (sync)"].append(fn("neuron", n))
+            queue.sync_mode = False
     return results
 
 
@@ -88,6 +116,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10_000)
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--decode-steps", type=int, default=20)
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, nativelab {nativelab.__version__}, 1 thread")
@@ -95,6 +124,10 @@ def main() -> None:
            measure(elementwise, args.iters, args.repeats))
     report(f"training step, Linear(10->2) + CrossEntropy + Adam, batch 64 ({args.steps} steps): us per step",
            measure(train_step, args.steps, args.repeats))
+    decode = measure(decode_step, args.decode_steps, args.repeats, with_sync=False)
+    report(f"eager decode step, Llama 'small' bf16, batch 1 ({args.decode_steps} steps): us per step", decode)
+    speed = statistics.median(decode["cpu"]) / statistics.median(decode["neuron (async)"])
+    print(f"  device speed / plain CPU speed: {speed:.2f}x")
 
 
 if __name__ == "__main__":
