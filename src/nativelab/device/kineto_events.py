@@ -5,7 +5,9 @@ an observer on the device queue times each entry as it runs (the device's work h
 the op that queued it returned), and each entry launched through `queue.submit` carries the Kineto
 correlation id of the op that launched it, so PyTorch attributes the entry's time to that op (as it does a
 CUDA kernel to its launching op). Work the host runs at once (`queue.run_now`) takes the correlation of the
-op running at that moment. Another observer already installed (a `nativelab.profile` session) still sees
+op running at that moment. The host's run of an entry is the device's work, not the program's: the ATen ops
+it calls are kept out of the CPU events (as a CUDA kernel's are), so `aten::mm` counts the program's calls
+and the op that drained the queue (`.cpu()`, `.item()`) shows the wait as its own CPU time. Another observer already installed (a `nativelab.profile` session) still sees
 every entry: this one wraps it.
 
 Costs nothing when not profiling: the observer and the submit wrapper exist only during a trace.
@@ -29,9 +31,10 @@ class _Launch(str):
 
 
 class _Observer:
-    def __init__(self, inner, correlation, submit):
+    def __init__(self, inner, correlation, record_functions, submit):
         self.inner = inner  # the observer that was installed before the trace, if any
         self.correlation = correlation  # the current thread's Kineto correlation id (0: none)
+        self.record_functions = record_functions  # (enable) -> previous: this thread's RecordFunction switch
         self.submit = submit  # queue.submit before the trace
         self.events: list[tuple] = []
 
@@ -48,15 +51,26 @@ class _Observer:
         dev = getattr(name, "device", None)
         if corr is None:
             corr, dev = self.correlation(), _current_device()
+        was = self.record_functions(False)
         t0 = time.time_ns()  # Unix ns: the clock PyTorch puts its CPU events on
-        res = fn(*args) if self.inner is None else self.inner.run(name, fn, args)
-        t1 = time.time_ns()
+        try:
+            res = fn(*args) if self.inner is None else self.inner.run(name, fn, args)
+        finally:
+            t1 = time.time_ns()
+            self.record_functions(was)
         if str(name) not in _MARKERS:
             self.events.append((_kernel_name(str(name)), dev, t0, max(t1, t0 + 1), corr))
         return res
 
     def host_op(self, name, fallback, fn, fargs, dev_args):
-        return fn(*fargs) if self.inner is None else self.inner.host_op(name, fallback, fn, fargs, dev_args)
+        # A CPU fallback is host work (its CPU events stay); a device op that had to run at once (its output's
+        # shape unknown until it runs) is device work, timed as a queued entry is.
+        if self.inner is None:
+            run = fn
+        else:
+            def run(*a):
+                return self.inner.host_op(name, fallback, fn, a, dev_args)
+        return run(*fargs) if fallback else self.run(name, run, fargs)
 
     def transfer(self, kind, nbytes, seconds):
         # A copy between host and device memory that just ended (kind: "device_to_host", "host_to_device").
@@ -78,12 +92,12 @@ def _current_device() -> int:
     return guard.current_index()
 
 
-def _start(correlation) -> None:
+def _start(correlation, record_functions) -> None:
     global _active
     if _active is not None:
         raise RuntimeError("a torch.profiler trace with the neuron activity is already running")
     queue.drain()  # earlier work belongs to no trace
-    _active = _Observer(queue.observer, correlation, queue.submit)
+    _active = _Observer(queue.observer, correlation, record_functions, queue.submit)
     queue.submit = _active.tagged_submit
     queue.observer = _active
 

@@ -5,6 +5,7 @@
 // kernel activities. PyTorch maps CONCURRENT_KERNEL to DeviceType::PrivateUse1 for a renamed backend, links
 // each one to the CPU op with that correlation id (its device time in key_averages()), and the Chrome trace
 // gets a "neuron N" lane.
+#include <ATen/record_function.h>
 #include <kineto/IActivityProfiler.h>
 #include <kineto/libkineto.h>
 #include <pybind11/pybind11.h>
@@ -54,7 +55,14 @@ class Session final : public libkineto::IActivityProfilerSession {
  public:
   void start() override {
     status_ = libkineto::TraceStatus::RECORDING;
-    call_python("_start", [&](py::object fn) { fn(py::cpp_function([] { return current_correlation(); })); });
+    call_python("_start", [&](py::object fn) {
+      fn(py::cpp_function([] { return current_correlation(); }),
+         py::cpp_function([](bool enable) {  // this thread's RecordFunction switch; returns the previous state
+           const bool was = at::isRecordFunctionEnabled();
+           at::enableRecordFunction(enable);
+           return was;
+         }));
+    });
   }
 
   void stop() override {
