@@ -72,6 +72,25 @@ def test_chrome_trace_has_a_device_lane(tmp_path):
     assert {e["name"] for e in kernels} >= {"neuron::sin", "neuron::add.Tensor", "neuron::memcpy_device_to_host"}
     assert all(e["dur"] > 0 for e in kernels)
     assert {e["pid"] for e in kernels}.isdisjoint({e["pid"] for e in cpu_ops})  # a lane of its own
+    lane_names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert lane_names.get(kernels[0]["pid"]) == "neuron 0", lane_names
+
+
+def test_scheduled_profiling_records_each_active_window():
+    from torch.profiler import schedule
+
+    a = torch.randn(64, 64, device="neuron")
+    windows = []
+
+    def ready(prof):
+        windows.append(sorted(e.name for e in _device_events(prof) if e.name == "neuron::mm"))
+
+    sched = schedule(wait=1, warmup=1, active=2, repeat=2)
+    with profile(activities=BOTH, schedule=sched, on_trace_ready=ready) as prof:
+        for _ in range(8):
+            (a @ a).cpu()
+            prof.step()
+    assert windows == [["neuron::mm"] * 2] * 2  # the active steps only, window by window
 
 
 def test_cpu_only_profile_and_later_work_are_unaffected():

@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Export.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -100,7 +101,14 @@ class Session final : public libkineto::IActivityProfilerSession {
     status_ = libkineto::TraceStatus::READY;
   }
 
-  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override { return nullptr; }
+  // The Chrome trace's name for the device lane (Kineto takes one per session: the first core that ran work).
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
+    if (events_.empty()) return nullptr;
+    int64_t d = events_.front().device;
+    for (const auto& e : events_) d = std::min(d, e.device);
+    const auto name = "neuron " + std::to_string(d);
+    return std::make_unique<libkineto::DeviceInfo>(libkineto::DeviceInfo{d, d, name, name});
+  }
 
   std::vector<libkineto::ResourceInfo> getResourceInfos() override {
     std::set<int64_t> devices;
