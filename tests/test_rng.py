@@ -81,3 +81,25 @@ def test_a_traced_kernel_draws_at_the_launch_from_the_device_generator():
     assert torch.equal(outd.cpu(), out)
     torch.manual_seed(0)
     assert torch.equal(batch, torch.randn(8))
+
+
+def test_an_accelerator_query_does_not_mark_the_device_in_use():
+    # Dynamo asks torch.accelerator for the current device whenever it traces, a CPU function too, and PyTorch
+    # calls torch.neuron._lazy_init() first. If that marked the device in use, a CPU program compiling inside
+    # torch.utils.checkpoint would fail ("device state was initialized in the forward pass"), as it does not
+    # without nativelab. The first allocation marks it.
+    from conftest import run_python
+
+    r = run_python(
+        "import torch, nativelab\n"
+        "from torch.utils.checkpoint import checkpoint\n"
+        "x = torch.ones(3, requires_grad=True)\n"
+        "def f(t):\n"
+        "    torch.accelerator.current_device_index()\n"
+        "    return t * 2\n"
+        "checkpoint(f, x, use_reentrant=False).sum().backward()\n"
+        "print(torch.neuron._initialized)\nprint(x.grad.tolist())\n"
+        "y = torch.ones(2, device='neuron')\nprint(torch.neuron._initialized)\n"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["False", "[2.0, 2.0, 2.0]", "True"]

@@ -19,7 +19,10 @@ def __getattr__(name):
 
 
 def _lazy_init() -> None:
-    rng.mark_initialized()
+    """PyTorch calls this before any accelerator query (`torch.accelerator.current_device_index()`, which
+    Dynamo asks when it traces any function, a CPU one too) as well as before device work. It does not mark the
+    device in use: that happens at its first allocation (runtime_ops), so a CPU program that compiles inside
+    `torch.utils.checkpoint` does not see the device 'initialized in the forward pass' (checkpoint raises)."""
 
 
 # -- device -------------------------------------------------------------------------------------------------
@@ -34,7 +37,7 @@ def is_initialized() -> bool:
 
 
 def init() -> None:
-    _lazy_init()
+    rng.mark_initialized()
 
 
 def _is_in_bad_fork() -> bool:
@@ -50,7 +53,7 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    _lazy_init()
+    rng.mark_initialized()
     guard.set_index(guard.index_of(device))
 
 
