@@ -95,7 +95,7 @@ inline void dot_rows(const at::BFloat16* const* rows, const float* h, int64_t k,
   }
 }
 
-constexpr int64_t ROWS = 4;  // rows per dot_rows call
+constexpr int64_t ROWS = 8;  // rows per dot_rows call
 
 // y[r] = W[r, :] . h for this thread's rows r of [0, n) (W row-major [n, k], contiguous); call inside a team.
 template <typename T, typename Store>
