@@ -42,7 +42,10 @@ def competitor(on: bool):
     finally:
         p.kill()
         p.wait()
-        time.sleep(0.3)
+        # let the thread policy see it gone: it samples the machine every 0.25 s, over the interval since its
+        # last look, so a look that still covers the competitor keeps one thread (at 0.3 s the quiet round's
+        # first variant ran on one thread: the device's decode step read 10.6 ms instead of 6.1)
+        time.sleep(0.8)
 
 
 def alternate(run_round, repeats: int) -> dict[str, dict[str, list[float]]]:
