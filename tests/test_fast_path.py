@@ -153,3 +153,23 @@ def test_program_order_between_cpp_and_python_entries():
     x.add_(1)
     torch.testing.assert_close(l.cpu(), torch.arange(8.0).double() * 2)
     torch.testing.assert_close(x.cpu(), torch.arange(8.0) * 2 + 1)
+
+
+def test_python_scalars_do_not_promote_a_0d_tensor(path):
+    """A Python number is a wrapped number on both paths, as on CPU: a 0-d bf16 tensor * 0.5 stays bf16."""
+    for s, v in ((torch.tensor(1.5, dtype=torch.bfloat16), 0.5), (torch.tensor(3), 0.5), (torch.tensor(2.0), 3)):
+        want = s * v
+        got = s.to(DEV) * v
+        assert got.dtype == want.dtype, (s.dtype, v)
+        torch.testing.assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_layer_norm_outputs_match_cpu_dtypes(path, dtype):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 8, dtype=dtype), torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
+    want = torch.ops.aten.native_layer_norm(x, [8], w, b, 1e-5)
+    got = torch.ops.aten.native_layer_norm(x.to(DEV), [8], w.to(DEV), b.to(DEV), 1e-5)
+    for g, c in zip(got, want):
+        assert g.dtype == c.dtype
+        torch.testing.assert_close(g.cpu(), c)

@@ -233,12 +233,19 @@ def _key_and_index(args, cpu_ok: tuple = ()) -> tuple[tuple, int]:
     return tuple(key), index
 
 
+# The dtypes PyTorch gives a Python number it wraps into a tensor (c10::scalar_to_tensor)
+_WRAPPED_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
+
+
 def _scalar_tensor(v):
-    """0-d CPU tensors for Python scalars, cached: the same few constants recur in every step."""
+    """0-d CPU tensors for Python scalars, cached: the same few constants recur in every step. Marked as
+    wrapped numbers, as PyTorch marks them, so that they do not take part in type promotion (a 0-d bf16 tensor
+    * 0.5 stays bf16)."""
     key = (type(v), v)
     t = _scalars.get(key)
     if t is None:
-        t = torch.tensor(v)
+        t = torch.tensor(v, dtype=_WRAPPED_DTYPES.get(type(v)))
+        _rt.mark_wrapped_number(t)
         if len(_scalars) < 4096:
             _scalars[key] = t
             _owned_scalars.add(id(t))  # alive as long as the cache: the id stays this tensor's
@@ -518,6 +525,8 @@ def _meta_spec(rec: OpRecord, args: list):
     margs = [_to_meta(a) for a in args]
     res = _call(rec, margs)
     policy = _policy_applies(rec, args)
+    if rec.name in _CPU_OUTPUT_DTYPES:
+        res = _CPU_OUTPUT_DTYPES[rec.name](args, res)
     if rec.mutable:
         resizes = tuple(
             (i, margs[i].shape) for i in rec.mutable
@@ -528,6 +537,19 @@ def _meta_spec(rec: OpRecord, args: list):
         return ("tensor", ((res.shape, res.stride(), res.dtype),), (), policy)
     kind = "list" if isinstance(res, list) else "tuple"
     return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), (), policy)
+
+
+def _layer_norm_stats_dtype(args, res):
+    """CPU's native_layer_norm keeps a bf16/fp16 input's dtype for mean and rstd, where its meta kernel says
+    float32; the queued CPU kernel insists on its own (and users compare against CPU)."""
+    x = args[0]
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return res
+    return (res[0], *(torch.empty_strided(r.shape, r.stride(), dtype=x.dtype, device=_meta) for r in res[1:]))
+
+
+# Ops whose output dtypes on the CPU (whose kernels the device runs) differ from their meta kernels'
+_CPU_OUTPUT_DTYPES = {"aten::native_layer_norm": _layer_norm_stats_dtype}
 
 
 def _policy_applies(rec: OpRecord, args: list) -> bool:

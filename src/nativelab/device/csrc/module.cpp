@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include "queue.h"
 
@@ -89,5 +90,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "take over runtime_ops kernels (name -> Python kernel) that C++ serves; returns the names taken");
   m.def("set_noticed", &set_noticed, "the emulated-device notice was printed: allocations may skip Python");
   m.def("take_executed", &take_executed, "per-op counts of ops the C++ path ran since the last call");
+  m.def("mark_wrapped_number", [](py::handle t) {
+    TORCH_CHECK(THPVariable_Check(t.ptr()), "expected a tensor");
+    const auto& tensor = THPVariable_Unpack(t.ptr());
+    TORCH_CHECK(tensor.dim() == 0 && tensor.device().is_cpu(), "a wrapped number is a 0-d CPU tensor");
+    tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }, "mark a 0-d CPU tensor as a wrapped Python number (it then takes no part in type promotion)");
   m.def("is_pinned", [](uintptr_t ptr) { return is_pinned(reinterpret_cast<const void*>(ptr)); });
 }
