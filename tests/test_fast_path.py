@@ -173,3 +173,27 @@ def test_layer_norm_outputs_match_cpu_dtypes(path, dtype):
     for g, c in zip(got, want):
         assert g.dtype == c.dtype
         torch.testing.assert_close(g.cpu(), c)
+
+
+def test_float_arguments_do_not_grow_the_signature_caches(path):
+    """Optimizers pass a new float every step: one cached signature, not one per value."""
+    x = torch.randn(8, device=DEV)
+    want = x.cpu()
+    x.add_(x, alpha=0.5)  # the signature seen once
+    rec = ops.record_for(torch.ops.aten.add_.Tensor)
+    before = len(rec.meta_cache)
+    for k in range(20):
+        x.add_(x, alpha=1.0 / (k + 3))
+    assert len(rec.meta_cache) == before
+    for a in [0.5] + [1.0 / (k + 3) for k in range(20)]:
+        want = want + want * a
+    torch.testing.assert_close(x.cpu(), want)
+
+
+def test_out_ops_whose_floats_size_the_output(path):
+    """arange's out= form takes its length from float arguments: those stay in the signature."""
+    out = torch.empty(0, device=DEV)
+    for end in (4.0, 3.0, 5.0, 3.0):
+        torch.arange(0.0, end, 1.0, out=out)
+        torch.testing.assert_close(out.cpu(), torch.arange(0.0, end, 1.0))
+        assert torch.arange(0.0, end, device=DEV).shape == (int(end),)

@@ -77,7 +77,7 @@ class OpRecord:
     __slots__ = (
         "op", "name", "route", "arg_pos", "mutable", "returns_alias", "int64_args", "gen_pos", "meta_cache",
         "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos", "cpu_ok", "functional",
-        "random",
+        "random", "out_args",
     )
 
     def __init__(self, op: torch._ops.OpOverload):
@@ -88,6 +88,7 @@ class OpRecord:
         args = schema.arguments
         self.arg_pos = {a.name: i for i, a in enumerate(args)}
         self.mutable = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+        self.out_args = any(args[i].kwarg_only for i in self.mutable)  # out= arguments the op may resize
         # For each return: the argument it aliases, if any.
         sets = {}
         for i, a in enumerate(args):
@@ -188,7 +189,7 @@ _scalars: dict = {}
 _owned_scalars: set = set()
 
 
-def _key_and_index(args, cpu_ok: tuple = ()) -> tuple[tuple, int]:
+def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True) -> tuple[tuple, int]:
     """One pass over an op's arguments: the metadata key of the call, and the device it runs on (every
     device tensor on one core; CPU tensors only as 0-d scalars, as on CUDA, or in the `cpu_ok` positions).
     Fused because it runs per op."""
@@ -198,7 +199,9 @@ def _key_and_index(args, cpu_ok: tuple = ()) -> tuple[tuple, int]:
     for pos, a in enumerate(args):
         ta = type(a)
         if ta in _PLAIN:
-            key.append(a)
+            # a float's value is left out (as in the C++ kernel's key) unless the op sizes out= arguments
+            # (arange.start_out): optimizers pass a new step size every step, a new cache entry each
+            key.append(float if ta is float and not key_floats else a)
             continue
         if ta is _Tensor or ta is torch.nn.Parameter or isinstance(a, _Tensor):
             items, single = (a,), True
@@ -717,7 +720,7 @@ def _device_kernel(op, *args, **kwargs):
             full[i] = _scalar_tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
     route = rec.route
     if route == "native":
-        key, index = _key_and_index(full, rec.cpu_ok)
+        key, index = _key_and_index(full, rec.cpu_ok, rec.out_args)
         return _native(rec, full, guard.current_index() if index < 0 else index, key)
     index = _device_index(full, rec.cpu_ok)
     if route == "view":

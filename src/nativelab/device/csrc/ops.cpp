@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -68,6 +69,7 @@ struct OpEntry {
   std::optional<c10::OperatorHandle> out_op;
   std::vector<int> out_map;  // per argument of the out= form: >= 0 an input, < 0 output -(k+1)
   std::vector<int> returns_alias;  // a mutating op: the argument each return is
+  bool key_floats = false;  // an out= op: its float arguments can size the outputs (arange.start_out)
   std::unordered_map<std::vector<int64_t>, Spec, KeyHash> specs;
   int64_t executed = 0;
 };
@@ -102,6 +104,9 @@ OpEntry* entry_for(const c10::OperatorHandle& op) {
       const auto kind = r[0].cast<std::string>();
       if (kind == "m") {
         e->route = Route::kMutating;
+        for (const auto& a : op.schema().arguments()) {
+          if (a.kwarg_only() && a.alias_info() != nullptr && a.alias_info()->isWrite()) e->key_floats = true;
+        }
         for (auto h : py::reinterpret_borrow<py::tuple>(r[1])) e->returns_alias.push_back(h.cast<int>());
       } else {
         e->route = Route::kFunctional;
@@ -157,7 +162,7 @@ inline bool put_tensor(std::vector<int64_t>& key, const at::Tensor& t, int& inde
   return true;
 }
 
-bool build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int& index) {
+bool build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int& index, bool floats) {
   key.reserve(48);
   for (size_t i = 0; i < n; ++i) {
     const auto& v = args[i];
@@ -169,9 +174,16 @@ bool build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int
       key.push_back(-3);
       key.push_back(v.toInt());
     } else if (v.isDouble()) {
-      // Its value is left out: no op's output metadata depends on a float scalar's value (shape-giving
-      // floats come in lists, which go to Python), and optimizers pass a new step size at every step.
+      // Its value is left out unless the op sizes out= arguments (arange.start_out): the output metadata of
+      // functional and in-place ops does not depend on a float's value (shape-giving floats come in lists,
+      // which go to Python), and optimizers pass a new step size at every step.
       key.push_back(-4);
+      if (floats) {
+        double d = v.toDouble();
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        key.push_back(bits);
+      }
     } else if (v.isBool()) {
       key.push_back(-5);
       key.push_back(v.toBool());
@@ -350,7 +362,7 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
   c10::IValue* args = stack->data() + stack->size() - n;
   std::vector<int64_t> key;
   int index = -1;
-  if (!build_key(args, n, key, index)) return false;
+  if (!build_key(args, n, key, index, e->key_floats)) return false;
   const Spec* spec = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
