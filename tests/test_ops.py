@@ -93,6 +93,26 @@ def test_convolution_runs_as_a_cpu_fallback():
     torch.testing.assert_close(F.conv2d(dev(x), dev(w), padding=1).cpu(), F.conv2d(x, w, padding=1))
 
 
+def test_bf16_group_norm_and_addr_run_cpus_kernel_as_a_fallback():
+    """Not native on the device: CPU's kernel (fp32 intermediates) runs, bit for bit, not a decomposition into
+    bf16 device steps that round in between."""
+    import nativelab
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 6, 5, 5), torch.randn(6), torch.randn(6)
+    x, w, b = (t.bfloat16() for t in (x, w, b))
+    v1, v2, m = torch.randn(7).bfloat16(), torch.randn(9).bfloat16(), torch.randn(7, 9).bfloat16()
+    nativelab.device.clear_op_tracking()
+    for g, c in zip(torch.ops.aten.native_group_norm(dev(x), dev(w), dev(b), 2, 6, 25, 3, 1e-5),
+                    torch.ops.aten.native_group_norm(x, w, b, 2, 6, 25, 3, 1e-5)):
+        assert g.dtype == c.dtype
+        assert torch.equal(g.cpu(), c)
+    assert torch.equal(F.group_norm(dev(x), 3, dev(w), dev(b)).cpu(), F.group_norm(x, 3, w, b))
+    assert torch.equal(torch.addr(dev(m), dev(v1), dev(v2), beta=0.5, alpha=2).cpu(),
+                       torch.addr(m, v1, v2, beta=0.5, alpha=2))
+    assert {"aten::native_group_norm", "aten::addr"} <= set(nativelab.device.get_fallback_ops())
+
+
 def test_non_blocking_copies():
     a = torch.randn(3)
     n = a.to("neuron", non_blocking=True)
