@@ -193,6 +193,39 @@ def test_cache_writes_are_atomic_and_checked(tmp_path):
     assert any("damaged" in str(m.message) for m in w) and not path.exists()
 
 
+ISA_CHILD = """
+import torch, nativelab
+from torch._dynamo.utils import counters
+x = torch.randn(6, 64)
+w = torch.randn(64)
+f = torch.compile(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w, backend="neuron")
+got = f(x.to("neuron"), w.to("neuron")).cpu()
+torch.testing.assert_close(got, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w)
+print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+def test_a_graph_generated_for_one_vector_isa_is_not_served_to_another(tmp_path):
+    # Inductor's FX graph cache key names no CPU ISA: a graph generated with 16-lane AVX-512 loops was served to a
+    # process forced to AVX2 (ATEN_CPU_CAPABILITY, the bench's forced-AVX2 run; or a cache shared between
+    # machines), built there with 8-lane vectors, and ran past its buffers (a corrupt heap). Two processes, one
+    # Inductor cache directory, two ISAs: the second must generate its own code.
+    isa = torch.backends.cpu.get_cpu_capability()
+    lower = {"AVX512": "avx2", "AVX2": "default"}.get(isa)
+    if lower is None:
+        pytest.skip(f"no lower vector ISA to force below {isa}")
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "NATIVELAB_CACHE_DIR": str(tmp_path / "neff")}
+    first = run_python(ISA_CHILD, env, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.split() == ["0", "1"]
+    again = run_python(ISA_CHILD, {**env, "NATIVELAB_CACHE_DIR": str(tmp_path / "neff2")}, timeout=300)
+    assert again.stdout.split() == ["1", "0"], again.stderr[-2000:]  # same ISA: Inductor's cache serves it
+    forced = run_python(ISA_CHILD, {**env, "NATIVELAB_CACHE_DIR": str(tmp_path / "neff3"),
+                                    "ATEN_CPU_CAPABILITY": lower}, timeout=300)
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert forced.stdout.split() == ["0", "1"]  # another ISA: generated again, not served
+
+
 def test_two_processes_compiling_the_same_graph_at_once():
     import subprocess
     import sys

@@ -166,6 +166,12 @@ def test_compiler_dynamo_and_fake_tensor_apis():
 
     assert {"dynamic_shapes", "options"} <= set(inspect.signature(torch._inductor.standalone_compile).parameters)
     assert {"path", "format"} <= set(inspect.signature(CompiledArtifact.load).parameters)
+    # Inductor's FX graph cache key takes torch.compiler.config.cache_key_tag (where we put the vector ISA) and
+    # pick_vec_isa still names the ISA Inductor generates for
+    from torch._inductor import codecache, cpu_vec_isa
+
+    assert "cache_key_tag" in inspect.getsource(codecache.FxGraphHashDetails.__init__)
+    assert str(cpu_vec_isa.pick_vec_isa()) in cc_private.inductor_cache_tag()
     importlib.import_module(cc_private.STANDALONE_COMPILE_LOGGER)  # the logger we quiet is that module's own
     assert cc_private.STANDALONE_COMPILE_LOGGER in logging.Logger.manager.loggerDict
 

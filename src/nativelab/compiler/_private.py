@@ -13,7 +13,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 __all__ = ["OpOverload", "aot_autograd", "make_boxed_func", "dynamo_backend_known", "register_dynamo_backend",
            "recompute_meta", "op_base_name", "standalone_compile", "load_artifact", "STANDALONE_COMPILE_LOGGER",
-           "split_bf16_tile_transposes", "install_cpp_source_filter", "rng_state_hops",
+           "split_bf16_tile_transposes", "install_cpp_source_filter", "inductor_cache_tag", "rng_state_hops",
            "inductor_fallback_random"]
 
 # -- Dynamo and AOTAutograd: how the backend receives graphs ------------------------------------------------
@@ -91,8 +91,21 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool)
     when it grew back), and an explicit `cpp.threads` would hard-code `num_threads(N)`."""
     from torch._inductor import standalone_compile as compile_graph
 
-    return compile_graph(gm, example_inputs, dynamic_shapes="from_example_inputs",
-                         options={"config_patches": {"freezing": freezing, "cpp.dynamic_threads": True}})
+    with torch.compiler.config.patch(cache_key_tag=inductor_cache_tag()):
+        return compile_graph(gm, example_inputs, dynamic_shapes="from_example_inputs",
+                             options={"config_patches": {"freezing": freezing, "cpp.dynamic_threads": True}})
+
+
+def inductor_cache_tag() -> str:
+    """The tag (`torch.compiler.config.cache_key_tag`) our compiles add to the key of Inductor's FX graph cache:
+    the vector ISA Inductor generates code for. That key knows no CPU (its system info is CUDA's), so a graph
+    generated for AVX-512 was served to a process running with `ATEN_CPU_CAPABILITY=avx2` (or to another
+    machine sharing the cache directory), whose compiler built its 16-lane loops with 8-lane vectors: reads and
+    writes past the buffers (a corrupt heap; an index check failing on the garbage)."""
+    from torch._inductor import cpu_vec_isa
+
+    base = torch.compiler.config.cache_key_tag
+    return f"{base}|nativelab vec_isa={cpu_vec_isa.pick_vec_isa()}"
 
 
 def inductor_fallback_random() -> bool:
