@@ -129,3 +129,34 @@ def test_forked_child_of_an_initialised_device_gets_cudas_error(tmp_path):
         "True use_device RuntimeError True",
         "True cpu_only ok [2.0, 2.0, 2.0]",
     ], out.stdout
+
+
+# torch.neuron._is_in_bad_fork(): what torch.manual_seed / torch.seed ask before seeding the device (CUDA's too).
+BAD_FORK = """
+import torch, multiprocessing as mp
+
+def child(out):
+    torch.manual_seed(0)  # asks torch.neuron._is_in_bad_fork() before seeding the device
+    out.put((torch.neuron._is_in_bad_fork(), torch.rand(3).tolist()))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    torch.manual_seed(0)
+    ref = torch.rand(3).tolist()
+    for initialise in (False, True):
+        if initialise:
+            (torch.ones(2, device="neuron") + 1).cpu()
+        out = ctx.Queue()
+        p = ctx.Process(target=child, args=(out,))
+        p.start()
+        bad, drawn = out.get(timeout=60)
+        p.join(30)
+        print(initialise, bad, drawn == ref, torch.neuron._is_in_bad_fork())
+"""
+
+
+def test_is_in_bad_fork_in_a_child_forked_after_device_use(tmp_path):
+    out = _run_script(tmp_path, BAD_FORK, timeout=180)
+    assert out.returncode == 0, out.stderr
+    # child forked before any device use: fine; after: bad. The parent never is; CPU seeding works in both.
+    assert out.stdout.splitlines()[-2:] == ["False False True False", "True True True False"], out.stdout

@@ -41,7 +41,11 @@ def init() -> None:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a child forked after the parent used the device (its device ops raise, as CUDA's do there).
+    `torch.manual_seed` and `torch.seed` ask it and leave the device's generators alone in such a child."""
+    from . import multiprocessing as _mp  # here: a module-level name would become torch.neuron.<name>
+
+    return _mp.in_bad_fork()
 
 
 def device_count() -> int:
