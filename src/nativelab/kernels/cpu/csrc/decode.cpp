@@ -52,17 +52,34 @@ inline float hsum(const fVec& v) {
   return at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, v);
 }
 
+// Software prefetch of the line at p into L1 (a hint: never faults, a no-op where the compiler has none).
+inline void prefetch(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
 // R dot products at once: out[j] = rows[j][0:k] . h[0:k], weights in the model dtype, h in fp32 (L1-resident).
 // R rows in flight share each load of h and give the core R independent streams to keep memory busy; the
-// weights are widened to fp32 in registers (exact), accumulated in fp32.
+// weights are widened to fp32 in registers (exact), accumulated in fp32. `next` (R rows, or null) are the rows
+// the caller reads after these: each step prefetches the same columns of them, one block of rows ahead. One
+// core's hardware prefetchers do not keep R interleaved streams in flight (a row is only 1-4 KB), so without
+// this one thread streamed 7-12 GB/s where it can read 25-30 GB/s (2-core Xeon VM, AVX-512). The j loops are
+// unrolled so the accumulators live in registers (gcc kept them on the stack, a store and reload per FMA).
 template <int R>
-inline void dot_rows(const float* const* rows, const float* h, int64_t k, float* out) {
+inline void dot_rows(const float* const* rows, const float* const* next, const float* h, int64_t k, float* out) {
   constexpr int64_t L = fVec::size();
   fVec acc[R];
+#pragma GCC unroll 16
   for (int j = 0; j < R; j++) acc[j] = fVec(0.f);
   int64_t i = 0;
   for (; i + L <= k; i += L) {
     const fVec hv = fVec::loadu(h + i);
+    if (next) {
+#pragma GCC unroll 16
+      for (int j = 0; j < R; j++) prefetch(next[j] + i);
+    }
+#pragma GCC unroll 16
     for (int j = 0; j < R; j++) acc[j] = at::vec::fmadd(fVec::loadu(rows[j] + i), hv, acc[j]);
   }
   for (int j = 0; j < R; j++) {
@@ -73,15 +90,22 @@ inline void dot_rows(const float* const* rows, const float* h, int64_t k, float*
 }
 
 template <int R>
-inline void dot_rows(const at::BFloat16* const* rows, const float* h, int64_t k, float* out) {
+inline void dot_rows(const at::BFloat16* const* rows, const at::BFloat16* const* next, const float* h, int64_t k,
+                     float* out) {
   using bVec = Vectorized<at::BFloat16>;
   constexpr int64_t L = bVec::size();  // two fp32 vectors' worth
   constexpr int64_t F = fVec::size();
   fVec lo_acc[R], hi_acc[R];
+#pragma GCC unroll 16
   for (int j = 0; j < R; j++) lo_acc[j] = hi_acc[j] = fVec(0.f);
   int64_t i = 0;
   for (; i + L <= k; i += L) {
     const fVec h0 = fVec::loadu(h + i), h1 = fVec::loadu(h + i + F);
+    if (next) {
+#pragma GCC unroll 16
+      for (int j = 0; j < R; j++) prefetch(next[j] + i);
+    }
+#pragma GCC unroll 16
     for (int j = 0; j < R; j++) {
       auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(bVec::loadu(rows[j] + i));
       lo_acc[j] = at::vec::fmadd(lo, h0, lo_acc[j]);
@@ -105,14 +129,17 @@ void matvec_share(const T* w, const float* h, int64_t n, int64_t k, Store&& stor
   int64_t r = b;
   float y[ROWS];
   for (; r + ROWS <= e; r += ROWS) {
-    const T* rows[ROWS];
-    for (int j = 0; j < ROWS; j++) rows[j] = w + (r + j) * k;
-    dot_rows<ROWS>(rows, h, k, y);
+    const T *rows[ROWS], *next[ROWS];
+    for (int j = 0; j < ROWS; j++) {
+      rows[j] = w + (r + j) * k;
+      next[j] = w + std::min(r + ROWS + j, e - 1) * k;
+    }
+    dot_rows<ROWS>(rows, next, h, k, y);
     for (int j = 0; j < ROWS; j++) store(r + j, y[j]);
   }
   for (; r < e; r++) {
     const T* row = w + r * k;
-    dot_rows<1>(&row, h, k, y);
+    dot_rows<1>(&row, static_cast<const T* const*>(nullptr), h, k, y);
     store(r, y[0]);
   }
 }
@@ -167,14 +194,17 @@ void qkv_rows(const T* wq, const T* wk, const T* wv, const float* h, int64_t dim
   float out[ROWS];
   int64_t r = b;
   for (; r + ROWS <= e; r += ROWS) {
-    const T* rows[ROWS];
-    for (int j = 0; j < ROWS; j++) rows[j] = row(r + j);
-    dot_rows<ROWS>(rows, h, dim, out);
+    const T *rows[ROWS], *next[ROWS];
+    for (int j = 0; j < ROWS; j++) {
+      rows[j] = row(r + j);
+      next[j] = row(std::min(r + ROWS + j, e - 1));
+    }
+    dot_rows<ROWS>(rows, next, h, dim, out);
     for (int j = 0; j < ROWS; j++) qkv[r + j] = rnd<T>(out[j]);
   }
   for (; r < e; r++) {
     const T* one = row(r);
-    dot_rows<1>(&one, h, dim, out);
+    dot_rows<1>(&one, static_cast<const T* const*>(nullptr), h, dim, out);
     qkv[r] = rnd<T>(out[0]);
   }
 }
@@ -188,17 +218,20 @@ void swiglu_rows(const T* wg, const T* wu, const float* h, int64_t dim, int64_t 
   auto silu_mul = [](float g, float u) { return rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u); };
   int64_t r = b;
   for (; r + ROWS / 2 <= e; r += ROWS / 2) {
-    const T* rows[ROWS];
+    const T *rows[ROWS], *next[ROWS];
     for (int j = 0; j < ROWS / 2; j++) {
+      const int64_t nr = std::min(r + ROWS / 2 + j, e - 1);
       rows[2 * j] = wg + (r + j) * dim;
       rows[2 * j + 1] = wu + (r + j) * dim;
+      next[2 * j] = wg + nr * dim;
+      next[2 * j + 1] = wu + nr * dim;
     }
-    dot_rows<ROWS>(rows, h, dim, out);
+    dot_rows<ROWS>(rows, next, h, dim, out);
     for (int j = 0; j < ROWS / 2; j++) act[r + j] = silu_mul(rnd<T>(out[2 * j]), rnd<T>(out[2 * j + 1]));
   }
   for (; r < e; r++) {
     const T* rows[2] = {wg + r * dim, wu + r * dim};
-    dot_rows<2>(rows, h, dim, out);
+    dot_rows<2>(rows, static_cast<const T* const*>(nullptr), h, dim, out);
     act[r] = silu_mul(rnd<T>(out[0]), rnd<T>(out[1]));
   }
 }
@@ -214,7 +247,7 @@ void attend_group(int64_t g, const float* q, const T* kc, const T* vc, int64_t p
     float mx = -INFINITY;
     for (int64_t j = 0; j <= pos; j++) {
       const T* kr = kc + (g * s_len + j) * d;
-      dot_rows<1>(&kr, qh, d, &p[j]);
+      dot_rows<1>(&kr, static_cast<const T* const*>(nullptr), qh, d, &p[j]);
       p[j] = rnd<T>(p[j]) * scale;
       mx = std::max(mx, p[j]);
     }
