@@ -91,30 +91,44 @@ def test_synchronize_accepts_devices_and_rejects_bad_ones():
 
 
 def test_event_elapsed_time_measures_device_work_not_dispatch():
+    """Events time the device's run of the work queued between them, not the host's dispatch of it, proved
+    within one measurement so that load cannot break it: the work between the events includes an entry that
+    holds the device for longer than the whole dispatch took (decided once the dispatch is done), so a time
+    stamped when `record()` is called could not reach it; and both stamps fall inside the host's interval."""
+    import threading
     import time
 
+    from nativelab.device import queue
+
+    dispatched, hold_s = threading.Event(), []
+
+    def hold():  # device work that outlasts the dispatch, whatever the load made the dispatch take
+        assert dispatched.wait(timeout=30), "the device ran the work before it was dispatched"
+        time.sleep(hold_s[0])
+
     x = torch.randn(256, 256, device="neuron")
+    torch.neuron.synchronize()
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
-    start.record()
     t0 = time.perf_counter()
+    start.record()
+    queue.submit("hold", hold, ())
     for _ in range(50):
         x = torch.mm(x, x) / 256
-    dispatch_ms = (time.perf_counter() - t0) * 1000
     end.record()
+    dispatch_ms = (time.perf_counter() - t0) * 1000
     assert not end.query()  # still queued: dispatch returned before the device ran
     with pytest.raises(RuntimeError, match="completed"):
         start.elapsed_time(end)
+    hold_s.append(dispatch_ms / 1000 + 0.01)
+    dispatched.set()
     end.synchronize()
-    assert end.query()
+    wall_ms = (time.perf_counter() - t0) * 1000
+    assert end.query() and start.query()
     elapsed = start.elapsed_time(end)
-    # the device time is the time to run the 50 matmuls, independent of (and here not bounded by) dispatch
-    t0 = time.perf_counter()
-    y = torch.randn(256, 256)
-    for _ in range(50):
-        y = torch.mm(y, y) / 256
-    cpu_ms = (time.perf_counter() - t0) * 1000
-    assert elapsed > 0
-    assert elapsed > 0.2 * cpu_ms, (elapsed, cpu_ms, dispatch_ms)
+    # the hold ran between the stamps: at least its length, which exceeds the time the dispatch took
+    assert elapsed >= hold_s[0] * 1000 > dispatch_ms, (elapsed, hold_s, dispatch_ms)
+    # steady_clock and perf_counter are the same monotonic clock: the stamps lie within [t0, end of sync]
+    assert elapsed <= wall_ms + 1e-3, (elapsed, wall_ms)
 
 
 def test_event_without_timing_cannot_measure():
