@@ -100,3 +100,132 @@ def test_untyped_storage_resize_waits_for_queued_writes():
     t.add_(3)  # queued
     t.untyped_storage().resize_(32)
     assert torch.empty(0, device="neuron").set_(t.untyped_storage(), 0, (4,), (1,)).cpu().tolist() == [3.0] * 4
+
+
+# PyTorch's own paths through the device's C++ allocator (c10::GetAllocator(PrivateUse1) and the resize hook):
+# no Python patch of torch.UntypedStorage or its resize_ stands in between.
+
+
+def test_untyped_storage_constructor_is_pytorchs_and_accounted_on_its_core():
+    assert not hasattr(torch.UntypedStorage.resize_, "__wrapped__")
+    assert torch.UntypedStorage.__new__ is torch._C.StorageBase.__new__
+    gc.collect()
+    before = [torch.neuron.memory_allocated(i) for i in range(4)]
+    st = torch.UntypedStorage(16, device="neuron:1")
+    assert st.device == torch.device("neuron", 1) and st.nbytes() == 16
+    with torch.neuron.device(2):  # no index: the current core, as CUDA's
+        st2 = torch.UntypedStorage(24, device="neuron")
+    assert st2.device == torch.device("neuron", 2)
+    after = [torch.neuron.memory_allocated(i) for i in range(4)]
+    assert [a - b for a, b in zip(after, before)] == [0, 16, 24, 0]
+    del st, st2
+    assert [torch.neuron.memory_allocated(i) for i in range(4)] == before
+
+
+def test_empty_on_core_one_is_accounted_there_by_the_formula():
+    gc.collect()
+    before0, before1 = torch.neuron.memory_allocated(0), torch.neuron.memory_allocated(1)
+    size, stride = (3, 5, 7), (70, 1, 10)  # bytes = (1 + sum((n - 1) * s)) * itemsize
+    t = torch.empty_strided(size, stride, dtype=torch.float16, device="neuron:1")
+    u = torch.empty(6, 4, dtype=torch.int64, device="neuron:1")
+    expected = (1 + sum((n - 1) * s for n, s in zip(size, stride))) * 2 + 6 * 4 * 8
+    assert t.untyped_storage().nbytes() == torch.empty_strided(size, stride, dtype=torch.float16).untyped_storage().nbytes()
+    assert torch.neuron.memory_allocated(1) - before1 == expected
+    assert torch.neuron.memory_allocated(0) == before0
+    del t, u
+    assert torch.neuron.memory_allocated(1) == before1
+
+
+def test_tensor_resize_grows_the_storage_in_place_as_cpu_does():
+    """CPU's resize_: a growing resize enlarges the tensor's storage itself, so its other tensors see the new
+    size; the old elements survive; the new bytes are counted on the tensor's core (not the current one)."""
+    gc.collect()
+    results = {}
+    for device in ("cpu", "neuron:1"):
+        base = torch.neuron.memory_allocated(1)
+        t = torch.arange(6.0).to(device)
+        other = t.view(2, 3)
+        t.resize_(4, 5)
+        results[device] = (
+            t.shape, t.stride(), t.flatten()[:6].cpu().tolist(), other.untyped_storage().nbytes(),
+            other.untyped_storage().data_ptr() == t.untyped_storage().data_ptr(), other.cpu().tolist(),
+        )
+        if device != "cpu":
+            assert t.device == torch.device("neuron", 1)
+            assert torch.neuron.memory_allocated(1) - base == 20 * 4
+            assert torch.neuron.memory_allocated(0) == torch.neuron.memory_allocated(0)
+        t.resize_(2)  # shrinking keeps the storage
+        assert t.untyped_storage().nbytes() == 80
+    assert results["neuron:1"] == results["cpu"]
+
+
+def test_resize_with_a_memory_format_gives_cpus_strides():
+    for fmt in (torch.channels_last, torch.contiguous_format):
+        d = torch.empty(2, 3, device="neuron").resize_(2, 3, 4, 5, memory_format=fmt)
+        c = torch.empty(2, 3).resize_(2, 3, 4, 5, memory_format=fmt)
+        assert d.shape == c.shape and d.stride() == c.stride()
+    errors = []
+    for t in (torch.empty(2), torch.empty(2, device="neuron")):
+        try:
+            t.resize_(3, memory_format=torch.preserve_format)
+        except RuntimeError as e:
+            errors.append(str(e))
+    assert len(errors) == 2 and errors[0] == errors[1]  # CPU refuses preserve_format: so does the device
+
+
+def test_storage_resize_follows_cpu_and_the_account():
+    gc.collect()
+    data = bytes(range(10))
+    cpu = torch.UntypedStorage.from_buffer(data, dtype=torch.uint8)
+    dev = torch.UntypedStorage(10, device="neuron:2")
+    dev.copy_(cpu)
+    before = torch.neuron.memory_allocated(2)
+    keep = 10
+    for n in (25, 4, 0, 7):
+        cpu.resize_(n)
+        assert dev.resize_(n) is dev and dev.nbytes() == n and dev.device == torch.device("neuron", 2)
+        assert torch.neuron.memory_allocated(2) == before - 10 + n
+        keep = min(keep, n)  # the bytes every resize so far kept
+        assert list(dev.cpu())[:keep] == list(cpu)[:keep] == list(data)[:keep]
+
+
+def test_storage_resize_out_of_memory_leaves_the_storage_as_it_was():
+    r = run_python(
+        "import torch, nativelab\n"
+        "st = torch.UntypedStorage(1 << 20, device='neuron')\n"
+        "t = torch.empty(0, dtype=torch.uint8, device='neuron').set_(st)\n"
+        "t.fill_(7)\n"
+        "try:\n"
+        "    st.resize_(4 << 20)\n"
+        "except torch.OutOfMemoryError as e:\n"
+        "    print('OOM', e)\n"
+        "print('after', st.nbytes(), torch.neuron.memory_allocated(), int(t.sum()))\n"
+        "print('ooms', torch.accelerator.memory_stats()['num_ooms'])\n",
+        {"NATIVELAB_CORE_MEMORY_GB": str(2.5 / 1024)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "OOM neuron:0 out of memory: tried to allocate 4194304 bytes" in r.stdout
+    assert f"after {1 << 20} {1 << 20} {7 << 20}" in r.stdout
+    assert "ooms 1" in r.stdout
+
+
+def test_the_allocator_pytorch_reads_reports_the_account():
+    """torch.accelerator's memory queries reach the C++ allocator (a c10::DeviceAllocator): CUDA's names."""
+    gc.collect()
+    torch.accelerator.reset_peak_memory_stats(3)
+    base = torch.accelerator.memory_stats(3)
+    t = torch.empty(1000, dtype=torch.uint8, device="neuron:3")
+    u = torch.empty(24, dtype=torch.uint8, device="neuron:3")
+    s = torch.accelerator.memory_stats(3)
+    assert s["allocated_bytes.all.current"] == base["allocated_bytes.all.current"] + 1024
+    assert s["allocated_bytes.all.current"] == torch.neuron.memory_allocated(3) == torch.accelerator.memory_allocated(3)
+    assert s["reserved_bytes.all.current"] == s["allocated_bytes.all.current"]  # nothing cached
+    assert s["allocation.all.current"] == base["allocation.all.current"] + 2
+    assert s["num_device_alloc"] == base["num_device_alloc"] + 2
+    del t
+    s2 = torch.accelerator.memory_stats(3)
+    assert s2["allocated_bytes.all.current"] == s["allocated_bytes.all.current"] - 1000
+    assert s2["allocated_bytes.all.peak"] == s["allocated_bytes.all.current"]
+    assert s2["allocated_bytes.all.freed"] == s["allocated_bytes.all.freed"] + 1000
+    assert s2["num_device_free"] == s["num_device_free"] + 1
+    del u

@@ -14,12 +14,6 @@ def test_torch_version_is_the_pinned_one():
     assert torch.__version__.split("+")[0] == "2.13.0"
 
 
-def test_device_storage_from_host_pointer():
-    host = torch.UntypedStorage(64)
-    st = _private.device_storage(host.data_ptr(), torch.device("neuron", 2), 64)
-    assert st.device == torch.device("neuron", 2) and st.nbytes() == 64 and st.data_ptr() == host.data_ptr()
-
-
 def test_empty_tensor_on_any_core_via_dlpack():
     for i in range(4):
         t = _private.empty_on_index(i, torch.bfloat16)
@@ -35,24 +29,15 @@ def test_new_tensor_and_set_storage_redispatch():
     assert out.shape == (2, 3) and out.data_ptr() == st.data_ptr()
 
 
-def test_accelerator_hooks_exist():
-    for name in _private._ACCELERATOR_HOOKS:
-        assert hasattr(torch._C, name), name
-        assert hasattr(getattr(torch._C, name), "__wrapped__"), f"{name} was not patched"
-
-
 def test_backend_registered_under_its_name():
     assert torch._C._get_privateuse1_backend_name() == "neuron"
     assert torch.neuron.default_generators[0].device == torch.device("neuron", 0)
 
 
-def test_patched_repr_and_storage_constructor():
+def test_patched_repr():
     import torch._tensor_str as ts
 
     assert ts._str_intern.__name__ == "_str_intern" and ts._str_intern.__module__ == _private.__name__
-    st = torch.UntypedStorage(16, device="neuron:3")
-    assert st.device == torch.device("neuron", 3) and st.nbytes() == 16
-    assert torch.UntypedStorage(8).device.type == "cpu"
 
 
 def test_backward_runs_in_the_calling_thread():
@@ -73,23 +58,6 @@ def test_no_python_modes_pops_fake_mode():
         assert type(torch.empty(1)).__name__ == "FakeTensor"
         with _private.no_python_modes():
             assert type(torch.empty(1)) is torch.Tensor
-
-
-def test_swap_storage_memory_any_sizes():
-    for na, nb in [(16, 16), (16, 0), (0, 16), (8, 24)]:
-        a, b = torch.UntypedStorage(na), torch.UntypedStorage(nb)
-        pa, pb = a.data_ptr(), b.data_ptr()
-        _private.swap_storage_memory(a, b)
-        assert (a.nbytes(), b.nbytes()) == (nb, na) and (a.data_ptr(), b.data_ptr()) == (pb, pa)
-
-
-def test_storage_resize_patch_routes_only_the_device():
-    assert hasattr(torch.UntypedStorage.resize_, "__wrapped__")
-    cpu = torch.UntypedStorage(8)
-    cpu.resize_(16)
-    assert cpu.nbytes() == 16
-    dev = torch.UntypedStorage(8, device="neuron:1")
-    assert dev.resize_(0) is dev and dev.nbytes() == 0 and dev.device == torch.device("neuron", 1)
 
 
 def test_process_group_methods_the_neuron_backend_overrides():

@@ -82,13 +82,8 @@ def register() -> bool:
     for key in ("Conjugate", "Negative"):
         aten_lib.impl("aten::_copy_from", torch.library.fallthrough_kernel, key)
     _libs.extend((lib, aten_lib))
-    _private.patch_accelerator_hooks(_accelerator_hooks())
     _private.patch_tensor_repr("neuron")
     _private.patch_dlpack_device("neuron")
-    _private.patch_storage_constructor(
-        "neuron", lambda nbytes, index: memory.alloc_storage(nbytes, guard.current_index() if index is None else index)
-    )
-    _private.patch_storage_resize("neuron", ops.resize_storage)
     guard.set_index(0)  # also makes backward run in this thread (see _private)
     _state["registered"] = True
     return True
@@ -103,20 +98,3 @@ def _device_module(cfg: config.Config) -> types.ModuleType:
     mod.default_generators = tuple(guard.default_generator(i) for i in range(cfg.num_cores))
     sys.modules["torch.neuron"] = mod
     return mod
-
-
-def _accelerator_hooks() -> dict:
-    """The memory queries of torch.accelerator (device, stream and event ones go through the C++ guard)."""
-
-    def reset_peak(i):
-        s = memory.stats(i)
-        s.reset_peak()
-
-    return {
-        "_accelerator_isAllocatorInitialized": lambda: True,
-        "_accelerator_emptyCache": lambda: None,
-        "_accelerator_getDeviceStats": module.memory_stats,
-        "_accelerator_resetAccumulatedStats": lambda i: None,
-        "_accelerator_resetPeakStats": reset_peak,
-        "_accelerator_getMemoryInfo": lambda i: module.mem_get_info(i),
-    }

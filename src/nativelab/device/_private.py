@@ -29,11 +29,6 @@ def register_backend(name: str, module) -> None:
     torch._register_device_module(name, module)
 
 
-def device_storage(host_ptr: int, device: torch.device, nbytes: int) -> torch.UntypedStorage:
-    """A device storage whose memory is `nbytes` of host memory at `host_ptr` (not owned)."""
-    return torch._C._construct_storage_from_data_pointer(host_ptr, device, nbytes)
-
-
 def empty_on_index(index: int, dtype: torch.dtype) -> torch.Tensor:
     """A 0-element device tensor on `neuron:index`.
 
@@ -59,39 +54,6 @@ def new_tensor_like(template: torch.Tensor) -> torch.Tensor:
 def set_tensor_storage(t: torch.Tensor, storage, offset: int, size, stride) -> torch.Tensor:
     """Point a device tensor at (storage, offset, size, stride) without running our own kernels."""
     return _set_storage(_CPU_KEYS, t, storage, offset, size, stride)
-
-
-_ACCELERATOR_HOOKS = (  # the memory ones: the allocator is still Python (device and streams: the C++ guard)
-    "_accelerator_isAllocatorInitialized",
-    "_accelerator_emptyCache",
-    "_accelerator_getDeviceStats",
-    "_accelerator_resetAccumulatedStats",
-    "_accelerator_resetPeakStats",
-    "_accelerator_getMemoryInfo",
-)
-
-
-def patch_accelerator_hooks(replacements: dict) -> None:
-    """`torch.accelerator` looks these C functions up at call time; its memory queries need a C++ device
-    allocator, which the device does not have yet."""
-    for name, fn in replacements.items():
-        if name not in _ACCELERATOR_HOOKS or not hasattr(torch._C, name):
-            raise RuntimeError(f"torch._C.{name} is not an accelerator hook this PyTorch has")
-        original = getattr(torch._C, name)
-        setattr(torch._C, name, _dispatch_by_accelerator(fn, original))
-
-
-def _dispatch_by_accelerator(fn, original):
-    """Use ours only while `neuron` is the current accelerator (CUDA, when present, wins)."""
-
-    def hook(*args):
-        acc = torch._C._accelerator_getAccelerator()
-        if acc is not None and acc.type == torch._C._get_privateuse1_backend_name():
-            return fn(*args)
-        return original(*args)
-
-    hook.__wrapped__ = original
-    return hook
 
 
 def run_backward_in_caller_thread() -> None:
@@ -122,55 +84,6 @@ def patch_tensor_repr(device_type: str) -> None:
         return original(inp, tensor_contents=tensor_contents)
 
     ts._str_intern = _str_intern
-
-
-def patch_storage_constructor(device_type: str, allocate) -> None:
-    """`torch.UntypedStorage(n, device='neuron')` would use PyTorch's C++ allocator for PrivateUse1, which a
-    Python backend cannot register (it dereferences a null allocator). Route device requests to `allocate`."""
-    cls = torch.UntypedStorage
-    c_new = torch._C.StorageBase.__new__
-
-    def __new__(klass, *args, device=None, **kwargs):
-        if device is not None:
-            dev = torch.device(device)
-            if dev.type == device_type:
-                if kwargs or len(args) > 1 or (args and not isinstance(args[0], int)):
-                    raise TypeError(f"UntypedStorage on {device_type}: only UntypedStorage(nbytes, device=...)")
-                return allocate(args[0] if args else 0, dev.index)
-            return c_new(klass, *args, device=device, **kwargs)
-        return c_new(klass, *args, **kwargs)
-
-    cls.__new__ = __new__
-
-
-def swap_storage_memory(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
-    """Exchange the memory (data pointer and byte size) of two storages on one device; each keeps its
-    identity, so every tensor viewing `a` sees `b`'s memory afterwards. PyTorch's `_swap_data_ptr_` swaps
-    only equal sizes or an empty one, so unequal sizes go through a third, empty storage."""
-    if a.nbytes() and b.nbytes() and a.nbytes() != b.nbytes():
-        empty = device_storage(a.data_ptr(), a.device, 0)
-        empty._swap_data_ptr_(a)  # a: empty, empty: a's memory
-        a._swap_data_ptr_(b)  # a: b's memory, b: empty
-        b._swap_data_ptr_(empty)  # b: a's old memory
-    else:
-        a._swap_data_ptr_(b)
-
-
-def patch_storage_resize(device_type: str, resize) -> None:
-    """`UntypedStorage.resize_` on a PrivateUse1 storage calls the C++ hook `resizePrivateUse1Bytes`, which
-    Python hooks cannot provide (FSDP2 frees and re-allocates parameters this way). Route device storages to
-    `resize(storage, nbytes)`."""
-    cls = torch.UntypedStorage
-    original = cls.resize_
-
-    def resize_(self, size):
-        if self.device.type == device_type:
-            resize(self, int(size))
-            return self
-        return original(self, size)
-
-    resize_.__wrapped__ = original
-    cls.resize_ = resize_
 
 
 def no_python_modes():

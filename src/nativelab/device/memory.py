@@ -1,11 +1,11 @@
 """Device memory: host buffers behind device storages, accounted per logical core.
 
-Two kinds of device storage, one account (the C++ runtime's, memory.cpp, which raises the OOM):
-- the outputs of ops the C++ kernel queues (ops.cpp): host memory the runtime allocated, freed with the storage;
-- memory adopted here from CPU results (fallbacks, copies, the Python path): a device storage made from the
-  data pointer of a CPU storage that we keep on the storage's Python object (PyTorch keeps that object alive
-  exactly as long as the C++ storage). When the device storage dies, the block dies with it and its bytes
-  are returned to the core's account.
+Every device storage's memory is a block of the C++ runtime (memory.cpp), which keeps the per-core account,
+raises the OOM and is PyTorch's allocator for the device (`torch.UntypedStorage(n, device=...)`, storage
+`resize_`, `torch.accelerator`'s memory queries). A block is either memory the runtime allocated (the outputs of
+ops the C++ kernel queues, `alloc_storage`) or the memory of a CPU result that the device adopts without
+copying (fallbacks, copies, the Python path: `adopt`, `from_host`). It is freed, and its bytes returned to the
+core's account, when the device storage and every host view of it are gone.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class CoreStats:
     num_allocs = property(lambda self: _rt.mem_stats(self.index)[2])
     num_frees = property(lambda self: _rt.mem_stats(self.index)[3])
     capacity = property(lambda self: _rt.mem_stats(self.index)[4])
+    blocks = property(lambda self: _rt.mem_stats(self.index)[5])  # allocations alive
 
     def reset_peak(self) -> None:
         _rt.mem_reset_peak(self.index)
@@ -40,12 +41,15 @@ _stats: list[CoreStats] = []
 _templates: dict[tuple[int, torch.dtype, bool], torch.Tensor] = {}
 _inference_mode = torch.is_inference_mode_enabled
 _devices: list[torch.device] = []
+# The runtime's entries (set by init): raise torch.OutOfMemoryError if bytes would not fit on a core; adopt a
+# CPU storage's memory as a device storage on a core.
+_check_capacity = _adopt = None
 
 
 def init(cfg: _config.Config) -> None:
-    global _rt, _check_capacity, _reserve, _release
+    global _rt, _check_capacity, _adopt
     _rt = runtime.load()
-    _check_capacity, _reserve, _release = _rt.mem_check, _rt.mem_reserve, _rt.mem_release
+    _check_capacity, _adopt = _rt.mem_check, _rt.mem_adopt
     for i in range(cfg.num_cores):
         _rt.mem_set_capacity(i, cfg.core_memory_bytes)
     _stats[:] = [CoreStats(i) for i in range(cfg.num_cores)]
@@ -56,70 +60,41 @@ def stats(index: int) -> CoreStats:
     return _stats[index]
 
 
-class _Block:
-    """Owns the host buffer of one device storage and its place in the core's account."""
+class Allocation:
+    """What a watching tool (`observe.alloc`) is given for each allocation: its size and core; it lives (weakly
+    referenceable) exactly as long as the device storage (PyTorch keeps a storage's Python object, and so its
+    attributes, alive with the C++ storage)."""
 
-    __slots__ = ("host", "index", "nbytes", "__weakref__")
+    __slots__ = ("index", "nbytes", "__weakref__")
 
-    def __init__(self, host: torch.UntypedStorage, index: int, nbytes: int):
-        self.host = host
+    def __init__(self, index: int, nbytes: int):
         self.index = index
         self.nbytes = nbytes
 
-    def __del__(self):
-        _release(self.index, self.nbytes)
 
-
-# The runtime's account (set by init): raise torch.OutOfMemoryError / count / uncount bytes on a core.
-_check_capacity = _reserve = _release = None
+def _observed(st: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
+    st._nl_alloc = a = Allocation(index, st.nbytes())
+    observe.alloc(a)
+    return st
 
 
 def adopt(host: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
     """Make a device storage on `neuron:index` backed by (and keeping alive) a CPU storage."""
-    nbytes = host.nbytes()
-    _reserve(index, nbytes)
-    block = _Block(host, index, nbytes)
-    st = _private.device_storage(host.data_ptr(), _devices[index], nbytes)
-    st._nl_block = block
-    if observe.alloc is not None:
-        observe.alloc(block)
-    return st
+    st = _adopt(host, index)
+    return st if observe.alloc is None else _observed(st, index)
 
 
 def alloc_storage(nbytes: int, index: int) -> torch.UntypedStorage:
-    _check_capacity(index, nbytes)  # before touching host memory, so an OOM leaves nothing behind
-    return adopt(torch.UntypedStorage(nbytes), index)
+    st = _rt.mem_storage(index, nbytes)
+    return st if observe.alloc is None else _observed(st, index)
 
 
 def host_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
-    """The CPU storage over a device storage's memory. It keeps that memory alive: work queued on it may
-    outlive the device tensors. The runtime's own memory gets a new one each time (cached on the device
-    storage's Python object it would keep that storage alive forever)."""
-    try:
-        return st._nl_block.host
-    except AttributeError:
-        pass
-    if st.device.type == DEVICE and _rt.mem_owns(st):
-        return _rt.mem_host_storage(st)
-    return _foreign_host(st)
-
-
-class _Foreign:
-    """The host side of device memory the device did not allocate (a DLPack import): its owner frees it, and
-    it is not in any core's account."""
-
-    __slots__ = ("host",)
-
-    def __init__(self, host):
-        self.host = host
-
-
-def _foreign_host(st: torch.UntypedStorage) -> torch.UntypedStorage:
+    """The CPU storage over a device storage's memory. It keeps that storage alive: work queued on it may
+    outlive the device tensors."""
     if st.device.type != DEVICE or (st.data_ptr() == 0 and st.nbytes() != 0):
         raise RuntimeError("neuron: this storage was not allocated by the nativelab device")
-    host = _private.device_storage(st.data_ptr(), torch.device("cpu"), st.nbytes())
-    st._nl_block = _Foreign(host)  # lives as long as the device storage, which owns the memory
-    return host
+    return _rt.mem_host_storage(st)
 
 
 def _template(index: int, dtype: torch.dtype, inference: bool = False) -> torch.Tensor:
@@ -199,13 +174,9 @@ def from_host(result: torch.Tensor, index: int) -> torch.Tensor:
 
     The hot path of every device allocation, so `adopt` and `wrap` are written out inline here.
     """
-    host = result.untyped_storage()
-    nbytes = host.nbytes()
-    _reserve(index, nbytes)  # raises OutOfMemoryError; `result` is then freed by the caller's unwinding
-    st = _device_storage(host.data_ptr(), _devices[index], nbytes)
-    st._nl_block = block = _Block(host, index, nbytes)
+    st = _adopt(result.untyped_storage(), index)  # raises OutOfMemoryError; `result` is then freed by the caller
     if observe.alloc is not None:
-        observe.alloc(block)
+        _observed(st, index)
     inference = _inference_mode()
     tpl = _templates.get((index, result.dtype, inference))
     if tpl is None:
@@ -215,33 +186,11 @@ def from_host(result: torch.Tensor, index: int) -> torch.Tensor:
     return t
 
 
-def copy_bytes(dst: torch.UntypedStorage, src: torch.UntypedStorage) -> None:
-    n = min(dst.nbytes(), src.nbytes())
-    if n:
-        u8 = torch.uint8
-        torch.empty(0, dtype=u8).set_(dst, 0, (n,), (1,)).copy_(torch.empty(0, dtype=u8).set_(src, 0, (n,), (1,)))
-
-
-def swap_memory(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
-    """Exchange the memory of two device storages on one core, with what owns it (a block of this module on
-    the storage's Python object, or the runtime's block inside its data pointer). Each storage keeps its
-    identity, so the tensors of `a` see `b`'s memory afterwards (how a storage is resized in place); their
-    cached host views are dropped by `host_view`, which checks the pointer."""
-    ba, bb = getattr(a, "_nl_block", None), getattr(b, "_nl_block", None)
-    _private.swap_storage_memory(a, b)
-    for st, block in ((a, bb), (b, ba)):
-        if block is not None:
-            st._nl_block = block
-        elif hasattr(st, "_nl_block"):
-            del st._nl_block
-
-
 def set_storage(t: torch.Tensor, st, offset: int, size, stride) -> torch.Tensor:
     """Re-point a device tensor (its old host view is dropped with it)."""
     t._nl_hv = None
     return _set_storage(t, st, offset, tuple(size), tuple(stride))
 
 
-_device_storage = _private.device_storage
 _new_tensor_like = _private.new_tensor_like
 _set_storage = _private.set_tensor_storage

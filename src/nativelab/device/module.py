@@ -178,7 +178,7 @@ def memory_stats(device=None) -> dict:
         "allocated_bytes.all.peak": s.peak,
         "allocation.all.allocated": s.num_allocs,
         "allocation.all.freed": s.num_frees,
-        "allocation.all.current": s.num_allocs - s.num_frees,
+        "allocation.all.current": s.blocks,
         "reserved_bytes.all.current": s.allocated,
         "reserved_bytes.all.peak": s.peak,
         "capacity_bytes": s.capacity,

@@ -735,35 +735,21 @@ def _device_kernel(op, *args, **kwargs):
     return run_on_host(rec.name, rec, full, index)
 
 
-def resize_(t: torch.Tensor, shape) -> torch.Tensor:
-    """Resize a device tensor in place: same storage when it fits, else a bigger one with the old bytes."""
+def resize_(t: torch.Tensor, shape, memory_format=None) -> torch.Tensor:
+    """Resize a device tensor in place, as CPU's resize_ does: when the new shape needs more bytes than its
+    storage has, the storage itself grows in place (PyTorch's `UntypedStorage.resize_`, the runtime's resize
+    hook: on the storage's core, the old bytes kept), so every tensor of that storage sees the new memory."""
     shape = tuple(shape)
-    stride = memory.contiguous_strides(shape)
+    if memory_format in (None, torch.contiguous_format):
+        stride = memory.contiguous_strides(shape)
+    else:  # channels_last & co: CPU's strides for that format (and its error for the formats it refuses)
+        stride = torch.empty(0, dtype=t.dtype, device="meta").resize_(shape, memory_format=memory_format).stride()
     need = memory._nbytes_for(shape, stride, t.dtype.itemsize) + t.storage_offset() * t.dtype.itemsize
     st = t.untyped_storage()
     if need > st.nbytes():
-        index = t.device.index
-        new = memory.alloc_storage(need, index)
-        queue.drain()
-        old = memory.host_storage(st)
-        memory.copy_bytes(memory.host_storage(new), old)
-        st = new
+        st.resize_(need)
     memory.set_storage(t, st, t.storage_offset(), shape, stride)
     return t
-
-
-def resize_storage(st: torch.UntypedStorage, nbytes: int) -> None:
-    """`UntypedStorage.resize_` on the device, in place (FSDP2 frees parameters with `resize_(0)` and
-    re-allocates them before the all-gather): the first `min(old, new)` bytes are kept, as on CPU."""
-    if nbytes < 0:
-        raise RuntimeError(f"neuron: cannot resize a storage to {nbytes} bytes")
-    if nbytes == st.nbytes():
-        return
-    memory.host_storage(st)  # a clear error for a storage the device did not allocate
-    queue.drain()  # queued ops may still read or write the old memory
-    new = memory.alloc_storage(nbytes, st.device.index)
-    memory.copy_bytes(memory.host_storage(new), memory.host_storage(st))
-    memory.swap_memory(st, new)  # `new` now holds the old memory and frees it when it goes
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -110,9 +110,7 @@ def _transfer(kind: str, copy, src):
 
 
 def resize_(t, size, memory_format=None):
-    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
-        raise RuntimeError(f"neuron: resize_ with memory_format={memory_format} is not supported")
-    return ops.resize_(t, size)
+    return ops.resize_(t, size, memory_format)
 
 
 def set_source_storage_offset(t, source, storage_offset, size, stride=()):

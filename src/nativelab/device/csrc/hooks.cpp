@@ -163,6 +163,10 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void* /*data*/) const override {
     TORCH_CHECK(false, "neuron: cannot tell the device of a raw pointer; pass the device explicitly");
   }
+  // UntypedStorage.resize_ (FSDP2 frees and re-allocates parameters this way): in place, on the storage's core.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    mem_resize(storage, newsize);
+  }
 };
 
 }  // namespace
@@ -174,6 +178,7 @@ void register_hooks() {
   if (done) return;
   done = true;
   at::setHostAllocator(kDevice, &PinnedAllocator::instance());
+  register_allocator();
   at::RegisterPrivateUse1HooksInterface(new Hooks());  // lives as long as the process, as PyTorch expects
 }
 

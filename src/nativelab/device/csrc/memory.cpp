@@ -1,52 +1,164 @@
-// Device memory: the per-core account (bytes allocated, peak, counts, capacity, OOM) and the blocks of host
-// memory the runtime allocates itself (outputs of the ops it queues). Python's memory.py keeps its own blocks
-// for the memory it adopts from CPU results, but every byte of either kind is counted here, once.
+// Device memory: the per-core account (bytes and blocks allocated, peaks, capacity, OOM), the blocks of host
+// memory behind device storages, and PyTorch's allocator for PrivateUse1 (`c10::GetAllocator`), which
+// `torch.UntypedStorage(n, device=...)`, storage resizing and `torch.accelerator`'s memory queries reach.
+// A block is either memory the runtime allocated or the memory of a CPU storage the device adopted (a CPU
+// kernel's result, memory.py); both are counted here, once, and freed with the device storage's memory.
 #include "runtime.h"
 
-#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
+#include <map>
 #include <mutex>
 
 namespace nativelab {
 namespace {
 
+using c10::CachingAllocator::Stat;
+
 struct CoreAccount {
-  int64_t allocated = 0;
-  int64_t peak = 0;
-  int64_t num_allocs = 0;
-  int64_t num_frees = 0;
+  Stat bytes;   // bytes allocated: current, peak, allocated and freed in total
+  Stat blocks;  // allocations, counted the same way
+  int64_t num_ooms = 0;
   int64_t capacity = 0;
 };
 
-std::mutex g_mem_mutex;
-std::array<CoreAccount, kMaxDevices> g_accounts;
-
-// A block the runtime allocated: host memory and its place in one core's account.
 struct Block {
   void* ptr;
   int index;
   int64_t nbytes;
+  c10::Storage adopted;  // adopted memory: the CPU storage that owns it; empty: the runtime's own (alloc_cpu)
 };
 
-void free_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  mem_release(b->index, b->nbytes);
-  c10::free_cpu(b->ptr);
-  delete b;
-}
+// Where the live blocks are, for `getDeviceFromPtr`. One CPU buffer may be adopted by two device storages
+// (two results of one CPU kernel sharing it): `holders` counts them.
+struct Range {
+  uintptr_t end;
+  int index;
+  int holders;
+};
 
-[[noreturn]] void out_of_memory(int index, int64_t nbytes, const CoreAccount& a) {
+std::mutex g_mem_mutex;  // guards the accounts and the ranges
+std::array<CoreAccount, kMaxDevices> g_accounts;
+std::map<uintptr_t, Range> g_ranges;
+
+[[noreturn]] void out_of_memory(int index, int64_t nbytes, CoreAccount& a) {
+  a.num_ooms += 1;
   constexpr double gib = 1 << 30;
   TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", index, " out of memory: tried to allocate ", nbytes,
-                   " bytes (", c10::str(static_cast<double>(nbytes) / gib).substr(0, 4), " GiB); ", a.allocated,
-                   " bytes already allocated of a capacity of ", a.capacity,
+                   " bytes (", c10::str(static_cast<double>(nbytes) / gib).substr(0, 4), " GiB); ",
+                   a.bytes.current, " bytes already allocated of a capacity of ", a.capacity,
                    " bytes. Set NATIVELAB_CORE_MEMORY_GB to change it.");
 }
 
+CoreAccount& account(int index) {
+  TORCH_CHECK(index >= 0 && index < device_count(), "neuron: invalid device index ", index);
+  return g_accounts[index];
+}
+
+// Count a block about to be made (raises the OOM first, so a failed request leaves nothing behind).
+void reserve(int index, int64_t nbytes) {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  auto& a = account(index);
+  if (a.bytes.current + nbytes > a.capacity) out_of_memory(index, nbytes, a);
+  a.bytes.increase(nbytes);
+  a.blocks.increase(1);
+}
+
+void unreserve(int index, int64_t nbytes) noexcept {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  g_accounts[index].bytes.decrease(nbytes);
+  g_accounts[index].blocks.decrease(1);
+}
+
+void add_range(const Block& b) {
+  if (b.ptr == nullptr) return;
+  const auto start = reinterpret_cast<uintptr_t>(b.ptr);
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  auto [it, fresh] = g_ranges.try_emplace(start, Range{start + std::max<int64_t>(b.nbytes, 1), b.index, 1});
+  if (!fresh) it->second.holders += 1;
+}
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto& a = g_accounts[b->index];
+    a.bytes.decrease(b->nbytes);
+    a.blocks.decrease(1);
+    auto it = b->ptr ? g_ranges.find(reinterpret_cast<uintptr_t>(b->ptr)) : g_ranges.end();
+    if (it != g_ranges.end() && --it->second.holders == 0) g_ranges.erase(it);
+  }
+  if (!b->adopted) c10::free_cpu(b->ptr);
+  delete b;  // outside the lock: releasing an adopted CPU storage may take the GIL
+}
+
+c10::DataPtr block_ptr(Block* b) {
+  return {b->ptr, b, &free_block, c10::Device(kDevice, static_cast<c10::DeviceIndex>(b->index))};
+}
+
+// ---- the allocator PyTorch sees -------------------------------------------------------------------------
+
+struct DeviceAllocator final : public c10::DeviceAllocator {
+  // On the current core, as CUDA's allocator allocates on the current device (callers set it with a guard).
+  c10::DataPtr allocate(size_t nbytes) override { return mem_alloc(current_device(), static_cast<int64_t>(nbytes)); }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    queue_callbacks().drain();  // queued work may still write the source
+    std::memcpy(dest, src, count);
+  }
+
+  bool initialized() override { return device_count() > 0; }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}  // nothing cached: freed blocks go back at once
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}  // see above
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
+    constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    const auto& a = account(index);
+    c10::CachingDeviceAllocator::DeviceStats s;
+    // No cache between the program and the host: every allocation is its own segment, reserved is allocated.
+    s.allocation[all] = s.segment[all] = s.active[all] = a.blocks;
+    s.allocated_bytes[all] = s.reserved_bytes[all] = s.active_bytes[all] = s.requested_bytes[all] = a.bytes;
+    s.num_device_alloc = a.blocks.allocated;
+    s.num_device_free = a.blocks.freed;
+    s.num_ooms = a.num_ooms;
+    return s;
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex index) override {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto& a = account(index);
+    a.bytes.reset_accumulated();
+    a.blocks.reset_accumulated();
+    a.num_ooms = 0;
+  }
+
+  void resetPeakStats(c10::DeviceIndex index) override { mem_reset_peak(index); }
+
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    const auto& a = account(index);
+    return {static_cast<size_t>(std::max<int64_t>(a.capacity - a.bytes.current, 0)),
+            static_cast<size_t>(a.capacity)};
+  }
+};
+
+DeviceAllocator g_allocator;
+
+c10::Storage make_storage(c10::DataPtr dp, int64_t nbytes) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(dp), &g_allocator, /*resizable=*/true));
+}
+
 }  // namespace
+
+void register_allocator() { c10::SetAllocator(kDevice, &g_allocator); }
 
 void mem_set_capacity(int index, int64_t capacity) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
@@ -55,49 +167,54 @@ void mem_set_capacity(int index, int64_t capacity) {
 
 void mem_check(int index, int64_t nbytes) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
-  const auto& a = g_accounts.at(index);
-  if (a.allocated + nbytes > a.capacity) out_of_memory(index, nbytes, a);
-}
-
-void mem_reserve(int index, int64_t nbytes) {
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
-  auto& a = g_accounts.at(index);
-  if (a.allocated + nbytes > a.capacity) out_of_memory(index, nbytes, a);
-  a.allocated += nbytes;
-  a.num_allocs += 1;
-  if (a.allocated > a.peak) a.peak = a.allocated;
-}
-
-void mem_release(int index, int64_t nbytes) noexcept {
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
-  auto& a = g_accounts[index];
-  a.allocated -= nbytes;
-  a.num_frees += 1;
+  auto& a = account(index);
+  if (a.bytes.current + nbytes > a.capacity) out_of_memory(index, nbytes, a);
 }
 
 MemStats mem_stats(int index) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
-  const auto& a = g_accounts.at(index);
-  return {a.allocated, a.peak, a.num_allocs, a.num_frees, a.capacity};
+  const auto& a = account(index);
+  return {a.bytes.current, a.bytes.peak, a.blocks.allocated, a.blocks.freed, a.capacity, a.blocks.current,
+          a.blocks.peak, a.num_ooms};
 }
 
 void mem_reset_peak(int index) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
-  auto& a = g_accounts.at(index);
-  a.peak = a.allocated;
+  auto& a = account(index);
+  a.bytes.reset_peak();
+  a.blocks.reset_peak();
 }
 
 c10::DataPtr mem_alloc(int index, int64_t nbytes) {
-  mem_reserve(index, nbytes);  // first: an OOM leaves nothing behind
+  reserve(index, nbytes);
   void* ptr = nullptr;
   try {
     ptr = c10::alloc_cpu(nbytes == 0 ? 1 : nbytes);
   } catch (...) {
-    mem_release(index, nbytes);
+    unreserve(index, nbytes);
     throw;
   }
-  auto* block = new Block{ptr, index, nbytes};
-  return {ptr, block, &free_block, c10::Device(kDevice, static_cast<c10::DeviceIndex>(index))};
+  auto* b = new Block();
+  b->ptr = ptr;
+  b->index = index;
+  b->nbytes = nbytes;
+  add_range(*b);
+  return block_ptr(b);
+}
+
+c10::Storage mem_storage(int index, int64_t nbytes) { return make_storage(mem_alloc(index, nbytes), nbytes); }
+
+c10::Storage mem_adopt(const c10::Storage& host, int index) {
+  TORCH_CHECK(host.device().is_cpu(), "neuron: only CPU memory can be adopted, got a storage on ", host.device());
+  const auto nbytes = static_cast<int64_t>(host.nbytes());
+  reserve(index, nbytes);
+  auto* b = new Block();
+  b->ptr = nbytes ? host.mutable_data() : nullptr;
+  b->index = index;
+  b->nbytes = nbytes;
+  b->adopted = host;
+  add_range(*b);
+  return make_storage(block_ptr(b), nbytes);
 }
 
 bool mem_owns(const c10::Storage& st) { return st.data_ptr().get_deleter() == &free_block; }
@@ -107,13 +224,33 @@ void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
 }  // namespace
 
 c10::Storage mem_host_storage(const c10::Storage& st) {
+  // Holds the device storage, not its memory: a cached host view must not keep memory that a resize gave back
+  // (a resize waits for queued work first, and memory.py's views check the pointer before use).
   c10::DataPtr dp(st.mutable_data(), new c10::Storage(st), &release_storage, c10::Device(c10::DeviceType::CPU));
   return c10::Storage(c10::Storage::use_byte_size_t(), st.nbytes(), std::move(dp), nullptr, false);
 }
 
-c10::Storage mem_storage(int index, int64_t nbytes) {
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                            mem_alloc(index, nbytes), nullptr, false));
+void mem_resize(const c10::Storage& st, size_t nbytes) {
+  TORCH_CHECK(st.resizable(), "Trying to resize storage that is not resizable");
+  const size_t old = st.nbytes();
+  if (nbytes == old) return;
+  queue_callbacks().drain();  // queued work may still read or write the old memory
+  auto fresh = mem_alloc(st.device().index(), static_cast<int64_t>(nbytes));  // an OOM leaves st as it was
+  const size_t keep = std::min(nbytes, old);
+  if (keep) std::memcpy(fresh.get(), st.data(), keep);  // the first bytes survive, as on CPU
+  auto* impl = st.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(nbytes);
+}
+
+std::optional<int> mem_core_of(const void* ptr) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  auto it = g_ranges.upper_bound(addr);
+  if (it == g_ranges.begin()) return std::nullopt;
+  --it;
+  if (addr >= it->second.end) return std::nullopt;
+  return it->second.index;
 }
 
 }  // namespace nativelab

@@ -66,19 +66,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // memory.cpp: the per-core account
   m.def("mem_set_capacity", &mem_set_capacity);
   m.def("mem_check", &mem_check, "raise torch.OutOfMemoryError if nbytes would not fit on the core");
-  m.def("mem_reserve", &mem_reserve);
-  m.def("mem_release", &mem_release);
   m.def("mem_stats", [](int index) {
     const auto s = mem_stats(index);
-    return py::make_tuple(s.allocated, s.peak, s.num_allocs, s.num_frees, s.capacity);
-  }, "(allocated, peak, num_allocs, num_frees, capacity) of a core");
+    return py::make_tuple(s.allocated, s.peak, s.num_allocs, s.num_frees, s.capacity, s.blocks, s.peak_blocks,
+                          s.num_ooms);
+  }, "(allocated, peak, num_allocs, num_frees, capacity, blocks, peak_blocks, num_ooms) of a core");
   m.def("mem_reset_peak", &mem_reset_peak);
   // Storages are passed as torch.UntypedStorage objects (device ones: the caller checks the device).
+  m.def("mem_storage", [](int index, int64_t nbytes) {
+    return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_storage(index, nbytes)));
+  }, "a new device storage of nbytes on a core");
+  m.def("mem_adopt", [](py::handle host, int index) {
+    return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_adopt(THPStorage_Unpack(host.ptr()), index)));
+  }, "a device storage on a core over a CPU storage's memory (kept alive and counted until it dies)");
   m.def("mem_owns", [](py::handle st) { return mem_owns(THPStorage_Unpack(st.ptr())); },
-        "whether a device storage's memory is the runtime's own (freed with the storage)");
+        "whether a device storage's memory is the runtime's (allocated or adopted; freed with the storage)");
   m.def("mem_host_storage", [](py::handle st) {
     return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_host_storage(THPStorage_Unpack(st.ptr()))));
-  }, "a CPU storage over a device storage's memory, keeping the device storage alive");
+  }, "a CPU storage over a device storage's memory, keeping that memory alive");
   // queue.cpp
   m.def("queue_submit", &queue_submit_python, "queue Python work fn(*args) named name; returns the queue length");
   m.def("queue_size", &queue_size);

@@ -36,22 +36,25 @@ struct QueueCallbacks {
 };
 QueueCallbacks& queue_callbacks();
 
-// memory.cpp: the per-core account (every device byte, whoever allocated it) and the runtime's own blocks
+// memory.cpp: the per-core account (every device byte, whoever allocated it), the blocks behind device storages,
+// and the PrivateUse1 allocator
 struct MemStats {
-  int64_t allocated, peak, num_allocs, num_frees, capacity;
+  int64_t allocated, peak, num_allocs, num_frees, capacity, blocks, peak_blocks, num_ooms;
 };
+void register_allocator();  // c10::SetAllocator(PrivateUse1, ...)
 void mem_set_capacity(int index, int64_t capacity);
-void mem_check(int index, int64_t nbytes);    // throws torch.OutOfMemoryError if it would not fit
-void mem_reserve(int index, int64_t nbytes);  // mem_check, then count it
-void mem_release(int index, int64_t nbytes) noexcept;
+void mem_check(int index, int64_t nbytes);  // throws torch.OutOfMemoryError if it would not fit
 MemStats mem_stats(int index);
 void mem_reset_peak(int index);
 c10::DataPtr mem_alloc(int index, int64_t nbytes);  // host memory on core `index`, counted until freed
 c10::Storage mem_storage(int index, int64_t nbytes);
-bool mem_owns(const c10::Storage& st);  // memory the runtime allocated (not adopted by memory.py)
+c10::Storage mem_adopt(const c10::Storage& host, int index);  // a device storage over a CPU storage's memory
+bool mem_owns(const c10::Storage& st);  // memory the runtime counts (allocated or adopted), freed with st
 // A CPU storage over a device storage's memory that keeps the device storage alive (work queued on host views
 // may outlive every device tensor of that memory).
 c10::Storage mem_host_storage(const c10::Storage& st);
+void mem_resize(const c10::Storage& st, size_t nbytes);  // in place, keeping the first bytes (as CPU's)
+std::optional<int> mem_core_of(const void* ptr);  // the core whose block holds ptr, if any
 
 // queue.cpp: the work queue (its entries and Python face: queue.h)
 struct QueueEntry;
