@@ -2,6 +2,7 @@
 
 import gc
 
+import pytest
 import torch
 
 from conftest import run_python
@@ -229,3 +230,33 @@ def test_the_allocator_pytorch_reads_reports_the_account():
     assert s2["allocated_bytes.all.freed"] == s["allocated_bytes.all.freed"] + 1000
     assert s2["num_device_free"] == s["num_device_free"] + 1
     del u
+
+
+# PrivateUse1HooksInterface::getDeviceFromPtr: the core that holds a pointer, from the allocator's table. Nothing
+# public in Python reaches it (DLPack names the index), so the test goes through at::from_blob without an index,
+# the C++ path that asks it (the runtime's `from_blob` entry).
+
+
+def test_device_of_a_pointer_is_the_core_that_holds_it():
+    from nativelab.device import runtime
+
+    rt = runtime.load()
+    ref = torch.arange(12.0)
+    made = {
+        1: torch.empty(12, device="neuron:1").copy_(ref),  # the C++ path's own block
+        2: ref.to("neuron:2"),  # a block the device adopted from a CPU result
+        3: torch.empty(0, device="neuron:3").set_(torch.UntypedStorage(48, device="neuron:3")).copy_(ref),
+    }
+    torch.neuron.synchronize()
+    for core, t in made.items():
+        x = rt.from_blob(t.data_ptr() + 2 * 4, [4], torch.float32)  # an interior pointer: elements 2..5
+        assert x.device == torch.device("neuron", core)
+        assert x.cpu().tolist() == ref[2:6].tolist()
+        last = rt.from_blob(t.data_ptr() + 11 * 4, [1], torch.float32)  # the block's last element
+        assert last.device == torch.device("neuron", core) and last.cpu().tolist() == [11.0]
+    with pytest.raises(RuntimeError, match="not in memory the neuron device holds"):
+        rt.from_blob(torch.empty(4).data_ptr(), [4], torch.float32)  # CPU memory
+    ptr = made[1].data_ptr()
+    del made[1], x, last
+    with pytest.raises(RuntimeError, match="not in memory the neuron device holds"):
+        rt.from_blob(ptr, [4], torch.float32)  # freed

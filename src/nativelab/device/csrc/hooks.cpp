@@ -160,8 +160,13 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
   at::Generator getNewGenerator(c10::DeviceIndex index) const override { return make_generator(index); }
   at::Allocator* getPinnedMemoryAllocator() const override { return &PinnedAllocator::instance(); }
   bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
-  at::Device getDeviceFromPtr(void* /*data*/) const override {
-    TORCH_CHECK(false, "neuron: cannot tell the device of a raw pointer; pass the device explicitly");
+  // The core whose memory holds `data` (from the allocator's table of live blocks): at::from_blob over device
+  // memory without an index asks this.
+  at::Device getDeviceFromPtr(void* data) const override {
+    const auto index = mem_core_of(data);
+    TORCH_CHECK(index.has_value(), "neuron: ", data, " is not in memory the neuron device holds (freed, or not "
+                "the device's); pass the device explicitly");
+    return at::Device(kDevice, static_cast<c10::DeviceIndex>(*index));
   }
   // UntypedStorage.resize_ (FSDP2 frees and re-allocates parameters this way): in place, on the storage's core.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {

@@ -2,6 +2,8 @@
 // and the entry the device queue calls when it reaches an event's marker.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <ATen/ops/from_blob.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -101,5 +103,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(tensor.dim() == 0 && tensor.device().is_cpu(), "a wrapped number is a 0-d CPU tensor");
     tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
   }, "mark a 0-d CPU tensor as a wrapped Python number (it then takes no part in type promotion)");
+  // What a C++ extension does with a device pointer: at::from_blob without naming the core, which PyTorch asks
+  // the hooks' getDeviceFromPtr for (no Python API reaches it: DLPack names the index).
+  m.def("from_blob", [](uintptr_t ptr, std::vector<int64_t> sizes, py::handle dtype) {
+    TORCH_CHECK(THPDtype_Check(dtype.ptr()), "from_blob: expected a torch.dtype");
+    const auto scalar = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+    auto t = at::from_blob(reinterpret_cast<void*>(ptr), sizes, at::TensorOptions().dtype(scalar).device(kDevice));
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+  }, "a device tensor over memory the device holds (not owned: the caller keeps it alive), its core from the pointer");
   m.def("is_pinned", [](uintptr_t ptr) { return is_pinned(reinterpret_cast<const void*>(ptr)); });
 }
