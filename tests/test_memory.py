@@ -260,3 +260,51 @@ def test_device_of_a_pointer_is_the_core_that_holds_it():
     del made[1], x, last
     with pytest.raises(RuntimeError, match="not in memory the neuron device holds"):
         rt.from_blob(ptr, [4], torch.float32)  # freed
+
+
+def test_memory_stats_are_cudas_names_and_pytorchs_numbers():
+    """torch.neuron.memory_stats flattens the allocator's statistics as torch.cuda.memory_stats does; PyTorch's
+    own path (torch.accelerator.memory_stats: its C++ reading of the allocator, its flattening) agrees."""
+    gc.collect()
+    before = torch.neuron.memory_stats(2)
+    big = torch.empty(2 << 20, dtype=torch.uint8, device="neuron:2")  # CUDA's large pool: over 1 MiB
+    small = torch.empty(1000, dtype=torch.uint8, device="neuron:2")
+    s = torch.neuron.memory_stats(2)
+    assert list(s) == sorted(s) and s == torch.accelerator.memory_stats(2)
+    for i in range(4):
+        assert torch.neuron.memory_stats(i) == torch.accelerator.memory_stats(i)
+
+    def delta(key):
+        return s[key] - before[key]
+
+    assert delta("allocated_bytes.all.current") == (2 << 20) + 1000 == delta("reserved_bytes.all.current")
+    assert delta("allocated_bytes.large_pool.current") == 2 << 20
+    assert delta("allocated_bytes.small_pool.current") == 1000
+    assert delta("allocation.all.current") == 2 and delta("segment.all.current") == 2
+    assert s["allocated_bytes.all.current"] == torch.neuron.memory_allocated(2) == torch.neuron.memory_reserved(2)
+    del big, small
+    torch.neuron.empty_cache()  # nothing cached: a no-op, reserved stays allocated
+    after = torch.neuron.memory_stats(2)
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocated_bytes.all.freed"] - s["allocated_bytes.all.freed"] == (2 << 20) + 1000
+    torch.neuron.reset_accumulated_memory_stats(2)
+    reset = torch.neuron.memory_stats(2)
+    assert reset["allocated_bytes.all.allocated"] == reset["allocated_bytes.all.freed"] == 0
+    assert reset["allocated_bytes.all.current"] == after["allocated_bytes.all.current"]
+    assert torch.neuron.memory_stats_as_nested_dict(2)["allocated_bytes"]["all"]["current"] == (
+        reset["allocated_bytes.all.current"]
+    )
+
+
+def test_memory_snapshot_lists_the_live_blocks():
+    a = torch.empty(300, dtype=torch.float32, device="neuron:1")
+    b = torch.empty(3 << 20, dtype=torch.uint8, device="neuron:3")
+    segs = {s["address"]: s for s in torch.neuron.memory_snapshot()}
+    sa, sb = segs[a.data_ptr()], segs[b.data_ptr()]
+    assert (sa["device"], sa["total_size"], sa["segment_type"]) == (1, 1200, "small")
+    assert (sb["device"], sb["total_size"], sb["segment_type"]) == (3, 3 << 20, "large")
+    assert sb["blocks"] == [{"address": b.data_ptr(), "size": 3 << 20, "requested_size": 3 << 20,
+                             "state": "active_allocated"}]
+    ptr = b.data_ptr()
+    del b
+    assert ptr not in {s["address"] for s in torch.neuron.memory_snapshot()}

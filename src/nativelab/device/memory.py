@@ -60,6 +60,20 @@ def stats(index: int) -> CoreStats:
     return _stats[index]
 
 
+def device_stats(index: int) -> dict:
+    """The core's allocator statistics as PyTorch's allocator interface reports them (CUDA's names, nested)."""
+    return _rt.mem_device_stats(index)
+
+
+def reset_accumulated(index: int) -> None:
+    _rt.mem_reset_accumulated(index)
+
+
+def live_blocks() -> list[tuple[int, int, int]]:
+    """(address, nbytes, core) of every live block, by address."""
+    return _rt.mem_blocks()
+
+
 class Allocation:
     """What a watching tool (`observe.alloc`) is given for each allocation: its size and core; it lives (weakly
     referenceable) exactly as long as the device storage (PyTorch keeps a storage's Python object, and so its

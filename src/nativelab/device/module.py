@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 
 import torch
 
@@ -171,27 +171,61 @@ def max_memory_reserved(device=None) -> int:
     return max_memory_allocated(device)
 
 
-def memory_stats(device=None) -> dict:
-    s = memory.stats(guard.index_of(device))
-    return {
-        "allocated_bytes.all.current": s.allocated,
-        "allocated_bytes.all.peak": s.peak,
-        "allocation.all.allocated": s.num_allocs,
-        "allocation.all.freed": s.num_frees,
-        "allocation.all.current": s.blocks,
-        "reserved_bytes.all.current": s.allocated,
-        "reserved_bytes.all.peak": s.peak,
-        "capacity_bytes": s.capacity,
-    }
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Zero the 'allocated' and 'freed' totals (and num_ooms) of a core's statistics, as CUDA's."""
+    memory.reset_accumulated(guard.index_of(device))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    return memory.device_stats(guard.index_of(device))
+
+
+def memory_stats(device=None) -> OrderedDict:
+    """A core's allocator statistics under `torch.cuda.memory_stats`'s names, flattened and sorted the same way
+    (`allocated_bytes.all.current` / `.peak` / `.allocated` / `.freed`, `allocation.*`, `small_pool` /
+    `large_pool` split at 1 MiB as CUDA's, `num_ooms`, `num_device_alloc`, ...): the numbers
+    `torch.accelerator.memory_stats` reads from the device's C++ allocator. Nothing is cached, so each
+    allocation is its own segment and the reserved, active and segment statistics equal the allocated ones."""
+    flat = []
+
+    def flatten(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                flatten(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat.append((prefix, value))
+
+    flatten("", memory_stats_as_nested_dict(device))
+    return OrderedDict(sorted(flat))
+
+
+def memory_snapshot() -> list[dict]:
+    """The live device memory as `torch.cuda.memory_snapshot()` lists it: segments (here one per allocation, as
+    nothing is cached) with their blocks, on every core."""
+    segments = []
+    for address, nbytes, index in memory.live_blocks():
+        block = {"address": address, "size": nbytes, "requested_size": nbytes, "state": "active_allocated"}
+        segments.append({
+            "device": index, "address": address, "total_size": nbytes, "allocated_size": nbytes,
+            "active_size": nbytes, "requested_size": nbytes, "stream": 0,
+            "segment_type": "small" if nbytes <= 1 << 20 else "large", "blocks": [block],
+        })
+    return segments
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of a core: its capacity (NATIVELAB_CORE_MEMORY_GB) less what is allocated on it."""
     s = memory.stats(guard.index_of(device))
     return (s.capacity - s.allocated, s.capacity)
 
 
 def empty_cache() -> None:
-    """Nothing is cached: freed tensors return their memory at once."""
+    """A no-op, kept for CUDA's API: the device caches no memory. A freed tensor's memory goes back to the host
+    at once, so there is nothing to release and `memory_reserved()` always equals `memory_allocated()`."""
 
 
 # -- events and streams -------------------------------------------------------------------------------------

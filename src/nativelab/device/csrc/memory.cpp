@@ -19,13 +19,32 @@
 namespace nativelab {
 namespace {
 
-using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+constexpr auto kAll = static_cast<size_t>(StatType::AGGREGATE);
+constexpr int64_t kSmallSize = 1 << 20;  // CUDA's split of its statistics: blocks up to 1 MiB are "small_pool"
 
 struct CoreAccount {
-  Stat bytes;   // bytes allocated: current, peak, allocated and freed in total
-  Stat blocks;  // allocations, counted the same way
+  StatArray bytes;   // bytes allocated: current, peak, allocated and freed in total; all, small, large blocks
+  StatArray blocks;  // allocations, counted the same way
   int64_t num_ooms = 0;
   int64_t capacity = 0;
+
+  void add(int64_t nbytes) {
+    const auto pool = static_cast<size_t>(nbytes <= kSmallSize ? StatType::SMALL_POOL : StatType::LARGE_POOL);
+    for (auto i : {kAll, pool}) {
+      bytes[i].increase(nbytes);
+      blocks[i].increase(1);
+    }
+  }
+  void remove(int64_t nbytes) {
+    const auto pool = static_cast<size_t>(nbytes <= kSmallSize ? StatType::SMALL_POOL : StatType::LARGE_POOL);
+    for (auto i : {kAll, pool}) {
+      bytes[i].decrease(nbytes);
+      blocks[i].decrease(1);
+    }
+  }
+  int64_t allocated() const { return bytes[kAll].current; }
 };
 
 struct Block {
@@ -38,7 +57,7 @@ struct Block {
 // Where the live blocks are, for `getDeviceFromPtr`. One CPU buffer may be adopted by two device storages
 // (two results of one CPU kernel sharing it): `holders` counts them.
 struct Range {
-  uintptr_t end;
+  int64_t nbytes;
   int index;
   int holders;
 };
@@ -52,7 +71,7 @@ std::map<uintptr_t, Range> g_ranges;
   constexpr double gib = 1 << 30;
   TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", index, " out of memory: tried to allocate ", nbytes,
                    " bytes (", c10::str(static_cast<double>(nbytes) / gib).substr(0, 4), " GiB); ",
-                   a.bytes.current, " bytes already allocated of a capacity of ", a.capacity,
+                   a.allocated(), " bytes already allocated of a capacity of ", a.capacity,
                    " bytes. Set NATIVELAB_CORE_MEMORY_GB to change it.");
 }
 
@@ -65,22 +84,20 @@ CoreAccount& account(int index) {
 void reserve(int index, int64_t nbytes) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
   auto& a = account(index);
-  if (a.bytes.current + nbytes > a.capacity) out_of_memory(index, nbytes, a);
-  a.bytes.increase(nbytes);
-  a.blocks.increase(1);
+  if (a.allocated() + nbytes > a.capacity) out_of_memory(index, nbytes, a);
+  a.add(nbytes);
 }
 
 void unreserve(int index, int64_t nbytes) noexcept {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
-  g_accounts[index].bytes.decrease(nbytes);
-  g_accounts[index].blocks.decrease(1);
+  g_accounts[index].remove(nbytes);
 }
 
 void add_range(const Block& b) {
   if (b.ptr == nullptr) return;
   const auto start = reinterpret_cast<uintptr_t>(b.ptr);
   std::lock_guard<std::mutex> lock(g_mem_mutex);
-  auto [it, fresh] = g_ranges.try_emplace(start, Range{start + std::max<int64_t>(b.nbytes, 1), b.index, 1});
+  auto [it, fresh] = g_ranges.try_emplace(start, Range{b.nbytes, b.index, 1});
   if (!fresh) it->second.holders += 1;
 }
 
@@ -88,9 +105,7 @@ void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   {
     std::lock_guard<std::mutex> lock(g_mem_mutex);
-    auto& a = g_accounts[b->index];
-    a.bytes.decrease(b->nbytes);
-    a.blocks.decrease(1);
+    g_accounts[b->index].remove(b->nbytes);
     auto it = b->ptr ? g_ranges.find(reinterpret_cast<uintptr_t>(b->ptr)) : g_ranges.end();
     if (it != g_ranges.end() && --it->second.holders == 0) g_ranges.erase(it);
   }
@@ -118,15 +133,14 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}  // see above
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
-    constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     const auto& a = account(index);
     c10::CachingDeviceAllocator::DeviceStats s;
     // No cache between the program and the host: every allocation is its own segment, reserved is allocated.
-    s.allocation[all] = s.segment[all] = s.active[all] = a.blocks;
-    s.allocated_bytes[all] = s.reserved_bytes[all] = s.active_bytes[all] = s.requested_bytes[all] = a.bytes;
-    s.num_device_alloc = a.blocks.allocated;
-    s.num_device_free = a.blocks.freed;
+    s.allocation = s.segment = s.active = a.blocks;
+    s.allocated_bytes = s.reserved_bytes = s.active_bytes = s.requested_bytes = a.bytes;
+    s.num_device_alloc = a.blocks[kAll].allocated;
+    s.num_device_free = a.blocks[kAll].freed;
     s.num_ooms = a.num_ooms;
     return s;
   }
@@ -134,8 +148,8 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   void resetAccumulatedStats(c10::DeviceIndex index) override {
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     auto& a = account(index);
-    a.bytes.reset_accumulated();
-    a.blocks.reset_accumulated();
+    for (auto& st : a.bytes) st.reset_accumulated();
+    for (auto& st : a.blocks) st.reset_accumulated();
     a.num_ooms = 0;
   }
 
@@ -144,7 +158,7 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     const auto& a = account(index);
-    return {static_cast<size_t>(std::max<int64_t>(a.capacity - a.bytes.current, 0)),
+    return {static_cast<size_t>(std::max<int64_t>(a.capacity - a.allocated(), 0)),
             static_cast<size_t>(a.capacity)};
   }
 };
@@ -168,21 +182,21 @@ void mem_set_capacity(int index, int64_t capacity) {
 void mem_check(int index, int64_t nbytes) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
   auto& a = account(index);
-  if (a.bytes.current + nbytes > a.capacity) out_of_memory(index, nbytes, a);
+  if (a.allocated() + nbytes > a.capacity) out_of_memory(index, nbytes, a);
 }
 
 MemStats mem_stats(int index) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
   const auto& a = account(index);
-  return {a.bytes.current, a.bytes.peak, a.blocks.allocated, a.blocks.freed, a.capacity, a.blocks.current,
-          a.blocks.peak, a.num_ooms};
+  const auto &b = a.bytes[kAll], &n = a.blocks[kAll];
+  return {b.current, b.peak, n.allocated, n.freed, a.capacity, n.current, n.peak, a.num_ooms};
 }
 
 void mem_reset_peak(int index) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
   auto& a = account(index);
-  a.bytes.reset_peak();
-  a.blocks.reset_peak();
+  for (auto& st : a.bytes) st.reset_peak();
+  for (auto& st : a.blocks) st.reset_peak();
 }
 
 c10::DataPtr mem_alloc(int index, int64_t nbytes) {
@@ -249,8 +263,17 @@ std::optional<int> mem_core_of(const void* ptr) {
   auto it = g_ranges.upper_bound(addr);
   if (it == g_ranges.begin()) return std::nullopt;
   --it;
-  if (addr >= it->second.end) return std::nullopt;
+  if (addr >= it->first + std::max<int64_t>(it->second.nbytes, 1)) return std::nullopt;
   return it->second.index;
 }
+
+std::vector<MemBlock> mem_blocks() {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  std::vector<MemBlock> out;
+  out.reserve(g_ranges.size());
+  for (const auto& [start, r] : g_ranges) out.push_back({start, r.nbytes, r.index});
+  return out;
+}
+
 
 }  // namespace nativelab

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
@@ -74,6 +75,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           s.num_ooms);
   }, "(allocated, peak, num_allocs, num_frees, capacity, blocks, peak_blocks, num_ooms) of a core");
   m.def("mem_reset_peak", &mem_reset_peak);
+  // The statistics of PyTorch's allocator interface (what torch.accelerator.memory_stats reads), nested as
+  // PyTorch nests them: {name: {"all"|"small_pool"|"large_pool": {"current"|"peak"|"allocated"|"freed": n}}}.
+  m.def("mem_device_stats", [](int index) {
+    const auto s = c10::getDeviceAllocator(kDevice)->getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    auto stat = [](const c10::CachingAllocator::Stat& x) {
+      py::dict d;
+      d["current"] = x.current, d["peak"] = x.peak, d["allocated"] = x.allocated, d["freed"] = x.freed;
+      return d;
+    };
+    auto pools = [&](const c10::CachingAllocator::StatArray& a) {
+      py::dict d;
+      d["all"] = stat(a[0]), d["small_pool"] = stat(a[1]), d["large_pool"] = stat(a[2]);
+      return d;
+    };
+    py::dict d;
+    d["allocation"] = pools(s.allocation), d["segment"] = pools(s.segment), d["active"] = pools(s.active);
+    d["inactive_split"] = pools(s.inactive_split), d["allocated_bytes"] = pools(s.allocated_bytes);
+    d["reserved_bytes"] = pools(s.reserved_bytes), d["active_bytes"] = pools(s.active_bytes);
+    d["inactive_split_bytes"] = pools(s.inactive_split_bytes), d["requested_bytes"] = pools(s.requested_bytes);
+    d["num_alloc_retries"] = s.num_alloc_retries, d["num_ooms"] = s.num_ooms;
+    d["num_sync_all_streams"] = s.num_sync_all_streams, d["num_device_alloc"] = s.num_device_alloc;
+    d["num_device_free"] = s.num_device_free, d["max_split_size"] = s.max_split_size;
+    d["oversize_allocations"] = stat(s.oversize_allocations), d["oversize_segments"] = stat(s.oversize_segments);
+    return d;
+  }, "the core's allocator statistics under CUDA's names, nested");
+  m.def("mem_reset_accumulated", [](int index) {
+    c10::getDeviceAllocator(kDevice)->resetAccumulatedStats(static_cast<c10::DeviceIndex>(index));
+  });
+  m.def("mem_blocks", [] {
+    py::list out;
+    for (const auto& b : mem_blocks()) out.append(py::make_tuple(b.address, b.nbytes, b.index));
+    return out;
+  }, "the live blocks: (address, nbytes, core) by address");
   // Storages are passed as torch.UntypedStorage objects (device ones: the caller checks the device).
   m.def("mem_storage", [](int index, int64_t nbytes) {
     return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_storage(index, nbytes)));

@@ -55,6 +55,12 @@ bool mem_owns(const c10::Storage& st);  // memory the runtime counts (allocated 
 c10::Storage mem_host_storage(const c10::Storage& st);
 void mem_resize(const c10::Storage& st, size_t nbytes);  // in place, keeping the first bytes (as CPU's)
 std::optional<int> mem_core_of(const void* ptr);  // the core whose block holds ptr, if any
+struct MemBlock {
+  uintptr_t address;
+  int64_t nbytes;
+  int index;
+};
+std::vector<MemBlock> mem_blocks();  // the live blocks, by address
 
 // queue.cpp: the work queue (its entries and Python face: queue.h)
 struct QueueEntry;
