@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import nativelab.distributed as nd
+from conftest import run_python
 from nativelab.distributed import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +106,75 @@ def test_bound_device_subgroups_and_device_mesh():
         assert init_device_mesh("neuron", (1,)).device_type == "neuron"
     finally:
         dist.destroy_process_group()
+
+
+def _gloo_threads() -> int:
+    """gloo's worker threads in this process (named by PyTorch), read from the kernel."""
+    tasks = Path("/proc/self/task")
+    return sum((t / "comm").read_text().strip() == "pt_gloo_runloop" for t in tasks.iterdir())
+
+
+def test_destroy_joins_gloo_threads_though_the_group_object_lives_on():
+    """gloo's threads release finished collectives' tensors (Python objects): one still running when Python
+    finalizes aborts the process ("terminate called without an active exception", seen under load). The group
+    object can outlive destroy_process_group() (here this test's reference; in a real job the defaults of
+    torch.distributed.nn.functional, imported after init), so the backend must go at destroy."""
+    before = _gloo_threads()
+    dist.init_process_group(backend="neuron", store=dist.HashStore(), rank=0, world_size=1)
+    group = dist.group.WORLD
+    t = torch.ones(3, device="neuron") * 2
+    dist.all_reduce(t)
+    dist.all_reduce(t, async_op=True).get_future().wait()
+    assert _gloo_threads() > before
+    dist.destroy_process_group()
+    assert _gloo_threads() == before
+    with pytest.raises(RuntimeError, match="used after destroy_process_group"):
+        group.allreduce([t])
+
+
+def test_exit_without_destroy_stops_gloo_threads_before_python_finalizes():
+    code = (
+        "import atexit, os\n"
+        "def gloo():  # registered before nativelab's handler, so it runs after it\n"
+        "    names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')]\n"
+        "    print('gloo threads at exit:', names.count('pt_gloo_runloop'), flush=True)\n"
+        "atexit.register(gloo)\n"
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group(backend='neuron', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "import torch.distributed.nn  # keeps the world group in its defaults\n"
+        "t = torch.ones(3, device='neuron')\n"
+        "dist.all_reduce(t)\n"
+        "print('running:', sum(open(f'/proc/self/task/{t}/comm').read().strip() == 'pt_gloo_runloop'\n"
+        "                      for t in os.listdir('/proc/self/task')), flush=True)\n"
+    )
+    r = run_python(code, env={"NATIVELAB_QUIET": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "running: 2" in r.stdout and "gloo threads at exit: 0" in r.stdout, r.stdout
+
+
+def test_exit_leaves_a_group_with_a_collective_in_flight_alone():
+    """Joining a worker blocked on a peer would hang the exit: such a group is not released."""
+    import threading
+    from datetime import timedelta
+
+    store, groups = dist.HashStore(), [None, None]
+
+    def make(rank):  # gloo's constructor connects the two ranks: build them concurrently
+        groups[rank] = nd.NeuronProcessGroup(store, rank, 2, timedelta(seconds=60))
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    g0, g1 = groups
+    got = torch.zeros(2, device="neuron")
+    recv = g0.recv([got], 1, 0)  # rank 1 has not sent yet
+    assert not g0.release(only_if_idle=True)
+    g1.send([torch.tensor([5.0, 6.0], device="neuron")], 0, 0).wait()
+    recv.wait()
+    assert got.cpu().tolist() == [5.0, 6.0]
+    assert g0.release(only_if_idle=True) and g1.release(only_if_idle=True)
 
 
 def test_bind_local_rank(monkeypatch):

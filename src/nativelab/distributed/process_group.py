@@ -6,12 +6,22 @@ in the device storages. It works across machines wherever gloo does (TCP).
 
 PyTorch's C++ `Backend` cannot be subclassed from Python, so this is a Python `ProcessGroup` that owns a
 `ProcessGroupGloo`; `init_process_group` uses a `ProcessGroup` returned by a backend's creator as the group.
+
+Teardown: gloo's worker threads release each finished collective's tensors, and the host views among them are
+Python objects, so a worker must never outlive the interpreter (a thread that takes the GIL while Python
+finalizes is stopped by pthread_exit, and unwinding through C++ destructors aborts the process: "terminate
+called without an active exception"). The group object itself can outlive `destroy_process_group()` (PyTorch
+modules imported after `init_process_group`, such as torch.distributed.nn.functional, keep the world group in
+their default arguments), so `shutdown()` drops gloo there, whose destructor joins its threads while Python is
+alive; and at exit the groups never destroyed are released the same way, unless a collective is still running.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import weakref
 from datetime import timedelta
 
 import torch
@@ -49,16 +59,20 @@ class HostWork(dist.Work):
     """gloo's work on host views, seen from the device: waiting finishes the collective's own post-step
     (the division of an AVG) once, and the future yields the device tensors, not the host views."""
 
-    def __init__(self, work, result: list[torch.Tensor], finish=None):
+    def __init__(self, work, result: list[torch.Tensor], finish=None, done=None):
         super().__init__()
         self._work = work
         self._result = result
         self._finish = finish
+        self._done = done  # tells the group this work was waited for
         self._lock = threading.Lock()
 
     def _complete(self) -> None:
         with self._lock:
             finish, self._finish = self._finish, None
+            done, self._done = self._done, None
+        if done is not None:
+            done()
         if finish is not None:
             with torch.inference_mode():  # host views may be inference tensors; nothing here is differentiated
                 finish()
@@ -101,6 +115,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._running: dict[int, object] = {}  # gloo works launched and not yet waited for (see release)
+        self._running_lock = threading.Lock()  # futures' callbacks finish works on gloo's threads
+        _groups.add(self)
         self._group_name = ""
         self._group_desc = ""
         self._coalesced: list[HostWork] | None = None  # works launched inside a coalescing_manager block
@@ -130,10 +147,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _get_backend(self, device=None):
         """The gloo backend behind this group (c10d asks it about splitting when `device_id` is given).
         Calling collectives on it directly with device tensors would bypass the host views: use the group."""
+        return self._backend()
+
+    def _backend(self):
+        if self._gloo is None:
+            raise RuntimeError("neuron process group: used after destroy_process_group()")
         return self._gloo
 
     def _set_sequence_number_for_group(self) -> None:
-        self._gloo._set_sequence_number_for_group()
+        self._backend()._set_sequence_number_for_group()
 
     # -- the one launch path ------------------------------------------------------------------------------
 
@@ -154,7 +176,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         host = [_host(a) for a in args]
         if opts is not None:
             host.append(opts)
-        work = HostWork(getattr(self._gloo, method)(*host), _flat(outputs), finish)
+        work = self._track(getattr(self._backend(), method)(*host), _flat(outputs), finish)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -261,7 +283,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if observe.collective is not None:
             observe.collective("barrier", (), self.size())
         queue.drain()  # a barrier also orders the device's queued work before it
-        return HostWork(self._gloo.barrier(opts), [])
+        return self._track(self._backend().barrier(opts), [])
 
     def _start_coalescing(self, device):
         self._coalesced = []
@@ -270,11 +292,56 @@ class NeuronProcessGroup(dist.ProcessGroup):
         works, self._coalesced = self._coalesced or [], None
         return HostWork(_AllWork(works), [t for w in works for t in w.result()])
 
+    def _track(self, gloo_work, result, finish=None) -> HostWork:
+        key = id(gloo_work)
+        finished = [k for k, w in self._snapshot() if w.is_completed()]  # done, never waited for
+        with self._running_lock:
+            for k in finished:
+                self._running.pop(k, None)
+            self._running[key] = gloo_work
+        return HostWork(gloo_work, result, finish, done=lambda: self._forget(key))
+
+    def _forget(self, key: int) -> None:
+        with self._running_lock:
+            self._running.pop(key, None)
+
+    def _snapshot(self) -> list:
+        """The running works, read under the lock; asked about outside it (gloo's calls release the GIL, and
+        a future's callback on a gloo thread takes the lock with the GIL held)."""
+        with self._running_lock:
+            return list(self._running.items())
+
     def abort(self) -> None:
-        self._gloo.abort()
+        if self._gloo is not None:
+            self._gloo.abort()
 
     def shutdown(self) -> None:
-        self._gloo.shutdown()
+        """`destroy_process_group()`: gloo goes now; its destructor waits for queued work and joins its threads."""
+        self.release()
+
+    def release(self, only_if_idle: bool = False) -> bool:
+        """Drop the gloo backend (joining its threads); at exit, only when no collective is still running, since
+        joining a worker stuck on a peer would hang the exit. Returns whether it was released."""
+        if self._gloo is None:
+            return False
+        if only_if_idle and any(not w.is_completed() for _, w in self._snapshot()):
+            return False
+        with self._running_lock:
+            self._running.clear()
+        gloo, self._gloo = self._gloo, None
+        gloo.shutdown()
+        del gloo  # the last reference: ProcessGroupGloo's destructor runs here
+        return True
+
+
+_groups: weakref.WeakSet[NeuronProcessGroup] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """A program that never called destroy_process_group(): stop gloo's threads before Python finalizes."""
+    for group in list(_groups):
+        group.release(only_if_idle=True)
 
 
 # gloo's method -> the collective's name in torch.distributed (what a report calls it)
