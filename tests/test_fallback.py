@@ -71,6 +71,20 @@ def test_fallback_result_matches_cpu_and_stays_on_the_device():
     torch.testing.assert_close(med.values.cpu(), a.median(dim=1).values)
 
 
+def test_fallback_keeps_the_shape_of_an_empty_tensor_it_writes():
+    """An in-place fallback on an empty (2, 0, 3) tensor left it 1-D (0,): the host copy for an empty mutable
+    argument (there for out= arguments the CPU kernel resizes) had dropped its shape. OpInfo's linalg and glu
+    samples, built on the device (make_tensor fills with uniform_), met it as wrong-dimension errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for make in (lambda t: t.uniform_(), lambda t: t.normal_(), lambda t: torch.randn_like(t)):
+            t = make(torch.empty(2, 0, 3, device="neuron"))
+            assert t.shape == (2, 0, 3) and t.shape == make(torch.empty(2, 0, 3)).shape
+        out = torch.empty(0, device="neuron")  # an out= argument is still sized by the CPU kernel
+        torch.cumprod(torch.full((2, 3), 2.0, device="neuron"), 1, out=out)
+        assert out.shape == (2, 3) and torch.equal(out.cpu(), torch.cumprod(torch.full((2, 3), 2.0), 1))
+
+
 def test_fallback_sees_queued_work_first():
     x = torch.zeros(10, device="neuron")
     x.add_(3)  # queued

@@ -590,10 +590,10 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
     if rec.gen_pos is not None:  # the CPU generator holding the device generator's state (default or given)
         args[rec.gen_pos] = guard.host_generator(args[rec.gen_pos], index)
     hargs = [_to_host(a) for a in args]
-    for i in rec.mutable:  # an empty out= argument is for the CPU kernel to size: give it a fresh tensor
-        a = args[i]
+    for i in rec.mutable:  # an empty out= argument is for the CPU kernel to size: give it a resizable tensor
+        a = args[i]  # of its shape (an in-place op on an empty (2, 0, 3) tensor must leave it (2, 0, 3))
         if isinstance(a, _Tensor) and a.device.type == DEVICE and a.numel() == 0:
-            hargs[i] = torch.empty(0, dtype=a.dtype)
+            hargs[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
     narrowed = False
     if not fallback:
         narrowed = _finish_policy(rec, hargs)
