@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import warnings
 
@@ -11,14 +12,43 @@ from torch.testing._internal.common_methods_invocations import op_db
 SAMPLES_PER_OP = 3
 
 
-def _to(x, device):
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to(y, device) for y in x)
-    if isinstance(x, dict):
-        return {k: (device if k == "device" else _to(v, device)) for k, v in x.items()}
-    return x
+DEVICE = "neuron"
+
+
+def _on_device(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == DEVICE
+    return isinstance(device, str) and device.split(":")[0] == DEVICE
+
+
+class _CpuCopy:
+    """The CPU reference of a sample built on the device, as PyTorch's device tests make one (test_compare_cpu's
+    `sample.transform(to_cpu)`) but keeping each device tensor's storage layout: a view stays a view into a copy
+    of its whole storage (same offset and strides, shared by every tensor of that storage), where `.to('cpu')`
+    would compact it. Tensors the sample built on the CPU stay those CPU tensors; device arguments become 'cpu'."""
+
+    def __init__(self):
+        self._storages = {}  # device storage address -> its CPU copy, so aliases stay aliases
+
+    def __call__(self, x):
+        if isinstance(x, torch.Tensor):
+            return self._tensor(x) if x.device.type == DEVICE else x
+        if isinstance(x, torch.device) or (isinstance(x, str) and _on_device(x)):
+            return torch.device("cpu") if _on_device(x) else x
+        if isinstance(x, (list, tuple)):
+            return type(x)(self(y) for y in x)
+        if isinstance(x, dict):
+            return {k: self(v) for k, v in x.items()}
+        return x
+
+    def _tensor(self, t):
+        if t.layout != torch.strided or t.is_conj() or t.is_neg():
+            return t.detach().to("cpu")
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self._storages:
+            self._storages[key] = storage.cpu()
+        return torch.empty(0, dtype=t.dtype).set_(self._storages[key], t.storage_offset(), t.size(), t.stride())
 
 
 # fp32: the device runs the same CPU kernels, so results agree to within reordering. bf16: PyTorch's default
@@ -78,27 +108,39 @@ def sweep(dtype=torch.float32, ops=None, trace=False):
         if dtype not in info.supported_dtypes("cpu"):
             skipped[name] = "dtype not supported on CPU"
             continue
+        # Built on the device, as PyTorch's device tests build them (op.sample_inputs(device, dtype)): the
+        # device tensors, their storage layouts, and the arguments OpInfo keeps on the CPU.
         try:
-            samples = list(info.sample_inputs("cpu", dtype, requires_grad=False))[:SAMPLES_PER_OP]
-        except Exception as e:  # noqa: BLE001 - the OpInfo itself can fail to build samples
-            skipped[name] = f"no samples: {e}"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                samples = list(itertools.islice(info.sample_inputs(DEVICE, dtype, requires_grad=False), SAMPLES_PER_OP))
+        except Exception as e:  # noqa: BLE001
+            try:  # the OpInfo itself can fail to build samples; a device that cannot build them fails
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    next(iter(info.sample_inputs("cpu", dtype, requires_grad=False)), None)
+            except Exception as cpu_e:  # noqa: BLE001
+                skipped[name] = f"no samples: {cpu_e}"
+                continue
+            failed[name] = f"building the sample on the device: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             continue
         err = None
         ran = 0
         for s in samples:
+            to_cpu = _CpuCopy()
+            args, kwargs = s.args, dict(s.kwargs)
+            if info.name in FACTORIES:
+                kwargs["device"] = DEVICE
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    expected = info(s.input, *s.args, **s.kwargs)
+                    expected = info(to_cpu(s.input), *to_cpu(args), **to_cpu(kwargs))
             except Exception:  # noqa: BLE001 - CPU rejects the sample: nothing to compare
                 continue
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    kwargs = _to(s.kwargs, "neuron")
-                    if info.name in FACTORIES:
-                        kwargs["device"] = "neuron"
-                    got = info(_to(s.input, "neuron"), *_to(s.args, "neuron"), **kwargs)
+                    got = info(s.input, *args, **kwargs)
                     _compare(got, expected, TOLERANCE[dtype])
                 ran += 1
             except Exception as e:  # noqa: BLE001
