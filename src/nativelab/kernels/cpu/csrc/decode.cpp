@@ -64,8 +64,10 @@ inline void prefetch(const void* p) {
 // weights are widened to fp32 in registers (exact), accumulated in fp32. `next` (R rows, or null) are the rows
 // the caller reads after these: each step prefetches the same columns of them, one block of rows ahead. One
 // core's hardware prefetchers do not keep R interleaved streams in flight (a row is only 1-4 KB), so without
-// this one thread streamed 7-12 GB/s where it can read 25-30 GB/s (2-core Xeon VM, AVX-512). The j loops are
-// unrolled so the accumulators live in registers (gcc kept them on the stack, a store and reload per FMA).
+// this one thread waited on memory latency, streaming 7-12 GB/s where it can read 25-30 GB/s (2-core Xeon VM,
+// AVX-512: the whole step on one thread 6.3-8.6 -> 3.5 ms; the convert and the reductions were not the limit).
+// The j loops are unrolled so the accumulators live in registers (gcc kept them on the stack, a store and
+// reload per FMA, which alone gained little: 6.0-6.2 ms).
 template <int R>
 inline void dot_rows(const float* const* rows, const float* const* next, const float* h, int64_t k, float* out) {
   constexpr int64_t L = fVec::size();
