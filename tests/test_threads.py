@@ -60,7 +60,7 @@ def test_device_work_runs_with_the_policys_team(fresh_policy, monkeypatch):
     seen = []
     from nativelab.device import queue
 
-    queue.submit("probe", lambda: seen.append(torch.get_num_threads()), ())
+    queue.launch("op", "probe", lambda: seen.append(torch.get_num_threads()))
     torch.neuron.synchronize()
     assert seen == [1] and torch.get_num_threads() == 2
     assert x.sum().item() == 4

@@ -5,6 +5,7 @@ about the time the device was busy, and on their own lane of the exported Chrome
 import json
 import time
 
+import pytest
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -117,3 +118,67 @@ def test_nativelab_profile_session_inside_a_torch_profiler_trace_still_sees_the_
             (a @ a).cpu()
     assert "neuron::mm" in {e.name for e in _device_events(prof)}
     assert session.wall_seconds > 0
+
+
+@pytest.mark.slow  # compiles a graph
+def test_each_kind_of_device_work_is_named_by_what_it_is(tmp_path):
+    """A compiled graph, a kernel, a copy and an eager op each launch one unit of device work that says what it
+    is: the trace shows its name and kind as the work recorded them, with positive durations."""
+    from nativelab.kernels import wrap_kernel
+
+    def add_one(x, out):
+        torch.add(x, 1, out=out)
+
+    def host_add_one(x, out):  # hand-written host code: launched on the device without compiling anything
+        torch.add(x, 1, out=out)
+
+    host_add_one.accepts = lambda x, out: True
+    kernel = wrap_kernel(add_one, targets={"host": host_add_one})
+    graph = torch.compile(lambda t: (t * 3).relu(), backend="neuron")
+    a = torch.randn(32, 32, device="neuron")
+    out = torch.empty(32, 32, device="neuron")
+    graph(a)  # compiled outside the trace
+    torch.neuron.synchronize()
+    with profile(activities=BOTH) as prof:
+        g = graph(a)
+        kernel(a, out)
+        c = a.clone()  # a device-to-device copy
+        e = a.sin()
+        host = (g + out + c + e).cpu()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    kinds = {}
+    for ev in json.loads(path.read_text())["traceEvents"]:
+        if ev.get("cat") == "kernel":
+            assert ev["dur"] > 0, ev
+            kinds.setdefault(ev["name"], set()).add(ev["args"]["kind"])
+    graphs = [n for n, k in kinds.items() if k == {"graph"}]
+    assert len(graphs) == 1 and graphs[0].startswith("neuron::"), kinds
+    assert kinds["neuron::kernel:test_each_kind_of_device_work_is_named_by_what_it_is.<locals>.add_one"] == {"kernel"}
+    assert kinds["neuron::copy_"] == {"copy"}
+    assert kinds["neuron::sin"] == {"op"} and kinds["neuron::add.Tensor"] == {"op"}
+    assert kinds["neuron::memcpy_device_to_host"] == {"copy"}
+    x = a.cpu()
+    torch.testing.assert_close(host, (x * 3).relu() + (x + 1) + x + x.sin())
+
+
+def test_the_cpp_op_path_stays_on_during_a_trace(monkeypatch):
+    """The C++ kernel queues ops during a torch.profiler trace too (the queue records their device events): the
+    trace costs no Python per op, and the ops it queued are still attributed to the ops that launched them."""
+    from nativelab.device import ops
+
+    if not ops.fast_path:
+        pytest.skip("NATIVELAB_FAST_PATH=0: every op takes the Python path")
+    a = torch.randn(64, 64, device="neuron")
+    (a * 2 + 1).cpu()  # the C++ kernel learns these call signatures
+    python_path = []
+    real = ops._device_kernel
+    monkeypatch.setattr(ops, "_device_kernel", lambda op, *args, **kw: python_path.append(op) or real(op, *args, **kw))
+    with profile(activities=BOTH) as prof:
+        b = a * 2 + 1
+        b.cpu()
+    assert python_path == []  # no op took the Python kernel
+    rows = {e.key: e for e in prof.key_averages()}
+    assert rows["neuron::mul.Tensor"].count == 1 and rows["neuron::add.Tensor"].count == 1
+    assert rows["aten::mul"].self_device_time_total == rows["neuron::mul.Tensor"].self_device_time_total > 0
+    torch.testing.assert_close(b.cpu(), a.cpu() * 2 + 1)

@@ -310,12 +310,11 @@ class Watch(Session):
 
     # -- which compiled graph / kernel each queue entry runs (for the estimate's kernel count and FLOPs) ------
 
-    def run(self, name, fn, args):
-        if name not in self.sources:
-            owner = getattr(fn, "__self__", None)
-            src = getattr(owner, "source", None) if owner is not None else getattr(fn, "source", None)
-            self.sources[name] = (src, owner is None)
-        res = super().run(name, fn, args)
+    def run(self, kind, name, fn, args):
+        if name not in self.sources:  # a compiled graph's launch is its bound method; a kernel knows its graph
+            owner = getattr(fn, "__self__", None) if kind == "graph" else fn if kind == "kernel" else None
+            self.sources[name] = (getattr(owner, "source", None), kind == "kernel")
+        res = super().run(kind, name, fn, args)
         src, is_kernel = self.sources[name]
         if src is not None and not is_kernel:
             try:

@@ -78,10 +78,10 @@ def draws_random(gm: torch.fx.GraphModule) -> bool:
     )
 
 
-def run_at_call(name: str, fn, args, index: int) -> None:
-    """Run the device work `fn(*args)` that draws random numbers now, as the queue's one entry (same modes
-    as queued work), with core `index`'s generator in the default CPU generator's place."""
+def run_at_call(kind: str, name: str, fn, args, index: int) -> None:
+    """Run the device work `fn(*args)` that draws random numbers now, launched as the queue's one unit (same
+    modes as queued work), with core `index`'s generator in the default CPU generator's place."""
     queue.drain()
     with rng.default_generator_drawn_from(index):
-        queue.submit(name, fn, args)
+        queue.launch(kind, name, fn, *args)
         queue.drain()

@@ -8,7 +8,7 @@ import contextlib
 import torch
 
 from ..device import memory, observe, queue, rng, tracking
-from ..device.ops import device_index, host_args_for_queue
+from ..device.ops import device_index
 from . import random_ops
 
 DEVICE = memory.DEVICE
@@ -40,11 +40,8 @@ class DeviceGraph(torch.nn.Module):
             index = 0
         tracking.graphs[self.name] += 1
         if self.aliasing:
-            hargs = [memory.host_view(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE else a
-                     for a in args]
-            queue.drain()
             with rng.default_generator_drawn_from(index) if self.random else contextlib.nullcontext():
-                res = _as_tuple(queue.run_now(self.name, self.run_now, hargs))
+                res = _as_tuple(queue.run_now("graph", self.name, self.run_now, *args))
             outs = [
                 _on_host(r, args) if spec is not None and spec[3] else _back_to_device(r, args, index)
                 for r, spec in zip(res, self.out_specs)
@@ -54,12 +51,12 @@ class DeviceGraph(torch.nn.Module):
                 memory.empty_strided(spec[0], spec[1], spec[2], index) if spec is not None else None
                 for spec in self.out_specs
             ]
-            houts = [memory.host_view(o) if o is not None else None for o in outs]
-            hargs = host_args_for_queue(args)  # CPU inputs captured at launch, as in eager ops
+            # one unit of device work: run later on host views of the inputs and outputs (CPU inputs copied at
+            # launch, as in eager ops)
             if self.random:
-                random_ops.run_at_call(self.name, self.run, (hargs, houts), index)
+                random_ops.run_at_call("graph", self.name, self.run, (args, outs), index)
             else:
-                queue.submit(self.name, self.run, (hargs, houts))
+                queue.launch("graph", self.name, self.run, args, outs)
         return outs[0] if self.single else tuple(outs)
 
     def run_now(self, *hargs):

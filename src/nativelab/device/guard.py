@@ -29,7 +29,7 @@ def init(cores: int) -> None:
 
 def _record_marker(event_id: int, version: int) -> None:
     """An event's marker in the queue: the runtime stamps the event when the queue reaches it."""
-    queue.submit("event_record", _rt.event_reached, (event_id, version))
+    queue.launch("marker", "event_record", _rt.event_reached, event_id, version)
 
 
 def check_index(index: int) -> int:

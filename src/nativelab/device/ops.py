@@ -186,7 +186,6 @@ def _device_index(args, cpu_ok: tuple = ()) -> int:
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
 _NUMBERS = (int, float, bool, complex)
 _scalars: dict = {}
-_owned_scalars: set = set()
 
 
 def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True) -> tuple[tuple, int]:
@@ -251,34 +250,26 @@ def _scalar_tensor(v):
         _rt.mark_wrapped_number(t)
         if len(_scalars) < 4096:
             _scalars[key] = t
-            _owned_scalars.add(id(t))  # alive as long as the cache: the id stays this tensor's
     return t
 
 
-def _to_host(x, capture: bool = False):
-    """Device tensors -> zero-copy CPU views; `device=neuron` arguments -> cpu.
-
-    `capture` is for work that runs later: CPU tensors are copied now, as CUDA copies a CPU operand when the
-    op is launched, since the caller may change them before the queue runs (`r = x * s; s.fill_(100.)`).
-    The scalars made here for Python numbers are never written: not copied."""
+def _to_host(x):
+    """Device tensors -> zero-copy CPU views; `device=neuron` arguments -> cpu (for work run at once: work
+    launched on the queue gets its host views from the launch)."""
     tx = type(x)
     if tx in _PLAIN:
         return x
     if isinstance(x, _Tensor):
         if x.device.type == DEVICE:
             return memory.host_view(x)
-        return x.clone() if capture and id(x) not in _owned_scalars else x
+        return x
     if isinstance(x, (list, tuple)):
         if x and isinstance(x[0], (_Tensor, type(None))):
-            return [_to_host(t, capture) if t is not None else None for t in x]
+            return [_to_host(t) if t is not None else None for t in x]
         return x
     if isinstance(x, torch.device) and x.type == DEVICE:
         return _cpu
     return x
-
-
-def _to_host_queued(x):
-    return _to_host(x, True)
 
 
 def _to_meta(x):
@@ -395,15 +386,14 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
         if t.shape != shape:
             resize_(t, shape)
     if kind == "mutating":
-        queue.submit(rec.name, _run_mutating, (rec, [_to_host_queued(a) for a in args]))
+        queue.launch("op", rec.name, _run_mutating, rec, args)
         tracking.executed[rec.name] += 1
         return _alias_returns(rec, args)
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
-    hargs = [_to_host_queued(a) for a in args]
     run = _run_functional_policy if policy else _run_functional
-    if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, hargs):
+    if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, args):
         run = _run_upcast_gemm
-    queue.submit(rec.name, run, (rec, hargs, [memory.host_view(o) for o in outs]))
+    queue.launch("op", rec.name, run, rec, args, outs)
     tracking.executed[rec.name] += 1
     if kind == "tensor":
         return outs[0]
@@ -601,8 +591,11 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
         _widen_indices(rec, hargs)
     call = _call_narrowed if narrowed and rec.mutable else _call
     obs = queue.observer  # the profiler times the host run and counts the bytes moved
+    run = call if obs is None else (lambda *a: obs.host_op(name, fallback, call, a, args))
     with rng.default_generator_drawn_from(index) if rec.random and rec.gen_pos is None else _no_context:
-        res = call(rec, hargs) if obs is None else obs.host_op(name, fallback, call, (rec, hargs), args)
+        # A CPU fallback is host work; a device op that had to run at once (its outputs unknown until it runs,
+        # or random) is the device's: launched to run now (the session above counts it through host_op).
+        res = run(rec, hargs) if fallback else queue.run_now("op", name, run, rec, hargs, observed=False)
     if narrowed:
         res = _widen_results(res, args)
     for i in rec.mutable:  # the CPU kernel may have resized an out= argument
@@ -837,22 +830,6 @@ def device_index(args) -> int:
     return _device_index(args)
 
 
-def host_args_for_queue(args) -> list:
-    """Host arguments for work queued now to run later: device tensors as host views, CPU tensors copied (the
-    caller may write them before the queue runs; CUDA copies a CPU operand at launch)."""
-    return [_to_host(a, capture=True) for a in args]
-
-
 def is_immediate(t: torch.Tensor) -> bool:
     """A 0-d CPU constant the device made for a Python scalar (`t * 2`): an immediate, not memory traffic."""
     return any(t is v for v in _scalars.values())
-
-
-def queued_op(fn, args):
-    """(record, host arguments, host outputs or None) when a queue entry `fn(*args)` is an ATen op the device
-    queued, else None: how a profiler tells op launches from graphs, kernels and copies."""
-    if fn is _run_functional or fn is _run_functional_policy:
-        return args
-    if fn is _run_mutating:
-        return (*args, None)
-    return None

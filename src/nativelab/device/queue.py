@@ -1,12 +1,15 @@
-"""The device's execution queue: ops are recorded in program order and run when someone needs a result.
+"""The device's execution queue: device work is recorded in program order and runs when someone needs a result.
 
-Like a CUDA stream seen from the host: launching an op returns at once; reading a value (`.item()`,
-`.cpu()`, printing), a CPU fallback, `synchronize()` or an event wait drains the queue. An op that fails
-while queued raises at that drain, naming the op, and the work queued after it is dropped (its inputs
-are garbage), so the device stays usable.
+Like a CUDA stream seen from the host: launching work returns at once; reading a value (`.item()`,
+`.cpu()`, printing), a CPU fallback, `synchronize()` or an event wait drains the queue. Work that fails
+while queued raises at that drain, naming it, and the work queued after it is dropped (its inputs are
+garbage), so the device stays usable.
 
-The queue itself is the C++ runtime's (csrc/queue.cpp): the ATen ops its kernel queues and the Python work
-submitted here (graphs, kernels, copies, event markers) share one program order. This module drives it.
+The queue itself is the C++ runtime's (csrc/queue.cpp). Every unit of device work reaches it through one
+launch, which records what the work is: its kind (`KINDS`), its name, the core and stream it runs on. The C++
+op kernel launches ATen ops and copies itself; everything else launches with `launch` (queued) or `run_now`
+(work the host must run at once: collectives, graphs whose outputs alias their inputs). Profilers read the
+kind and name from the work. This module drives the queue.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from ._private import no_python_modes as _no_python_modes
 _MAX_PENDING = 256  # bounded: a deep queue keeps many buffers alive and runs out of cache (measured 2x slower at 4096)
 sync_mode = False  # NATIVELAB_SYNC=1
 drains = 0  # host-device synchronisations that found work queued, for the profiler
-# The profiler (nativelab.profile) while a session is active, else None: it runs each entry itself (timing it,
-# counting its bytes). Checked once per entry, so profiling costs nothing when off.
+# The profiler (nativelab.profile) while a session is active, else None: it runs each unit itself, as
+# observer.run(kind, name, fn, args) (timing it, counting its bytes). Checked once per unit, so profiling costs
+# nothing when off. (torch.profiler needs none: the C++ queue times the work itself during a trace.)
 observer = None
 _rt = None  # the runtime (bind)
 _listeners: list = []  # called when sync_mode or observer changes (the C++ fast path turns off for either)
@@ -35,23 +39,29 @@ def bind(rt) -> None:
     _rt = rt
 
 
-def submit(name: str, fn, args: tuple) -> None:
-    if sync_mode:
-        with threads.team():
-            _run_one(name, fn, args)
-        return
-    if _rt.queue_submit(name, fn, tuple(args)) >= _MAX_PENDING:
+# What a unit of device work is: an eager ATen op, a copy, a compiled graph, a kernel, a collective, or an
+# event's marker (no work).
+KINDS = ("op", "copy", "graph", "kernel", "collective", "marker")
+
+
+def launch(kind: str, name: str, fn, *args) -> None:
+    """Queue device work `fn(*args)`, in program order, as a unit of `kind` named `name` (what profilers show).
+
+    It runs later on host views: device tensors in `args` (also inside lists and tuples) reach `fn` as CPU
+    tensors over their memory, other CPU tensors as copies taken now (the caller may write them before the
+    queue runs; CUDA copies a CPU operand at launch), `device='neuron'` as cpu. It runs on the core of its first
+    device tensor (the current core if none), on that core's current stream."""
+    if _rt.launch(kind, name, fn, args) >= _MAX_PENDING or sync_mode:
         drain()
 
 
-def _run_one(name, fn, args):
-    try:
-        if observer is None:
-            fn(*args)
-        else:
-            observer.run(name, fn, args)
-    except Exception as e:
-        raise DeviceError(f"neuron: queued op {name} failed: {type(e).__name__}: {e}") from e
+def run_now(kind: str, name: str, fn, *args, observed: bool = True):
+    """Device work the host runs at once, after draining the queue: `fn(*args)` on host views as `launch`
+    gives them (CPU tensors not copied), its result returned. Seen by profilers like queued work (`observed`
+    False: by torch.profiler only, for a caller that reports it to the session itself)."""
+    drain()
+    with threads.team():
+        return _rt.run_now(kind, name, fn, args, observer if observed else None)
 
 
 def drain() -> None:
@@ -72,12 +82,6 @@ def drain() -> None:
             f"neuron: queued op {name} failed: {type(e).__name__}: {e}"
             + (f" ({dropped} ops queued after it were dropped)" if dropped else "")
         ) from e
-
-
-def run_now(name: str, fn, args: tuple):
-    """Device work the host runs at once (after a drain), seen by the profiler like queued work."""
-    with threads.team():
-        return fn(*args) if observer is None else observer.run(name, fn, args)
 
 
 def idle() -> bool:

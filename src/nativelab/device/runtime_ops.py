@@ -12,6 +12,7 @@ from . import guard, memory, ops, queue, rng, tracking
 
 aten = torch.ops.aten
 DEVICE = memory.DEVICE
+_Tensor_copy = torch.Tensor.copy_
 
 
 quiet = False
@@ -62,19 +63,16 @@ def _check_layout(layout) -> None:
 
 def copy_(dst, src, non_blocking=False):
     if dst.device.type == DEVICE and src.device.type == DEVICE:  # device to device (any two cores)
-        hd, hs = memory.host_view(dst), memory.host_view(src)
-        queue.submit("aten::copy_", hd.copy_, (hs,))
+        queue.launch("copy", "aten::copy_", _Tensor_copy, dst, src)
     elif dst.device.type == DEVICE:  # host to device
         if src.dim() != 0 and dst.dim() == 0 and src.numel() != 1:
             raise RuntimeError(f"copy_: cannot copy a tensor of shape {tuple(src.shape)} into a 0-d tensor")
-        hd = memory.host_view(dst)
         if queue.idle():
-            _transfer("host_to_device", hd.copy_, src)
-        else:  # earlier queued ops may still read dst: copy in program order, from a snapshot of src
-            queue.submit(H2D_QUEUED, hd.copy_, (src.clone(),))
+            _transfer("host_to_device", _Tensor_copy, dst, src)
+        else:  # earlier queued ops may still read dst: copy in program order, from a snapshot of src (the launch's)
+            queue.launch("copy", H2D_QUEUED, _Tensor_copy, dst, src)
     else:  # device to host: the host needs the value now
-        queue.drain()
-        _transfer("device_to_host", dst.copy_, memory.host_view(src))
+        _transfer("device_to_host", _Tensor_copy, dst, src)
     tracking.executed["aten::copy_"] += 1
     return dst
 
@@ -94,18 +92,18 @@ def copy_from_and_resize(src, dst):
 
 
 def local_scalar_dense(t):
-    queue.drain()
-    return _transfer("device_to_host", torch.Tensor.item, memory.host_view(t))
+    return _transfer("device_to_host", torch.Tensor.item, t)
 
 
-def _transfer(kind: str, copy, src):
-    """A copy between host and device memory, timed and counted by the profiler when one is active."""
+def _transfer(kind: str, copy, *args):
+    """A copy between host and device memory (`copy(*args)`, the last argument its source), run now after the
+    queue drained: device work named `memcpy_<kind>`, timed and counted by the profiler when one is active."""
     obs = queue.observer
     if obs is None:
-        return copy(src)
+        return queue.run_now("copy", f"memcpy_{kind}", copy, *args)
     t0 = time.perf_counter()
-    out = copy(src)
-    obs.transfer(kind, src.nbytes, time.perf_counter() - t0)
+    out = queue.run_now("copy", f"memcpy_{kind}", copy, *args, observed=False)
+    obs.transfer(kind, args[-1].nbytes, time.perf_counter() - t0)
     return out
 
 

@@ -172,11 +172,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 opts = _as_sum(opts)
         if observe.collective is not None:  # a watching tool (nativelab.check) counts it at the user's line
             observe.collective(_KINDS.get(method, method), args, self.size())
-        queue.drain()  # queued device ops may still write the inputs
-        host = [_host(a) for a in args]
-        if opts is not None:
-            host.append(opts)
-        work = self._track(getattr(self._backend(), method)(*host), _flat(outputs), finish)
+        # Run at once after the queue drained (queued device ops may still write the inputs), on host views.
+        extra = (opts,) if opts is not None else ()
+        started = queue.run_now("collective", _KINDS.get(method, method), getattr(self._backend(), method),
+                                *args, *extra)
+        work = self._track(started, _flat(outputs), finish)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -282,8 +282,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts.device = torch.device("cpu")  # gloo's barrier: no tensors
         if observe.collective is not None:
             observe.collective("barrier", (), self.size())
-        queue.drain()  # a barrier also orders the device's queued work before it
-        return self._track(self._backend().barrier(opts), [])
+        # a barrier also orders the device's queued work before it
+        return self._track(queue.run_now("collective", "barrier", self._backend().barrier, opts), [])
 
     def _start_coalescing(self, device):
         self._coalesced = []

@@ -95,8 +95,7 @@ class Kernel:
         host = self._target("host")
         if host is not None and host.accepts(*args):  # hand-written host code for this signature
             if kind == DEVICE:
-                hosted = _rebuild(spec, [memory.host_view(t) for t in tensors])
-                queue.submit(f"kernel:{self.name}", host, hosted)
+                queue.launch("kernel", f"kernel:{self.name}", host, *args)
                 tracking.executed[f"kernel:{self.name}"] += 1
             else:
                 host(*args)
@@ -114,11 +113,10 @@ class Kernel:
             compiled = self._compiled[key] = self._compile(tensors, spec, frozen)
         live = [t for i, t in enumerate(tensors) if i not in frozen] if frozen else tensors
         if tensors and tensors[0].device.type == DEVICE:
-            hosted = [memory.host_view(t) for t in live]
             if compiled.random:  # drawn at the call, from the device's generator, as eager random ops
-                run_at_call(f"kernel:{self.name}", compiled, hosted, tensors[0].device.index or 0)
+                run_at_call("kernel", f"kernel:{self.name}", compiled, live, tensors[0].device.index or 0)
             else:
-                queue.submit(f"kernel:{self.name}", compiled, hosted)
+                queue.launch("kernel", f"kernel:{self.name}", compiled, *live)
             tracking.executed[f"kernel:{self.name}"] += 1
         else:
             compiled(*live)

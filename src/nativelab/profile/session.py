@@ -22,7 +22,6 @@ import torch
 
 from .. import device as _device
 from ..compiler import metrics as _compile_metrics
-from ..device import kineto_events as _kineto_events
 from ..device import ops as _ops
 from ..device import queue as _queue
 from ..device import runtime_ops as _runtime_ops
@@ -89,7 +88,7 @@ class Session:
         if not _device.is_registered():
             raise RuntimeError("nativelab.profile measures nativelab's emulated device, which is not registered "
                                "here (the real torch_neuronx serves 'neuron': use the Neuron profiler)")
-        if _queue.observer is not None and _queue.observer is not _kineto_events.trace_observer():
+        if _queue.observer is not None:
             raise RuntimeError("nativelab.profile: a profiling session is already active (sessions do not nest)")
         _queue.drain()  # earlier work belongs to no session
         self._dynamo0 = _private.dynamo_counters()
@@ -97,8 +96,7 @@ class Session:
         self._drains0 = _queue.drains
         _private.add_compile_callbacks(self._compile_start, self._compile_end)
         self.start_ns = _perf_ns()
-        if not _kineto_events.adopt(self):  # inside a torch.profiler trace, its observer runs this one's
-            _queue.observer = self
+        _queue.observer = self  # (inside a torch.profiler trace too: the queue times the work for the trace)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -106,8 +104,7 @@ class Session:
             if exc[0] is None:
                 _queue.drain()  # work queued inside the session is part of it
         finally:
-            if not _kineto_events.release(self):
-                _queue.observer = None
+            _queue.observer = None
             _private.remove_compile_callbacks(self._compile_start, self._compile_end)
         self.wall_seconds = (_perf_ns() - self.start_ns) / 1e9
         self.drains = _queue.drains - self._drains0
@@ -116,10 +113,11 @@ class Session:
 
     # -- observer callbacks (called by the device) -------------------------------------------------------
 
-    def run(self, name: str, fn, args):
-        """Run one unit of device work: a queued entry, or a graph the host runs at once."""
+    def run(self, kind: str, name: str, fn, args):
+        """Run one unit of device work (queued, or run at once by the host): `kind` says what it is (the
+        device's `queue.KINDS`), `name` names it."""
         # Counted before it runs: the dtype policy rewrites an op's host arguments (int64 -> int32) as it runs.
-        counted = self._traffic(name, fn, args)
+        counted = self._traffic(kind, name, fn, args)
         t0 = _perf_ns()
         if _private.torch_profiler_enabled():
             with _record_function("neuron::" + name):
@@ -133,8 +131,8 @@ class Session:
         if kind == "transfer":
             self._count_transfer("host_to_device", written)
             self._add(name, "host sync", "transfer", t0, t1, 0, written)
-        else:
-            self._add(name, categorize(name), kind, t0, t1, read, written)
+        else:  # a collective is the host waiting for its peers
+            self._add(name, "host sync" if kind == "collective" else categorize(name), kind, t0, t1, read, written)
         return res
 
     def host_op(self, name: str, fallback: bool, fn, fargs, dev_args):
@@ -187,27 +185,29 @@ class Session:
                 self.dropped_events += 1
         return st
 
-    def _traffic(self, name: str, fn, args) -> tuple[str, int, int] | None:
-        """(kind, read, written) of one unit of device work, from what the device queued; None for a graph
-        run at launch, whose outputs are known only after it ran."""
-        op = _ops.queued_op(fn, args)
-        if op is not None:
-            rec, hargs, houts = op
-            return "op", *op_traffic(rec, hargs, houts)
-        owner = getattr(fn, "__self__", None)
-        source = getattr(owner, "source", None) if owner is not None else getattr(fn, "source", None)
-        if source is not None:  # a compiled graph (its bound launch method) or a kernel launch
-            io = self._io(source, owner is None)
-            if owner is None:
-                return "kernel", *io.traffic(args)
+    def _traffic(self, kind: str, name: str, fn, args) -> tuple[str, int, int] | None:
+        """(kind, read, written) of one unit of device work, from what it says it is and the host views it runs
+        on; None for a graph run at launch, whose outputs are known only after it ran."""
+        if kind == "op":  # (op record, host arguments[, host outputs]); a C++ kernel's op has none here
+            if not args:
+                return "op", 0, 0
+            rec, hargs, *houts = args
+            return "op", *op_traffic(rec, hargs, houts[0] if houts else None)
+        if kind == "copy":  # (destination, source)
+            if name == _runtime_ops.H2D_QUEUED:
+                return "transfer", 0, tensor_bytes(args[0])
+            return "op", tensor_bytes(args[1]), tensor_bytes(args[0])
+        if kind == "graph":  # a compiled graph's bound launch method: queued (inputs, outputs), or at launch
+            owner = fn.__self__
             if fn.__name__ == "run":
                 hargs, houts = args
-                return "graph", *io.traffic(hargs, houts)
+                return "graph", *self._io(owner.source, False).traffic(hargs, houts)
             return None
-        if name == _runtime_ops.H2D_QUEUED:
-            return "transfer", 0, tensor_bytes(args[0])
-        if isinstance(owner, torch.Tensor):  # a device-to-device copy: dst.copy_(src)
-            return "op", tensor_bytes(args[0]), tensor_bytes(owner)
+        if kind == "kernel":  # a traced kernel knows its graph; hand-written host code moves what it moves
+            source = getattr(fn, "source", None)
+            return ("kernel", *self._io(source, True).traffic(args)) if source is not None else ("kernel", 0, 0)
+        if kind == "collective":
+            return "collective", 0, 0
         return "marker", 0, 0  # event records: no work
 
     def _traffic_of_result(self, fn, args, res) -> tuple[str, int, int]:

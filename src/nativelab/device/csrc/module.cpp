@@ -121,7 +121,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_host_storage(THPStorage_Unpack(st.ptr()))));
   }, "a CPU storage over a device storage's memory, keeping that memory alive");
   // queue.cpp
-  m.def("queue_submit", &queue_submit_python, "queue Python work fn(*args) named name; returns the queue length");
+  m.def("launch", &launch_python,
+        "launch(kind, name, fn, args): queue device work fn(*args) on host views; returns the queue length");
+  m.def("run_now", &run_now_python,
+        "run_now(kind, name, fn, args, observer): device work run at once on host views; returns its result");
   m.def("queue_size", &queue_size);
   m.def("queue_run", &queue_run, "run everything queued; None, or (name, exception, dropped) for a failed entry");
   // ops.cpp

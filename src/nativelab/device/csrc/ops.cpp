@@ -35,6 +35,19 @@ c10::IValue toIValue(py::handle obj, const c10::TypePtr& type, std::optional<int
 }  // namespace torch::jit
 
 namespace nativelab {
+
+// A CPU tensor over a device tensor's memory, keeping the device storage alive (queued work may outlive
+// every device tensor that refers to it), with its lazy conjugate/negative bits.
+at::Tensor host_view(const at::Tensor& t) {
+  auto h = at::detail::make_tensor<c10::TensorImpl>(mem_host_storage(t.storage()),
+                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  auto* impl = h.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) impl->_set_conj(true);
+  if (t.is_neg()) impl->_set_neg(true);
+  return h;
+}
+
 namespace {
 
 constexpr size_t kMaxPending = 256;  // as queue.py: a deep queue keeps many buffers alive
@@ -211,15 +224,6 @@ bool build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int
 
 // ---- host views -----------------------------------------------------------------------------------------
 
-// A CPU tensor over a device tensor's memory, keeping the device storage alive (queued work may outlive
-// every device tensor that refers to it).
-at::Tensor host_view(const at::Tensor& t) {
-  auto h = at::detail::make_tensor<c10::TensorImpl>(mem_host_storage(t.storage()),
-                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  h.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  return h;
-}
-
 // What queued work reads: device tensors as host views; a CPU tensor copied now, as CUDA copies a CPU
 // operand at launch (the caller may write it before the queue runs), unless it is a wrapped Python number.
 c10::IValue to_host(const c10::IValue& v) {
@@ -377,7 +381,9 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
   if (!spec->fast) return false;
 
-  QueueEntry q;
+  DeviceWork q;
+  q.kind = WorkKind::kOp;
+  q.core = static_cast<int16_t>(index);
   q.op_name = &e->name;
   std::vector<c10::IValue> results;
   if (spec->kind == 'm') {
@@ -411,7 +417,7 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
     std::lock_guard<std::mutex> lock(g_mu);
     e->executed += 1;
   }
-  const size_t pending = queue_push(std::move(q));
+  const size_t pending = launch(std::move(q));
   torch::jit::drop(*stack, n);
   for (auto& r : results) stack->push_back(std::move(r));
   if (pending >= kMaxPending) queue_callbacks().drain();
@@ -503,6 +509,7 @@ void empty_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
 
 const std::string kCopy = "aten::copy_";
 const std::string kCopyH2D = "aten::copy_ (host to device)";  // as runtime_ops.H2D_QUEUED
+const std::string kMemcpyH2D = "memcpy_host_to_device";  // as runtime_ops' transfers
 
 bool plain_tensor(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
@@ -522,19 +529,21 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
     return python_runtime("copy_", op, stack);
   }
   if (!src_dev && queue_size() == 0) {  // nothing queued may still read dst: copy now
-    host_view(dst).copy_(src);
+    trace_run(WorkKind::kCopy, kMemcpyH2D, dst.device().index(), [&] { host_view(dst).copy_(src); });
     count(kCopy);
     auto result = a[0];
     torch::jit::drop(*stack, 3);
     stack->push_back(std::move(result));
     return;
   }
-  QueueEntry q;
+  DeviceWork q;
+  q.kind = WorkKind::kCopy;
+  q.core = static_cast<int16_t>(dst.device().index());
   q.op = op;
   q.op_name = src_dev ? &kCopy : &kCopyH2D;
   q.stack = {host_view(dst), src_dev ? c10::IValue(host_view(src)) : c10::IValue(src.clone()), false};
   count(kCopy);
-  const size_t pending = queue_push(std::move(q));
+  const size_t pending = launch(std::move(q));
   auto result = a[0];
   torch::jit::drop(*stack, 3);
   stack->push_back(std::move(result));

@@ -1,15 +1,18 @@
 // torch.profiler's device lane: a Kineto activity-profiler plugin for PrivateUse1 (what CUPTI is for CUDA).
-// With ProfilerActivity.PrivateUse1, Kineto configures this plugin; the session it returns turns on the
-// device's queue observer (device/kineto_events.py) at start, collects each queued entry's run (name, device,
-// start/end in Unix ns, the correlation id of the op that queued it) at stop, and hands them to Kineto as
-// kernel activities. PyTorch maps CONCURRENT_KERNEL to DeviceType::PrivateUse1 for a renamed backend, links
-// each one to the CPU op with that correlation id (its device time in key_averages()), and the Chrome trace
-// gets a "neuron N" lane.
+// With ProfilerActivity.PrivateUse1, Kineto configures this plugin; the session it returns has the device queue
+// time every unit of device work it runs (queue.cpp's trace_*: kind, name, core, stream, start/end in Unix ns,
+// the correlation id of the op that launched it) from start to stop, and hands them to Kineto as kernel
+// activities named after the work, with its kind and stream as metadata. PyTorch maps CONCURRENT_KERNEL to
+// DeviceType::PrivateUse1 for a renamed backend, links each one to the CPU op with that correlation id (its
+// device time in key_averages()), and the Chrome trace gets a "neuron N" lane. No Python runs per unit, and
+// the C++ op path stays on during a trace.
 #include <ATen/record_function.h>
 #include <kineto/IActivityProfiler.h>
 #include <kineto/libkineto.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Export.h>
+
+#include "queue.h"
 
 #include <algorithm>
 #include <chrono>
@@ -42,39 +45,39 @@ namespace {
 // runs on the thread that called it).
 thread_local std::vector<uint64_t> t_correlation;
 
-uint64_t current_correlation() { return t_correlation.empty() ? 0 : t_correlation.back(); }
-
 const std::set<libkineto::ActivityType> kActivities = {libkineto::ActivityType::CONCURRENT_KERNEL};
 
 struct DeviceEvent {
   std::string name;
-  int64_t device, start_ns, end_ns;
+  WorkKind kind;
+  int64_t device, stream, start_ns, end_ns;
   uint64_t correlation;
 };
 
 class Session final : public libkineto::IActivityProfilerSession {
  public:
   void start() override {
+    // Earlier work belongs to no trace.
+    if (!guarded("start", [] { queue_callbacks().drain(); })) return;
+    if (!trace_start()) {
+      errors_.push_back("neuron profiler: a torch.profiler trace with the neuron activity is already running");
+      status_ = libkineto::TraceStatus::ERROR;
+      return;
+    }
+    owner_ = true;
     status_ = libkineto::TraceStatus::RECORDING;
-    call_python("_start", [&](py::object fn) {
-      fn(py::cpp_function([] { return current_correlation(); }),
-         py::cpp_function([](bool enable) {  // this thread's RecordFunction switch; returns the previous state
-           const bool was = at::isRecordFunctionEnabled();
-           at::enableRecordFunction(enable);
-           return was;
-         }));
-    });
   }
 
   void stop() override {
-    call_python("_stop", [&](py::object fn) {
-      for (auto item : fn()) {
-        auto t = item.cast<py::tuple>();
-        events_.push_back({t[0].cast<std::string>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(),
-                           t[3].cast<int64_t>(), t[4].cast<uint64_t>()});
-      }
-    });
-    status_ = libkineto::TraceStatus::PROCESSING;
+    if (!owner_) return;
+    guarded("stop", [] { queue_callbacks().drain(); });  // work launched inside the trace is part of it
+    for (auto& e : trace_stop()) {
+      std::string name = e.name.rfind("aten::", 0) == 0 ? e.name.substr(6) : e.name;
+      // Distinct from the CPU op's name (as a CUDA kernel's is): key_averages() keeps them in separate rows.
+      events_.push_back({"neuron::" + name, e.kind, e.core, e.stream, e.start_ns, e.end_ns, e.correlation});
+    }
+    owner_ = false;
+    if (status_ != libkineto::TraceStatus::ERROR) status_ = libkineto::TraceStatus::PROCESSING;
   }
 
   std::vector<std::string> errors() override { return errors_; }
@@ -95,6 +98,8 @@ class Session final : public libkineto::IActivityProfilerSession {
       a.id = ++id;
       a.device = static_cast<int32_t>(e.device);
       a.resource = 0;  // the device's one queue
+      a.addMetadataQuoted("kind", kind_name(e.kind));
+      a.addMetadataQuoted("stream", std::to_string(e.stream));
       a.linked = e.correlation ? linked(static_cast<int32_t>(e.correlation)) : nullptr;
       a.log(logger);  // the logger keeps a pointer: the activity lives in buffer_, which Kineto then owns
     }
@@ -128,16 +133,21 @@ class Session final : public libkineto::IActivityProfilerSession {
 
  private:
   template <class F>
-  void call_python(const char* name, F&& body) {
-    py::gil_scoped_acquire gil;
+  bool guarded(const char* what, F&& body) {
     try {
-      body(py::module_::import("nativelab.device.kineto_events").attr(name));
+      body();
+      return true;
+    } catch (py::error_already_set& e) {
+      py::gil_scoped_acquire gil;
+      errors_.push_back(std::string("neuron profiler: ") + what + ": " + e.what());
     } catch (const std::exception& e) {
-      errors_.push_back(std::string("neuron profiler: ") + name + ": " + e.what());
-      status_ = libkineto::TraceStatus::ERROR;
+      errors_.push_back(std::string("neuron profiler: ") + what + ": " + e.what());
     }
+    status_ = libkineto::TraceStatus::ERROR;
+    return false;
   }
 
+  bool owner_ = false;  // this session started the queue's trace
   std::vector<DeviceEvent> events_;
   std::vector<std::string> errors_;
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
@@ -166,6 +176,8 @@ class Profiler final : public libkineto::IActivityProfiler {
 };
 
 }  // namespace
+
+uint64_t profiler_correlation() noexcept { return t_correlation.empty() ? 0 : t_correlation.back(); }
 
 void register_kineto_plugin() {
   torch::profiler::impl::PrivateUse1ProfilerRegistry::instance().registerFactory(

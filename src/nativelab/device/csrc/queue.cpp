@@ -1,14 +1,22 @@
-// The device's work queue (CUDA's stream as the host sees it): entries in program order, run when the host
-// needs a value. Two kinds of entry share the one order: ATen ops the C++ kernel queued (an operator and its
-// stack of host tensors, run without the interpreter) and Python work (compiled graphs, kernels, copies,
-// event markers, ops the Python path queued). queue.py drives it: it drains (with the thread team and the
-// inference mode around the work) and turns a failure into the DeviceError that names the op.
+// The device's work queue (CUDA's stream as the host sees it): units of device work (DeviceWork) in program
+// order, run when the host needs a value. Every producer launches through `launch`: the C++ op kernel (ATen
+// ops and copies, run without the interpreter) and, through `launch_python`, compiled graphs, kernels, the
+// Python op path, copies and event markers; work the host must run at once (collectives, graphs whose outputs
+// alias their inputs) goes through `run_now_python`, which runs it as the queue would. Each unit says what it
+// is, so a profiler reads its kind and name instead of guessing them, and while a torch.profiler trace runs the
+// queue times each unit itself (`trace_*`). queue.py drives it: it drains (with the thread team and the
+// inference mode around the work) and turns a failure into the DeviceError that names the work.
 #include "queue.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/autograd/python_variable.h>
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -16,29 +24,77 @@ namespace py = pybind11;
 
 namespace nativelab {
 
-
 namespace {
-std::mutex g_queue_mutex;
-std::vector<QueueEntry> g_pending;
+constexpr const char* kKindNames[] = {"op", "copy", "graph", "kernel", "collective", "marker"};
 
-void release_python(std::vector<QueueEntry>& work) {  // GIL held
-  for (auto& e : work) {
-    Py_XDECREF(e.name);
-    Py_XDECREF(e.fn);
-    Py_XDECREF(e.args);
-    e.name = e.fn = e.args = nullptr;
-  }
+std::mutex g_queue_mutex;
+std::vector<DeviceWork> g_pending;
+
+std::atomic<bool> g_tracing{false};
+std::mutex g_trace_mutex;
+std::vector<TraceEvent> g_trace;
+
+void release_python(DeviceWork& w) {  // GIL held
+  Py_XDECREF(w.name);
+  Py_XDECREF(w.fn);
+  Py_XDECREF(w.args);
+  w.name = w.fn = w.args = nullptr;
 }
 
-void run_op(QueueEntry& e) {
-  e.op->callBoxed(&e.stack);
-  if (e.copy_into.empty()) return;
-  if (e.stack.size() == 1 && e.stack[0].isTensorList()) {
-    auto results = e.stack[0].toTensorList();
-    for (size_t i = 0; i < e.copy_into.size(); ++i) e.copy_into[i].copy_(results.get(i));
+int64_t unix_ns() {  // the clock PyTorch puts its CPU events on
+  using namespace std::chrono;
+  return duration_cast<nanoseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+void run_op(DeviceWork& w) {
+  w.op->callBoxed(&w.stack);
+  if (w.copy_into.empty()) return;
+  if (w.stack.size() == 1 && w.stack[0].isTensorList()) {
+    auto results = w.stack[0].toTensorList();
+    for (size_t i = 0; i < w.copy_into.size(); ++i) w.copy_into[i].copy_(results.get(i));
     return;
   }
-  for (size_t i = 0; i < e.copy_into.size(); ++i) e.copy_into[i].copy_(e.stack[i].toTensor());
+  for (size_t i = 0; i < w.copy_into.size(); ++i) w.copy_into[i].copy_(w.stack[i].toTensor());
+}
+
+// Run one unit (GIL held): by itself, or through the observer (a nativelab.profile session), which runs it as
+// observer.run(kind, name, fn, args). Python work returns its result.
+py::object execute(DeviceWork& w, const py::object& observer) {
+  if (w.fn != nullptr) {
+    auto fn = py::reinterpret_borrow<py::object>(w.fn);
+    auto args = py::reinterpret_borrow<py::tuple>(w.args);
+    if (observer.is_none()) return fn(*args);
+    return observer.attr("run")(kind_name(w.kind), py::reinterpret_borrow<py::object>(w.name), fn, args);
+  }
+  if (observer.is_none()) {
+    run_op(w);
+    return py::none();
+  }
+  DeviceWork* wp = &w;  // an op a C++ kernel queued before the observer came: timed as opaque work
+  return observer.attr("run")(kind_name(w.kind), py::str(*w.op_name), py::cpp_function([wp] { run_op(*wp); }),
+                              py::tuple());
+}
+
+void record(const DeviceWork& w, int64_t t0, int64_t t1) {
+  if (w.kind == WorkKind::kMarker) return;  // an event's marker is no work
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  g_trace.push_back({w.label(), w.kind, w.core, w.stream, t0, std::max(t1, t0 + 1), w.correlation});
+}
+
+// execute(), timed while a trace runs. The host's run of device work is the device's, not the program's: the
+// ATen ops it calls stay out of the CPU events (as a CUDA kernel's would).
+py::object run_work(DeviceWork& w, const py::object& observer) {
+  if (!g_tracing.load(std::memory_order_relaxed)) return execute(w, observer);
+  at::RecordFunctionGuard off(false);
+  const int64_t t0 = unix_ns();
+  try {
+    auto res = execute(w, observer);
+    record(w, t0, unix_ns());
+    return res;
+  } catch (...) {
+    record(w, t0, unix_ns());
+    throw;
+  }
 }
 
 py::object python_exception(const std::exception& ex) {
@@ -53,20 +109,106 @@ py::object python_exception(const std::exception& ex) {
   }
   return py::reinterpret_borrow<py::object>(type)(msg);
 }
+
+// An argument of Python work as the host runs it: device tensors as host views (the core of the first one is
+// where the work runs), other CPU tensors copied when `capture` (not Python numbers PyTorch wrapped: never
+// written), `device=neuron` as cpu, lists and tuples item by item. Anything else as it is.
+py::object host_arg(py::handle x, bool capture, int& core) {
+  PyObject* p = x.ptr();
+  if (THPVariable_Check(p)) {
+    const auto& t = THPVariable_Unpack(p);
+    if (!t.defined()) return py::reinterpret_borrow<py::object>(x);
+    if (t.device().type() == kDevice) {
+      if (core < 0) core = t.device().index();
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(host_view(t)));
+    }
+    if (capture && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(t.clone()));
+    }
+    return py::reinterpret_borrow<py::object>(x);
+  }
+  const bool list = PyList_Check(p);
+  if (list || PyTuple_Check(p)) {
+    const Py_ssize_t n = list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
+    std::vector<py::object> items;
+    bool changed = false;
+    items.reserve(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = list ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
+      items.push_back(host_arg(item, capture, core));
+      changed |= items.back().ptr() != item;
+    }
+    if (!changed) return py::reinterpret_borrow<py::object>(x);
+    if (list) {
+      py::list out(n);
+      for (Py_ssize_t i = 0; i < n; ++i) out[i] = std::move(items[i]);
+      return std::move(out);
+    }
+    py::tuple out(n);
+    for (Py_ssize_t i = 0; i < n; ++i) out[i] = std::move(items[i]);
+    return std::move(out);
+  }
+  if (THPDevice_Check(p) && reinterpret_cast<THPDevice*>(p)->device.type() == kDevice) {
+    return py::reinterpret_steal<py::object>(THPDevice_New(c10::Device(c10::DeviceType::CPU)));
+  }
+  return py::reinterpret_borrow<py::object>(x);
+}
+
+DeviceWork python_work(const std::string& kind, py::object name, py::object fn, const py::tuple& args,
+                       bool capture) {
+  DeviceWork w;
+  w.kind = kind_from(kind);
+  int core = -1;
+  py::object hargs = host_arg(args, capture, core);
+  w.core = static_cast<int16_t>(core >= 0 ? core : current_device());
+  w.name = name.release().ptr();
+  w.fn = fn.release().ptr();
+  w.args = hargs.release().ptr();
+  return w;
+}
 }  // namespace
 
-size_t queue_push(QueueEntry&& e) {
+const char* kind_name(WorkKind kind) noexcept { return kKindNames[static_cast<int>(kind)]; }
+
+WorkKind kind_from(const std::string& name) {
+  for (int i = 0; i < 6; ++i) {
+    if (name == kKindNames[i]) return static_cast<WorkKind>(i);
+  }
+  TORCH_CHECK_VALUE(false, "neuron: unknown kind of device work '", name,
+                    "' (one of op, copy, graph, kernel, collective, marker)");
+}
+
+std::string DeviceWork::label() const {
+  if (fn == nullptr) return *op_name;
+  py::gil_scoped_acquire gil;
+  return py::str(py::handle(name)).cast<std::string>();
+}
+
+size_t launch(DeviceWork&& w) {
+  w.stream = current_stream(w.core).id();
+  if (g_tracing.load(std::memory_order_relaxed)) w.correlation = profiler_correlation();
   std::lock_guard<std::mutex> lock(g_queue_mutex);
-  g_pending.push_back(std::move(e));
+  g_pending.push_back(std::move(w));
   return g_pending.size();
 }
 
-size_t queue_submit_python(py::object name, py::object fn, py::object args) {
-  QueueEntry e;
-  e.name = name.release().ptr();
-  e.fn = fn.release().ptr();
-  e.args = args.release().ptr();
-  return queue_push(std::move(e));
+size_t launch_python(const std::string& kind, py::object name, py::object fn, py::tuple args) {
+  return launch(python_work(kind, std::move(name), std::move(fn), args, /*capture=*/true));
+}
+
+py::object run_now_python(const std::string& kind, py::object name, py::object fn, py::tuple args,
+                          py::object observer) {
+  DeviceWork w = python_work(kind, std::move(name), std::move(fn), args, /*capture=*/false);
+  w.stream = current_stream(w.core).id();
+  if (g_tracing.load(std::memory_order_relaxed)) w.correlation = profiler_correlation();
+  try {
+    auto res = run_work(w, observer);
+    release_python(w);
+    return res;
+  } catch (...) {
+    release_python(w);
+    throw;
+  }
 }
 
 size_t queue_size() {
@@ -74,40 +216,60 @@ size_t queue_size() {
   return g_pending.size();
 }
 
-// Run everything queued so far (GIL held). None, or (op name, exception, ops dropped after it).
+// Run everything queued so far (GIL held). None, or (work's name, exception, units dropped after it).
 py::object queue_run(py::object observer) {
-  std::vector<QueueEntry> work;
+  std::vector<DeviceWork> work;
   {
     std::lock_guard<std::mutex> lock(g_queue_mutex);
     work.swap(g_pending);
   }
   py::object failure = py::none();
   for (size_t i = 0; i < work.size(); ++i) {
-    auto& e = work[i];
+    auto& w = work[i];
     try {
-      if (e.fn != nullptr) {
-        auto fn = py::reinterpret_borrow<py::object>(e.fn);
-        auto args = py::reinterpret_borrow<py::tuple>(e.args);
-        if (observer.is_none()) fn(*args);
-        else observer.attr("run")(py::reinterpret_borrow<py::object>(e.name), fn, args);
-      } else if (observer.is_none()) {
-        run_op(e);
-      } else {  // a profiler installed while C++ entries were queued: it times them as opaque work
-        QueueEntry* ep = &e;
-        observer.attr("run")(py::str(*e.op_name), py::cpp_function([ep] { run_op(*ep); }), py::tuple());
-      }
+      run_work(w, observer);
     } catch (py::error_already_set& ex) {
-      auto name = e.fn != nullptr ? py::reinterpret_borrow<py::object>(e.name) : py::str(*e.op_name);
-      failure = py::make_tuple(name, ex.value(), work.size() - i - 1);
+      failure = py::make_tuple(w.label(), ex.value(), work.size() - i - 1);
       break;
     } catch (const std::exception& ex) {
-      auto name = e.fn != nullptr ? py::reinterpret_borrow<py::object>(e.name) : py::str(*e.op_name);
-      failure = py::make_tuple(name, python_exception(ex), work.size() - i - 1);
+      failure = py::make_tuple(w.label(), python_exception(ex), work.size() - i - 1);
       break;
     }
   }
-  release_python(work);
+  for (auto& w : work) release_python(w);
   return failure;
+}
+
+// ---- torch.profiler's device events ---------------------------------------------------------------------
+
+bool trace_start() {
+  bool expected = false;
+  if (!g_tracing.compare_exchange_strong(expected, true)) return false;
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  g_trace.clear();
+  return true;
+}
+
+std::vector<TraceEvent> trace_stop() {
+  g_tracing.store(false);
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  std::vector<TraceEvent> out;
+  out.swap(g_trace);
+  return out;
+}
+
+void trace_run(WorkKind kind, const std::string& name, int core, const std::function<void()>& run) {
+  if (!g_tracing.load(std::memory_order_relaxed)) return run();
+  DeviceWork w;
+  w.kind = kind;
+  w.op_name = &name;
+  w.core = static_cast<int16_t>(core);
+  w.stream = current_stream(w.core).id();
+  w.correlation = profiler_correlation();
+  at::RecordFunctionGuard off(false);
+  const int64_t t0 = unix_ns();
+  run();
+  record(w, t0, unix_ns());
 }
 
 }  // namespace nativelab

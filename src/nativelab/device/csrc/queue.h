@@ -1,5 +1,6 @@
-// The work queue's entries and the Python face of the queue and the op kernel (queue.cpp, ops.cpp; bound in
-// module.cpp). Apart from runtime.h because it needs the dispatcher and pybind11, which the other files do not.
+// Device work and the work queue (queue.cpp), the Python face of the queue and of the op kernel (queue.cpp,
+// ops.cpp; bound in module.cpp). Apart from runtime.h because it needs the dispatcher and pybind11, which the
+// other files do not.
 #pragma once
 
 #include "runtime.h"
@@ -7,25 +8,64 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace nativelab {
 
-struct QueueEntry {
-  // an ATen op (op set) or Python work (fn set)
+// What a unit of device work is, as the profiler reports it.
+enum class WorkKind : uint8_t { kOp, kCopy, kGraph, kKernel, kCollective, kMarker };
+const char* kind_name(WorkKind kind) noexcept;
+WorkKind kind_from(const std::string& name);  // "op", "copy", ...; throws ValueError naming the known kinds
+
+// One unit of device work, whoever launched it (eager ops, copies, compiled graphs, kernels, collectives, event
+// markers): what it is (kind, name), where it runs (core, stream), the launching op a profiler links it to, and
+// what runs it on host views of device memory: an ATen op and its stack, or a Python function and its arguments.
+struct DeviceWork {
+  WorkKind kind = WorkKind::kOp;
+  int16_t core = 0;
+  int64_t stream = 0;
+  uint64_t correlation = 0;  // the profiled op that launched it (0 unless a torch.profiler trace runs)
+  // an ATen op (op set) ...
   std::optional<c10::OperatorHandle> op;
   std::vector<c10::IValue> stack;
   std::vector<at::Tensor> copy_into;  // a functional op without an out= form: its results are copied here
-  const std::string* op_name = nullptr;
-  PyObject* name = nullptr;  // Python entries: owned references, released with the GIL held
+  const std::string* op_name = nullptr;  // held for the process by whoever launched it
+  // ... or Python work (fn set): owned references, released with the GIL held
+  PyObject* name = nullptr;
   PyObject* fn = nullptr;
   PyObject* args = nullptr;
+
+  std::string label() const;  // its name
 };
 
-size_t queue_submit_python(pybind11::object name, pybind11::object fn, pybind11::object args);
+// The one way work reaches the device: stamps the stream (and the launching op while a trace runs) and queues
+// it in program order. Returns the number of entries queued.
+size_t launch(DeviceWork&& work);
+
+// Python's launch: fn(*args) on host views (device tensors in args, also inside lists and tuples, become CPU
+// views of their memory; other CPU tensors are copied now, as CUDA copies a CPU operand at launch). Returns the
+// queue length. run_now: the same work run at once (the queue already drained), its result returned.
+size_t launch_python(const std::string& kind, pybind11::object name, pybind11::object fn, pybind11::tuple args);
+pybind11::object run_now_python(const std::string& kind, pybind11::object name, pybind11::object fn,
+                                pybind11::tuple args, pybind11::object observer);
 pybind11::object queue_run(pybind11::object observer);
+
+// torch.profiler's device events (profiler_plugin.cpp reads them): every unit of device work that runs between
+// trace_start and trace_stop, timed by the queue itself.
+struct TraceEvent {
+  std::string name;
+  WorkKind kind;
+  int64_t core, stream, start_ns, end_ns;
+  uint64_t correlation;
+};
+bool trace_start();  // false if a trace already runs
+std::vector<TraceEvent> trace_stop();
+// Host work the profiler should see as the device's (a transfer the host runs at once): `run` timed when tracing.
+void trace_run(WorkKind kind, const std::string& name, int core, const std::function<void()>& run);
+uint64_t profiler_correlation() noexcept;  // profiler_plugin.cpp: the calling thread's innermost profiled op
 
 // ops.cpp: the kernel behind every op on the device
 void install_kernels(pybind11::function python_kernel, pybind11::function decide, pybind11::function spec,
@@ -36,5 +76,6 @@ void set_fast(bool on);
 std::vector<std::string> install_runtime_kernels(const pybind11::dict& kernels);
 void set_noticed();
 pybind11::dict take_executed();
+at::Tensor host_view(const at::Tensor& t);  // a CPU tensor over a device tensor's memory (conj/neg bits kept)
 
 }  // namespace nativelab

@@ -62,9 +62,7 @@ struct MemBlock {
 };
 std::vector<MemBlock> mem_blocks();  // the live blocks, by address
 
-// queue.cpp: the work queue (its entries and Python face: queue.h)
-struct QueueEntry;
-size_t queue_push(QueueEntry&& e);
+// queue.cpp: the work queue (device work, its launch and Python face: queue.h)
 size_t queue_size();
 
 // events.cpp
