@@ -111,7 +111,7 @@ def test_event_elapsed_time_measures_device_work_not_dispatch():
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
     t0 = time.perf_counter()
     start.record()
-    queue.submit("hold", hold, ())
+    queue.launch("op", "hold", hold)
     for _ in range(50):
         x = torch.mm(x, x) / 256
     end.record()

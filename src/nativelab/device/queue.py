@@ -51,7 +51,15 @@ def launch(kind: str, name: str, fn, *args) -> None:
     tensors over their memory, other CPU tensors as copies taken now (the caller may write them before the
     queue runs; CUDA copies a CPU operand at launch), `device='neuron'` as cpu. It runs on the core of its first
     device tensor (the current core if none), on that core's current stream."""
-    if _rt.launch(kind, name, fn, args) >= _MAX_PENDING or sync_mode:
+    if sync_mode:  # NATIVELAB_SYNC=1: each unit runs at its launch (the queue stays empty)
+        drain()
+        with threads.team():
+            try:
+                _rt.run_now(kind, name, fn, args, observer)
+            except Exception as e:
+                raise DeviceError(f"neuron: queued op {name} failed: {type(e).__name__}: {e}") from e
+        return
+    if _rt.launch(kind, name, fn, args) >= _MAX_PENDING:
         drain()
 
 
