@@ -223,3 +223,88 @@ def test_the_core_kernels_run_their_host_code_on_the_device(monkeypatch, name):
         got = [t.cpu() for t in got] if isinstance(got, (tuple, list)) else got.cpu()
     assert calls == [1]
     torch.testing.assert_close(got, ref if not isinstance(ref, tuple) else list(ref), rtol=1e-4, atol=1e-4)
+
+
+def _plan_args(a, vocab_table_dtype=None):
+    """The DecodePlan's bound arguments for _decoder's weights: an embedding table and RoPE tables of 16 rows."""
+    torch.manual_seed(1)
+    dtype = a["x"].dtype
+    d = a["wqs"][0].shape[0] // a["n_heads"]
+    embed = torch.randn(a["lm_head"].shape[0], a["x"].shape[-1]).to(dtype)
+    angles = torch.randn(16, d // 2)
+    table = vocab_table_dtype or dtype
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(table), torch.cat([angles.sin()] * 2, -1).to(table)
+    return [embed, cos, sin, a["input_norms"], a["wqs"], a["wks"], a["wvs"], a["wos"], a["post_norms"], a["gates"],
+            a["ups"], a["downs"], a["k_caches"], a["v_caches"], a["final_norm"], a["lm_head"], a["n_heads"],
+            a["n_kv_heads"], 1e-5]
+
+
+@pytest.mark.parametrize("dtype,table", [(torch.float32, None), (torch.bfloat16, None),
+                                         (torch.bfloat16, torch.float32)])
+def test_decode_plan_is_the_step_from_token_ids(ext, dtype, table):
+    """A bound DecodePlan: embedding row + the RoPE rows of its position + the whole step = the reference, its
+    greedy token is the logits' argmax, the sampler's counter advances once per greedy step, and it writes
+    the caches it was bound to."""
+    a = _decoder(dtype)
+    bound = _plan_args(a, table)
+    ref_caches = {k: [t.clone() for t in a[k]] for k in ("k_caches", "v_caches")}
+    plan = ext.DecodePlan(*bound)
+    logits = torch.empty(1, 1, a["lm_head"].shape[0], dtype=dtype)
+    out, seed = torch.empty(1, dtype=torch.int64), torch.tensor([7, 3])
+    for p, tok in ((5, 17), (6, 130)):
+        plan.greedy(torch.tensor([[tok]]), torch.tensor([p]), seed, logits, out)
+        ref_args = [*bound[:3], *[ref_caches.get(n, v) for n, v in zip(
+            ("input_norms", "wqs", "wks", "wvs", "wos", "post_norms", "gates", "ups", "downs", "k_caches",
+             "v_caches"), bound[3:14])], *bound[14:]]
+        ref = K.reference_transformer_tkg_token(torch.tensor([[tok]]), torch.tensor([p]), seed, *ref_args)
+        scale = ref.abs().max().item()
+        tol = 1e-4 if dtype == torch.float32 else 4e-2
+        assert (logits.float() - ref.float()).abs().max().item() <= tol * max(scale, 1.0)
+        assert out.item() == logits.float().argmax().item()
+    assert seed.tolist() == [7, 5]
+    for k in ("k_caches", "v_caches"):
+        for mine, theirs in zip(a[k], ref_caches[k]):
+            torch.testing.assert_close(mine.float(), theirs.float(), **TOL[dtype])
+    with pytest.raises(RuntimeError, match="token id out of the vocabulary"):
+        plan.step(torch.tensor([[131]]), torch.tensor([1]), logits)
+    with pytest.raises(RuntimeError, match="pos beyond the cache"):
+        plan.step(torch.tensor([[1]]), torch.tensor([16]), logits)
+
+
+def test_the_token_step_binds_its_weights_once(monkeypatch):
+    """transformer_tkg_token on device tensors: the kernel interface makes one plan per set of weights (not per
+    step), binds again when a weight is re-pointed, agrees with the traced path, and a greedy token equals
+    the argmax of the logits the traced path gives."""
+    if build.extension() is None:
+        pytest.skip("no C++ toolchain")
+    monkeypatch.setenv("NATIVELAB_CPU_KERNELS", "1")
+    a = _decoder(torch.float32)
+    kernel = K.transformer.transformer_tkg_token_kernel
+    binds = []
+    real = decode.transformer_tkg_token.bind
+    monkeypatch.setattr(decode.transformer_tkg_token, "bind", lambda *x: binds.append(1) or real(*x))
+    kernel._bound.clear()
+
+    def dev(v):
+        return [t.to("neuron") for t in v] if isinstance(v, list) else v.to("neuron") if isinstance(v, torch.Tensor) \
+            else v
+
+    bound = [dev(v) for v in _plan_args(a)]
+    seed = torch.tensor([0, 0]).to("neuron")
+
+    def step(tok, p, temperature=0.0):
+        return K.transformer_tkg_token(torch.tensor([[tok]]).to("neuron"), torch.tensor([p]).to("neuron"), seed,
+                                       *bound, temperature, 0, 0.9)
+
+    with torch.no_grad():
+        got = [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item()]
+        assert binds == [1]
+        bound[4][0].data = bound[4][0].clone()  # re-pointed: bind again
+        step(5, 3)
+        assert binds == [1, 1]
+        with build.host_kernels(False):  # the traced path, from fresh caches
+            for c in (*bound[12], *bound[13]):
+                c.zero_()
+            seed.zero_()
+            traced = [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item()]
+    assert got == traced and seed.cpu().tolist() == [0, 3]

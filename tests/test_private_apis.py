@@ -209,6 +209,34 @@ def test_kernel_private_apis():
     assert k_private.is_fake(fake) and not k_private.is_fake(torch.ones(2))
 
 
+def test_kernel_ops_bump_versions_without_fill_defaults(monkeypatch):
+    """kernel_op replaces custom_op's version-bump kernel for a mutating op (src/nativelab/kernels/_private.py:
+    lean_version_bump, which reaches CustomOpDef._lib, _opoverload and torch._C._after_ADInplaceOrView_keyset):
+    the mutated tensors' versions still advance, in and out of inference mode, and PyTorch's fill_defaults
+    (quadratic in the argument count) is not called on the way."""
+    import torch._library.utils as lib_utils
+
+    from nativelab.kernels.interface import kernel_op
+
+    @kernel_op("nativelab_test::bump_probe", mutates_args=("xs", "y"))
+    def probe(a: torch.Tensor, xs: list[torch.Tensor], y: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        for x in xs:
+            x.mul_(scale)
+        y.add_(1)
+        return a.clone()
+
+    calls = []
+    real = lib_utils.fill_defaults
+    monkeypatch.setattr(lib_utils, "fill_defaults", lambda *a: calls.append(1) or real(*a))
+    xs, y = [torch.ones(2), torch.ones(3)], torch.zeros(1)
+    before = [t._version for t in (*xs, y)]
+    probe(torch.ones(1), xs, y)
+    with torch.inference_mode():
+        probe(torch.ones(1), xs, y, 3.0)
+    assert [t._version for t in (*xs, y)] == [v + 4 for v in before]  # two bumps by the op, two by the writes
+    assert xs[0].tolist() == [6.0, 6.0] and y.item() == 2.0 and calls == []
+
+
 def test_profiler_sees_an_overload_type():
     from nativelab.profile import _private as prof_private
 

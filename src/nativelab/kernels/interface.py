@@ -33,11 +33,12 @@ from ..compiler.freezing import inputs_as_constants
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..compiler.random_ops import draws_random, run_at_call
 from ..device import memory, observe, queue, tracking
-from ._private import is_fake
+from ._private import is_fake, lean_version_bump
 
 DEVICE = memory.DEVICE
 KERNEL_VERSION = "nativelab-kernel 1"
 _MAX_VARIANTS = 256  # compiled variants kept per kernel
+_MAX_BOUND = 4  # bound host plans kept per kernel (each keeps its weights alive)
 
 
 _weights_stay_inputs = [0]  # > 0 inside weights_stay_inputs()
@@ -77,8 +78,16 @@ class Kernel:
         self.weights = tuple(weights)
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._compiled: dict = {}
+        self._binder = None  # the host target when it binds its weights once (see _launch_bound), else False
+        self._bound: dict = {}
 
     def __call__(self, *args):
+        binder = self._binder
+        if binder is None:
+            host = self._target("host") if "host" in self.targets else None
+            binder = self._binder = host if getattr(host, "bind", None) is not None else False
+        if binder and self._launch_bound(binder, args):
+            return None
         tensors, spec = _flatten(args)
         if any(is_fake(t) or t.device.type == "meta" for t in tensors):
             return None  # tracing: the caller's outputs already have the right metadata
@@ -121,6 +130,54 @@ class Kernel:
         else:
             compiled(*live)
         return None
+
+    def _launch_bound(self, host, args) -> bool:
+        """The lean launch of a host target that binds: `host.bind(*args at host.bound)` makes a plan over the
+        weights once (checked in full then, by `host.accepts`), kept per identity of those tensors (their
+        Python objects and data pointers: a replaced or re-pointed weight binds again); a launch then checks and
+        passes only the other arguments (`host.accepts_call`). False: not handled here (tracing, autograd, a
+        signature the host does not take), the ordinary path decides."""
+        positions = host.bound
+        rest = [a for i, a in enumerate(args) if i not in positions]
+        live = [a for a in rest if isinstance(a, torch.Tensor)]
+        if not live or any(is_fake(t) for t in live):
+            return False
+        device = live[0].device
+        if device.type not in (DEVICE, "cpu") or any(t.device != device for t in live):
+            return False
+        if not host.accepts_call(*rest):
+            return False
+        key = (device, *(tuple(map(id, a)) if isinstance(a, (list, tuple)) else id(a) if isinstance(a, torch.Tensor)
+                         else a for a in (args[i] for i in positions)))
+        entry = self._bound.get(key)
+        if entry is None or [t.data_ptr() for t in entry[1]] != entry[2]:
+            entry = self._bind(host, args, device, key)
+            if entry is None:
+                return False
+        if device.type == DEVICE:
+            queue.submit(f"kernel:{self.name}", entry[0],
+                         [memory.host_view(a) if isinstance(a, torch.Tensor) else a for a in rest])
+            tracking.executed[f"kernel:{self.name}"] += 1
+        else:
+            entry[0](*rest)
+        return True
+
+    def _bind(self, host, args, device, key):
+        """A new plan for these weights (None if the host does not take them)."""
+        tensors, spec = _flatten(args)
+        if any(is_fake(t) or t.device != device for t in tensors) or not host.accepts(*args):
+            return None
+        bound = [args[i] for i in host.bound]
+        if device.type == DEVICE:
+            hosted = [[memory.host_view(t) for t in a] if isinstance(a, (list, tuple))
+                      else memory.host_view(a) if isinstance(a, torch.Tensor) else a for a in bound]
+        else:
+            hosted = bound
+        held = [t for a in bound for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
+        if len(self._bound) >= _MAX_BOUND:
+            del self._bound[next(iter(self._bound))]
+        entry = self._bound[key] = (host.bind(*hosted), held, [t.data_ptr() for t in held])
+        return entry
 
     def _target(self, kind: str):
         """The implementation registered for `kind`, imported on first use ("module:function" names)."""
@@ -260,6 +317,8 @@ def kernel_op(name: str, *, mutates_args=()):
     def register(fn: Callable):
         op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
         op.register_fake(fn)
+        if mutates_args:
+            lean_version_bump(op)  # launch cost: PyTorch's version bump is quadratic in the argument count
         return op
 
     return register

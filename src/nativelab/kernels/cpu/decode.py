@@ -88,3 +88,55 @@ def _accepts_mlp(x, gate_w, up_w, down_w, norm_w, eps, residual, out) -> bool:
 
 
 mlp.accepts = _accepts_mlp
+
+
+# The experimental tier's whole step from token ids (`transformer_tkg_token`): a DecodePlan binds the weights,
+# caches and RoPE tables once; each launch passes the token, position, sampler state and outputs only.
+_BOUND = tuple(range(3, 22))  # argument positions bound into the plan: embed ... eps
+
+
+def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
+          v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps):
+    """The plan over these (host) tensors: checked once here, its pointers reused by every step."""
+    plan = build.extension().DecodePlan(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms,
+                                        gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
+                                        n_kv_heads, eps)
+
+    def step(tokens, pos, seed_state, greedy, logits, out):
+        if greedy:
+            plan.greedy(tokens, pos, seed_state, logits, out)
+        else:
+            plan.step(tokens, pos, logits)
+
+    return step
+
+
+def transformer_tkg_token(tokens, pos, seed_state, *args):
+    """An unbound launch (a plan for this one call); the kernel interface binds once instead (see `bind`)."""
+    _bind(*args[:19])(tokens, pos, seed_state, *args[19:])
+
+
+def _accepts_token_call(tokens, pos, seed_state, greedy, logits, out) -> bool:
+    """What a bound plan needs of a launch's own arguments (the rest was checked when it was bound)."""
+    return (build.enabled() and not torch.is_grad_enabled() and tokens.shape == (1, 1)
+            and tokens.dtype in (torch.int32, torch.int64) and pos.numel() == 1
+            and pos.dtype in (torch.int32, torch.int64) and logits.is_contiguous() and out.numel() == 1)
+
+
+def _accepts_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms,
+                   gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, greedy,
+                   logits, out) -> bool:
+    if not _accepts_token_call(tokens, pos, seed_state, greedy, logits, out) or embed.dtype not in _DTYPES:
+        return False
+    if logits.dtype != embed.dtype or rope_cos.dtype not in (embed.dtype, torch.float32):
+        return False
+    layers = [*input_norms, *wqs, *wks, *wvs, *wos, *post_norms, *gates, *ups, *downs, *k_caches, *v_caches]
+    if not _dense(embed, final_norm, lm_head, logits, *layers) or not _dense(rope_cos, rope_sin):
+        return False
+    return k_caches[0].shape[0] == 1 and build.extension() is not None
+
+
+transformer_tkg_token.accepts = _accepts_token
+transformer_tkg_token.bound = _BOUND
+transformer_tkg_token.bind = _bind
+transformer_tkg_token.accepts_call = _accepts_token_call

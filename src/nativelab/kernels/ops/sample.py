@@ -89,18 +89,23 @@ def sample(logits: torch.Tensor, seed_state: torch.Tensor, temperature: float = 
     same device, advanced in place by every call (make it with `seed_state(seed, device)`)."""
     check_rank("logits", logits, 2)
     check_float("logits", logits)
+    check_sampling(seed_state, logits.device, top_k, top_p)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    sample_kernel(logits, seed_state, float(temperature), int(top_k), float(top_p), out)
+    return out
+
+
+def check_sampling(seed_state: torch.Tensor, device: torch.device, top_k: int, top_p: float) -> None:
+    """A ValueError naming the problem unless the sampler's state and settings are usable on `device`."""
     if seed_state.dtype != torch.int64 or seed_state.shape != (2,):
         raise ValueError(f"seed_state: expected an int64 tensor of shape (2,), got {seed_state.dtype} "
                          f"{tuple(seed_state.shape)}")
-    if seed_state.device != logits.device:
-        raise ValueError(f"seed_state: on {seed_state.device}, logits on {logits.device}")
+    if seed_state.device != device:
+        raise ValueError(f"seed_state: on {seed_state.device}, expected {device}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")
     if top_k < 0:
         raise ValueError(f"top_k: expected >= 0 (0 = off), got {top_k}")
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    sample_kernel(logits, seed_state, float(temperature), int(top_k), float(top_p), out)
-    return out
 
 
 def seed_state(seed: int, device) -> torch.Tensor:

@@ -15,6 +15,7 @@ from .attention import reference_attention_tkg
 from .mlp import reference_mlp
 from .qkv import reference_qkv
 from .rmsnorm import reference_rmsnorm
+from .sample import check_sampling, sample_kernel
 
 
 def reference_transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
@@ -60,4 +61,67 @@ def transformer_tkg(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: 
     out = torch.empty(x.shape[0], x.shape[1], lm_head.shape[0], dtype=x.dtype, device=x.device)
     transformer_tkg_kernel(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
                            k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out)
+    return out
+
+
+def reference_transformer_tkg_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs,
+                                    wos, post_norms, gates, ups, downs, k_caches, v_caches, final_norm, lm_head,
+                                    n_heads: int, n_kv_heads: int, eps: float = 1e-5):
+    """tokens (B, T) at positions pos (T,) -> logits (B, T, vocab): the embedding lookup, the model's RoPE rows
+    in its dtype, then `reference_transformer_tkg`."""
+    x = F.embedding(tokens, embed)
+    cos, sin = rope_cos[pos].to(embed.dtype), rope_sin[pos].to(embed.dtype)
+    return reference_transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups,
+                                     downs, k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps)
+
+
+@wrap_kernel(weights=(3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 17, 18),
+             targets={"host": "nativelab.kernels.cpu.decode:transformer_tkg_token"})
+def transformer_tkg_token_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos,
+                                 post_norms, gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
+                                 n_kv_heads, eps, greedy, logits, out):
+    """The whole decode step from token ids: logits, and with `greedy` the argmax token (the sampler's counter
+    advancing as for any draw, so seeded runs stay aligned with `sample`)."""
+    logits.copy_(reference_transformer_tkg_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms,
+                                                 wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
+                                                 v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps))
+    if greedy:
+        out.copy_(logits[:, -1].float().argmax(-1))
+        seed_state[1:].add_(1)
+
+
+@kernel_op("nativelab::transformer_tkg_token", mutates_args=("seed_state", "k_caches", "v_caches"))
+def transformer_tkg_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.Tensor, embed: torch.Tensor,
+                          rope_cos: torch.Tensor, rope_sin: torch.Tensor, input_norms: list[torch.Tensor],
+                          wqs: list[torch.Tensor], wks: list[torch.Tensor], wvs: list[torch.Tensor],
+                          wos: list[torch.Tensor], post_norms: list[torch.Tensor], gates: list[torch.Tensor],
+                          ups: list[torch.Tensor], downs: list[torch.Tensor], k_caches: list[torch.Tensor],
+                          v_caches: list[torch.Tensor], final_norm: torch.Tensor, lm_head: torch.Tensor,
+                          n_heads: int, n_kv_heads: int, eps: float, temperature: float, top_k: int,
+                          top_p: float) -> torch.Tensor:
+    """One decode step, token ids in, next token out (B,): embedding, every layer (`transformer_tkg`), final
+    norm, LM head and the draw (`sample`'s: argmax for temperature 0, else top-k / top-p) in one launch, so the
+    experimental tier's compiled step is this op. `rope_cos` / `rope_sin` are the model's whole (max_seq_len,
+    head_dim) tables; `seed_state` is the sampler's [seed, counter], advanced by every call."""
+    check_rank("tokens", tokens, 2)
+    if tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"tokens: expected int32 or int64 token ids, got {tokens.dtype}")
+    n = len(wqs)
+    lists = dict(input_norms=input_norms, wks=wks, wvs=wvs, wos=wos, post_norms=post_norms, gates=gates,
+                 ups=ups, downs=downs, k_caches=k_caches, v_caches=v_caches)
+    for name, lst in lists.items():
+        if len(lst) != n:
+            raise ValueError(f"{name}: expected one tensor per layer ({n}), got {len(lst)}")
+    if lm_head.dim() != 2 or lm_head.shape[1] != embed.shape[1]:
+        raise ValueError(f"lm_head: expected [vocab, {embed.shape[1]}], got {tuple(lm_head.shape)}")
+    check_sampling(seed_state, embed.device, top_k, top_p)
+    b, t = tokens.shape
+    logits = torch.empty(b, t, lm_head.shape[0], dtype=embed.dtype, device=embed.device)
+    out = torch.empty(b, dtype=torch.int64, device=embed.device)
+    greedy = temperature <= 0.0
+    transformer_tkg_token_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos,
+                                 post_norms, gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
+                                 n_kv_heads, eps, greedy, logits, out)
+    if not greedy:
+        sample_kernel(logits[:, -1], seed_state, float(temperature), int(top_k), float(top_p), out)
     return out

@@ -8,7 +8,8 @@ Three tiers run the same weights (Lab 2), chosen with `model.tier`:
 - `base`: plain PyTorch, as written below;
 - `core`: QKV + RoPE, attention and the MLP through the kernel library (`nativelab.kernels.ops`), in
   `Block.forward_kernels`;
-- `experimental`: like core for the prompt, then one `transformer_tkg` call per generated token.
+- `experimental`: like core for the prompt, then one `transformer_tkg` call per generated token; generating,
+  one `transformer_tkg_token` call per token (`next_token`: the token ids in, the drawn token out).
 """
 
 from __future__ import annotations
@@ -231,6 +232,17 @@ class Llama(nn.Module):
             for layer in self.layers:
                 x = layer.forward_kernels(x, input_pos, cos, sin, prefill)
         return self.lm_head(self.norm(x))
+
+    def next_token(self, tokens: torch.Tensor, input_pos: torch.Tensor, seed_state: torch.Tensor,
+                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+        """The experimental tier's decode step: tokens (B, 1) at input_pos (1,) -> the next token (B,), drawn as
+        `kernels.ops.sample` draws (argmax for temperature 0), as one kernel from the token ids to the draw."""
+        if self.layers[0].self_attn.k_cache is None:
+            raise RuntimeError("call setup_cache() before running the model")
+        c = self.cfg
+        return K.transformer_tkg_token(tokens, input_pos, seed_state, self.embed_tokens.weight, self.rope_cos,
+                                       self.rope_sin, *self._layer_weights(), self.norm.weight, self.lm_head.weight,
+                                       c.n_heads, c.n_kv_heads, c.norm_eps, temperature, top_k, top_p)
 
     def _layer_weights(self) -> list[list[torch.Tensor]]:
         """Per-layer weight lists in transformer_tkg's order (and the caches it writes)."""

@@ -485,6 +485,120 @@ void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& u
   });
 }
 
+// ---- The experimental tier's whole decode step, bound once (DecodePlan) ----
+// Token in, next token (or logits) out: embedding row, RoPE rows from the model's tables, every layer, final
+// norm, LM head and the greedy argmax in one call. The weights, caches and tables are checked and their
+// pointers taken once, when the plan is made (the kernel interface makes one per set of tensors and keeps
+// it), so a step passes only the token, the position and its outputs: no per-step list of 66 tensors.
+namespace {
+
+// First index of the largest value, NaN counting as the largest (as torch.argmax).
+template <typename T>
+int64_t argmax(const T* v, int64_t n) {
+  int64_t best = 0;
+  float bv = to_f(v[0]);
+  for (int64_t i = 1; i < n; i++) {
+    const float x = to_f(v[i]);
+    if (std::isnan(bv)) break;
+    if (x > bv || std::isnan(x)) bv = x, best = i;
+  }
+  return best;
+}
+
+class DecodePlan {
+ public:
+  DecodePlan(const at::Tensor& embed, const at::Tensor& cos_table, const at::Tensor& sin_table,
+             const std::vector<at::Tensor>& input_norms, const std::vector<at::Tensor>& wqs,
+             const std::vector<at::Tensor>& wks, const std::vector<at::Tensor>& wvs,
+             const std::vector<at::Tensor>& wos, const std::vector<at::Tensor>& post_norms,
+             const std::vector<at::Tensor>& gates, const std::vector<at::Tensor>& ups,
+             const std::vector<at::Tensor>& downs, const std::vector<at::Tensor>& k_caches,
+             const std::vector<at::Tensor>& v_caches, const at::Tensor& final_norm, const at::Tensor& lm_head,
+             int64_t n_heads, int64_t n_kv_heads, double eps)
+      : embed_(embed), final_norm_(final_norm), lm_head_(lm_head), n_heads_(n_heads), n_kv_(n_kv_heads),
+        eps_(static_cast<float>(eps)) {
+    const auto dtype = embed.scalar_type();
+    check(!wqs.empty(), "no layers");
+    check(embed.dim() == 2 && embed.is_contiguous(), "embedding table (vocab, dim), contiguous");
+    check(lm_head.dim() == 2 && lm_head.size(1) == embed.size(1) && lm_head.is_contiguous(), "lm_head (vocab, dim)");
+    check(final_norm.is_contiguous() && final_norm.scalar_type() == dtype && lm_head.scalar_type() == dtype,
+          "final norm and lm_head in the embedding's dtype");
+    check(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "heads: a multiple of the KV heads");
+    for (size_t i = 0; i < wqs.size(); i++) {
+      layers_.push_back({input_norms.at(i), wqs[i], wks.at(i), wvs.at(i), wos.at(i), post_norms.at(i), gates.at(i),
+                         ups.at(i), downs.at(i), k_caches.at(i), v_caches.at(i)});
+      for (const at::Tensor& t : {wqs[i], wks[i], wvs[i], wos[i], gates[i], ups[i], downs[i], k_caches[i],
+                                  v_caches[i], input_norms[i], post_norms[i]}) {
+        check(t.is_contiguous() && t.scalar_type() == dtype, "weights and caches contiguous, in one dtype");
+      }
+      check(k_caches[i].dim() == 4 && k_caches[i].size(0) == 1, "batch-1 caches (1, kv_heads, S, head_dim)");
+    }
+    const int64_t d = wqs[0].size(0) / n_heads;
+    check(cos_table.dim() == 2 && cos_table.size(1) == d && sin_table.sizes() == cos_table.sizes() &&
+              cos_table.is_contiguous() && sin_table.is_contiguous(),
+          "RoPE tables (max_seq_len, head_dim), contiguous");
+    check(cos_table.scalar_type() == sin_table.scalar_type() &&
+              (cos_table.scalar_type() == dtype || cos_table.scalar_type() == at::kFloat),
+          "RoPE tables in the model dtype or float32");
+    // Read live at each step (one row each), so the plan holds no copy that could go stale.
+    cos_ = cos_table;
+    sin_ = sin_table;
+  }
+
+  // The step's logits (1, 1, vocab), in the model dtype, into logits.
+  void step(const at::Tensor& token, const at::Tensor& pos, at::Tensor& logits) { run(token, pos, logits); }
+
+  // The step's logits, and the greedy next token into out (int64, one element); the sampler's counter
+  // advances as for any draw (the device sampler's seed_state [seed, counter]).
+  void greedy(const at::Tensor& token, const at::Tensor& pos, at::Tensor& seed_state, at::Tensor& logits,
+              at::Tensor& out) {
+    check(out.scalar_type() == at::kLong && out.numel() == 1, "out: one int64 token");
+    check(seed_state.scalar_type() == at::kLong && seed_state.numel() == 2 && seed_state.is_contiguous(),
+          "seed_state: int64 [seed, counter]");
+    run(token, pos, logits);
+    dispatch(logits.scalar_type(), [&](auto zero) {
+      using T = decltype(zero);
+      out.data_ptr<int64_t>()[0] = argmax(logits.data_ptr<T>(), logits.numel());
+    });
+    seed_state.data_ptr<int64_t>()[1] += 1;
+  }
+
+ private:
+  void run(const at::Tensor& token, const at::Tensor& pos, at::Tensor& logits) {
+    check(token.numel() == 1 && (token.scalar_type() == at::kInt || token.scalar_type() == at::kLong),
+          "one int token (batch 1)");
+    const int64_t tok = token.scalar_type() == at::kInt ? token.data_ptr<int32_t>()[0] : token.data_ptr<int64_t>()[0];
+    check(tok >= 0 && tok < embed_.size(0), "token id out of the vocabulary");
+    const int64_t p = read_pos(pos);
+    check(p >= 0 && p < layers_[0].k_cache.size(2) && p < cos_.size(0), "pos beyond the cache");
+    check(logits.is_contiguous() && logits.numel() == lm_head_.size(0) &&
+              logits.scalar_type() == embed_.scalar_type(), "logits: (vocab) in the model dtype, contiguous");
+    const int64_t dim = embed_.size(1), d = cos_.size(1);
+    dispatch(embed_.scalar_type(), [&](auto zero) {
+      using T = decltype(zero);
+      std::vector<T> c(d), s(d);  // this position's RoPE rows in the model dtype (as rope_cos[pos].to(dtype))
+      for (int64_t i = 0; i < d; i++) {
+        if (cos_.scalar_type() == at::kFloat) {
+          c[i] = static_cast<T>(cos_.data_ptr<float>()[p * d + i]);
+          s[i] = static_cast<T>(sin_.data_ptr<float>()[p * d + i]);
+        } else {
+          c[i] = ptr<T>(cos_)[p * d + i];
+          s[i] = ptr<T>(sin_)[p * d + i];
+        }
+      }
+      decode_step<T>(ptr<T>(embed_) + tok * dim, p, c.data(), s.data(), layers_, ptr<T>(final_norm_),
+                     ptr<T>(lm_head_), logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
+    });
+  }
+
+  at::Tensor embed_, cos_, sin_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  int64_t n_heads_, n_kv_;
+  float eps_;
+};
+
+}  // namespace
+
 std::string isa() {
 #if defined(CPU_CAPABILITY_AVX512)
   return "AVX512";
@@ -502,4 +616,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_decode", &attention_decode, "one token: cache write + attention over positions 0..pos");
   m.def("mlp_decode", &mlp_decode, "one token: RMSNorm + SwiGLU MLP (+ residual)");
   m.def("isa", &isa, "the vector ISA this build was compiled for");
+  // module_local: each ISA's build registers its own DecodePlan type (all three may load in one process)
+  pybind11::class_<DecodePlan>(m, "DecodePlan", pybind11::module_local(), "the whole decode step over bound weights")
+      .def(pybind11::init<const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::vector<at::Tensor>&,
+                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,
+                          const at::Tensor&, int64_t, int64_t, double>())
+      .def("step", &DecodePlan::step, "the step's logits (vocab) into logits")
+      .def("greedy", &DecodePlan::greedy, "the step's logits, and its greedy next token into out");
 }
