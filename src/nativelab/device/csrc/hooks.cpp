@@ -160,7 +160,7 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
   at::Generator getNewGenerator(c10::DeviceIndex index) const override { return make_generator(index); }
   at::Allocator* getPinnedMemoryAllocator() const override { return &PinnedAllocator::instance(); }
   bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
-  // The core whose memory holds `data` (from the allocator's table of live blocks): at::from_blob over device
+  // The core whose memory holds `data` (from the allocator's list of live blocks): at::from_blob over device
   // memory without an index asks this.
   at::Device getDeviceFromPtr(void* data) const override {
     const auto index = mem_core_of(data);

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <map>
 #include <mutex>
 
 namespace nativelab {
@@ -47,24 +46,20 @@ struct CoreAccount {
   int64_t allocated() const { return bytes[kAll].current; }
 };
 
+// The live blocks form a list (under the lock): entering and leaving it costs two pointer writes on the hot
+// path of every op; the rare questions (which core holds a pointer, a snapshot) walk it.
 struct Block {
-  void* ptr;
-  int index;
-  int64_t nbytes;
+  void* ptr = nullptr;
+  int index = 0;
+  int64_t nbytes = 0;
   c10::Storage adopted;  // adopted memory: the CPU storage that owns it; empty: the runtime's own (alloc_cpu)
+  Block* prev = this;
+  Block* next = this;
 };
 
-// Where the live blocks are, for `getDeviceFromPtr`. One CPU buffer may be adopted by two device storages
-// (two results of one CPU kernel sharing it): `holders` counts them.
-struct Range {
-  int64_t nbytes;
-  int index;
-  int holders;
-};
-
-std::mutex g_mem_mutex;  // guards the accounts and the ranges
+std::mutex g_mem_mutex;  // guards the accounts and the list of blocks
 std::array<CoreAccount, kMaxDevices> g_accounts;
-std::map<uintptr_t, Range> g_ranges;
+Block g_blocks;  // the list's head (not a block)
 
 [[noreturn]] void out_of_memory(int index, int64_t nbytes, CoreAccount& a) {
   a.num_ooms += 1;
@@ -80,25 +75,13 @@ CoreAccount& account(int index) {
   return g_accounts[index];
 }
 
-// Count a block about to be made (raises the OOM first, so a failed request leaves nothing behind).
-void reserve(int index, int64_t nbytes) {
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
-  auto& a = account(index);
-  if (a.allocated() + nbytes > a.capacity) out_of_memory(index, nbytes, a);
-  a.add(nbytes);
-}
-
-void unreserve(int index, int64_t nbytes) noexcept {
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
-  g_accounts[index].remove(nbytes);
-}
-
-void add_range(const Block& b) {
-  if (b.ptr == nullptr) return;
-  const auto start = reinterpret_cast<uintptr_t>(b.ptr);
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
-  auto [it, fresh] = g_ranges.try_emplace(start, Range{b.nbytes, b.index, 1});
-  if (!fresh) it->second.holders += 1;
+// Count a new block and enter it in the list (the caller holds the lock and has checked the capacity).
+void add_block(CoreAccount& a, Block* b) {
+  a.add(b->nbytes);
+  b->prev = g_blocks.prev;
+  b->next = &g_blocks;
+  g_blocks.prev->next = b;
+  g_blocks.prev = b;
 }
 
 void free_block(void* ctx) {
@@ -106,8 +89,8 @@ void free_block(void* ctx) {
   {
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     g_accounts[b->index].remove(b->nbytes);
-    auto it = b->ptr ? g_ranges.find(reinterpret_cast<uintptr_t>(b->ptr)) : g_ranges.end();
-    if (it != g_ranges.end() && --it->second.holders == 0) g_ranges.erase(it);
+    b->prev->next = b->next;
+    b->next->prev = b->prev;
   }
   if (!b->adopted) c10::free_cpu(b->ptr);
   delete b;  // outside the lock: releasing an adopted CPU storage may take the GIL
@@ -200,19 +183,19 @@ void mem_reset_peak(int index) {
 }
 
 c10::DataPtr mem_alloc(int index, int64_t nbytes) {
-  reserve(index, nbytes);
-  void* ptr = nullptr;
-  try {
-    ptr = c10::alloc_cpu(nbytes == 0 ? 1 : nbytes);
-  } catch (...) {
-    unreserve(index, nbytes);
-    throw;
-  }
   auto* b = new Block();
-  b->ptr = ptr;
   b->index = index;
   b->nbytes = nbytes;
-  add_range(*b);
+  try {  // one lock for the check, the host memory, the account and the list (the hot path of every op)
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto& a = account(index);
+    if (a.allocated() + nbytes > a.capacity) out_of_memory(index, nbytes, a);  // before touching host memory
+    b->ptr = c10::alloc_cpu(nbytes == 0 ? 1 : nbytes);
+    add_block(a, b);
+  } catch (...) {
+    delete b;
+    throw;
+  }
   return block_ptr(b);
 }
 
@@ -221,13 +204,20 @@ c10::Storage mem_storage(int index, int64_t nbytes) { return make_storage(mem_al
 c10::Storage mem_adopt(const c10::Storage& host, int index) {
   TORCH_CHECK(host.device().is_cpu(), "neuron: only CPU memory can be adopted, got a storage on ", host.device());
   const auto nbytes = static_cast<int64_t>(host.nbytes());
-  reserve(index, nbytes);
   auto* b = new Block();
   b->ptr = nbytes ? host.mutable_data() : nullptr;
   b->index = index;
   b->nbytes = nbytes;
   b->adopted = host;
-  add_range(*b);
+  try {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto& a = account(index);
+    if (a.allocated() + nbytes > a.capacity) out_of_memory(index, nbytes, a);
+    add_block(a, b);
+  } catch (...) {
+    delete b;
+    throw;
+  }
   return make_storage(block_ptr(b), nbytes);
 }
 
@@ -260,20 +250,22 @@ void mem_resize(const c10::Storage& st, size_t nbytes) {
 std::optional<int> mem_core_of(const void* ptr) {
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(g_mem_mutex);
-  auto it = g_ranges.upper_bound(addr);
-  if (it == g_ranges.begin()) return std::nullopt;
-  --it;
-  if (addr >= it->first + std::max<int64_t>(it->second.nbytes, 1)) return std::nullopt;
-  return it->second.index;
+  for (const Block* b = g_blocks.next; b != &g_blocks; b = b->next) {
+    const auto start = reinterpret_cast<uintptr_t>(b->ptr);
+    if (b->ptr != nullptr && addr >= start && addr < start + std::max<int64_t>(b->nbytes, 1)) return b->index;
+  }
+  return std::nullopt;
 }
 
 std::vector<MemBlock> mem_blocks() {
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
   std::vector<MemBlock> out;
-  out.reserve(g_ranges.size());
-  for (const auto& [start, r] : g_ranges) out.push_back({start, r.nbytes, r.index});
+  {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    for (const Block* b = g_blocks.next; b != &g_blocks; b = b->next)
+      if (b->ptr != nullptr) out.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->nbytes, b->index});
+  }
+  std::sort(out.begin(), out.end(), [](const MemBlock& x, const MemBlock& y) { return x.address < y.address; });
   return out;
 }
-
 
 }  // namespace nativelab
