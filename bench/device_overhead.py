@@ -1,11 +1,13 @@
 """Per-op, per-training-step and per-decode-step cost of the emulated device against plain CPU PyTorch, in one run.
 
-    python bench/device_overhead.py [--iters 10000] [--steps 500] [--decode-steps 20]
+    python bench/device_overhead.py [--iters 10000] [--steps 500] [--decode-steps 20] [--trace]
 
 Prints microseconds per `t * 2 + 1` on 64x64 (two ops), per training step of a small MLP (Linear 10->2,
 CrossEntropy, Adam, batch 64), for plain CPU, the device (default asynchronous mode) and the device in
 NATIVELAB_SYNC mode, and the device/CPU ratios; then milliseconds per eager decode step of the guide's `small`
 Llama (bf16, batch 1, static KV cache) on plain CPU tensors and on the device. Medians of 5 interleaved repeats.
+`--trace` adds both figures inside a `torch.profiler` trace (CPU activity for CPU, CPU + PrivateUse1 for the
+device) beside the same work untraced, so the trace's cost on each can be compared.
 """
 
 from __future__ import annotations
@@ -102,6 +104,24 @@ def measure(fn, n: int, repeats: int, with_sync: bool = True) -> dict[str, list[
     return results
 
 
+def measure_traced(fn, n: int, repeats: int) -> dict[str, list[float]]:
+    """`fn` on CPU and on the device, untraced and inside a torch.profiler trace, interleaved."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def traced(device):
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device != "cpu" else [])
+        with profile(activities=acts):
+            return fn(device, n)
+
+    results = {"cpu": [], "neuron (async)": [], "cpu traced": [], "neuron traced": []}
+    for _ in range(repeats):
+        results["cpu"].append(fn("cpu", n))
+        results["neuron (async)"].append(fn("neuron", n))
+        results["cpu traced"].append(traced("cpu"))
+        results["neuron traced"].append(traced("neuron"))
+    return results
+
+
 def report(title: str, results: dict[str, list[float]]) -> None:
     cpu = statistics.median(results["cpu"])
     print(f"\n{title}")
@@ -117,6 +137,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--decode-steps", type=int, default=20)
+    ap.add_argument("--trace", action="store_true", help="also measure inside a torch.profiler trace")
+    ap.add_argument("--trace-iters", type=int, default=2000, help="iterations (and steps) of the traced rows")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, nativelab {nativelab.__version__}, 1 thread")
@@ -124,6 +146,13 @@ def main() -> None:
            measure(elementwise, args.iters, args.repeats))
     report(f"training step, Linear(10->2) + CrossEntropy + Adam, batch 64 ({args.steps} steps): us per step",
            measure(train_step, args.steps, args.repeats))
+    if args.trace:
+        for title, fn in (("t * 2 + 1 on 64x64", elementwise), ("training step", train_step)):
+            res = measure_traced(fn, args.trace_iters, args.repeats)
+            report(f"{title} under torch.profiler ({args.trace_iters} iterations): us per iteration", res)
+            med = {k: statistics.median(v) for k, v in res.items()}
+            print(f"  trace cost: cpu {med['cpu traced'] / med['cpu']:.2f}x, "
+                  f"device {med['neuron traced'] / med['neuron (async)']:.2f}x")
     decode = measure(decode_step, args.decode_steps, args.repeats, with_sync=False)
     report(f"eager decode step, Llama 'small' bf16, batch 1 ({args.decode_steps} steps): us per step", decode)
     speed = statistics.median(decode["cpu"]) / statistics.median(decode["neuron (async)"])
