@@ -155,8 +155,7 @@ class Kernel:
             if entry is None:
                 return False
         if device.type == DEVICE:
-            queue.submit(f"kernel:{self.name}", entry[0],
-                         [memory.host_view(a) if isinstance(a, torch.Tensor) else a for a in rest])
+            queue.launch("kernel", f"kernel:{self.name}", entry[0], *rest)
             tracking.executed[f"kernel:{self.name}"] += 1
         else:
             entry[0](*rest)
