@@ -133,10 +133,11 @@ class Kernel:
 
     def _launch_bound(self, host, args) -> bool:
         """The lean launch of a host target that binds: `host.bind(*args at host.bound)` makes a plan over the
-        weights once (checked in full then, by `host.accepts`), kept per identity of those tensors (their
-        Python objects and data pointers: a replaced or re-pointed weight binds again); a launch then checks and
-        passes only the other arguments (`host.accepts_call`). False: not handled here (tracing, autograd, a
-        signature the host does not take), the ordinary path decides."""
+        weights once (checked in full then, by `host.accepts`), kept per memory of those tensors (their data
+        pointers and dtypes, not their Python objects: a compiled graph passes new host views of the same
+        memory at every step; a replaced or re-pointed weight binds again); a launch then checks and passes
+        only the other arguments (`host.accepts_call`). False: not handled here (tracing, autograd, a signature
+        the host does not take), the ordinary path decides."""
         positions = host.bound
         rest = [a for i, a in enumerate(args) if i not in positions]
         live = [a for a in rest if isinstance(a, torch.Tensor)]
@@ -147,15 +148,16 @@ class Kernel:
             return False
         if not host.accepts_call(*rest):
             return False
-        key = (device, *(tuple(map(id, a)) if isinstance(a, (list, tuple)) else id(a) if isinstance(a, torch.Tensor)
-                         else a for a in (args[i] for i in positions)))
+        key = (device, *(tuple(t.data_ptr() for t in a) if isinstance(a, (list, tuple))
+                         else (a.data_ptr(), a.dtype) if isinstance(a, torch.Tensor) else a
+                         for a in (args[i] for i in positions)))
         entry = self._bound.get(key)
-        if entry is None or [t.data_ptr() for t in entry[1]] != entry[2]:
+        if entry is None:
             entry = self._bind(host, args, device, key)
             if entry is None:
                 return False
         if device.type == DEVICE:
-            queue.launch("kernel", f"kernel:{self.name}", entry[0], *rest)
+            queue.launch("kernel", f"kernel:{self.name}", entry[0], *rest)  # runs on host views of `rest`
             tracking.executed[f"kernel:{self.name}"] += 1
         else:
             entry[0](*rest)
@@ -172,10 +174,9 @@ class Kernel:
                       else memory.host_view(a) if isinstance(a, torch.Tensor) else a for a in bound]
         else:
             hosted = bound
-        held = [t for a in bound for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
         if len(self._bound) >= _MAX_BOUND:
             del self._bound[next(iter(self._bound))]
-        entry = self._bound[key] = (host.bind(*hosted), held, [t.data_ptr() for t in held])
+        entry = self._bound[key] = (host.bind(*hosted), bound)  # the tensors stay alive: their memory is the key
         return entry
 
     def _target(self, kind: str):
