@@ -92,6 +92,25 @@ def test_collectives_write_device_memory_in_place(one_rank_group):
     assert t.data_ptr() == ptr and t.untyped_storage().data_ptr() == ptr
 
 
+def test_a_collective_is_device_work_of_its_own_kind_in_a_trace(one_rank_group, tmp_path):
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    t = torch.arange(6.0, device="neuron")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        u = t * 2  # still queued: the collective runs after it
+        dist.all_reduce(u)
+        host = u.cpu()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    work = sorted((e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"),
+                  key=lambda e: e["ts"])
+    assert [(e["name"], e["args"]["kind"]) for e in work] == [
+        ("neuron::mul.Tensor", "op"), ("neuron::all_reduce", "collective"), ("neuron::memcpy_device_to_host", "copy")]
+    assert torch.equal(host, torch.arange(6.0) * 2)
+
+
 def test_bound_device_subgroups_and_device_mesh():
     from torch.distributed.device_mesh import init_device_mesh
 

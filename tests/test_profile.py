@@ -45,6 +45,26 @@ def test_eager_elementwise_traffic_is_inputs_read_and_outputs_written():
     assert queue.observer is None  # off again: zero cost outside a session
 
 
+def test_hand_written_host_kernels_are_counted_as_kernels():
+    """A kernel's host code is device work of kind 'kernel' (it was dropped as a marker when the profiler guessed
+    an entry's kind from its function)."""
+    def add_one(x, out):
+        torch.add(x, 1, out=out)
+
+    def host_add_one(x, out):
+        torch.add(x, 1, out=out)
+
+    host_add_one.accepts = lambda x, out: True
+    kernel = wrap_kernel(add_one, targets={"host": host_add_one})
+    a, out = dev(4, 4), torch.empty(4, 4, device="neuron")
+    with Session() as s:
+        kernel(a, out)
+        kernel(out, out)
+    st = s.ops[f"kernel:{kernel.name}"]
+    assert (st.kind, st.calls) == ("kernel", 2) and st.seconds > 0
+    torch.testing.assert_close(out.cpu(), a.cpu() + 2)
+
+
 def test_scatter_into_a_cache_writes_only_the_scattered_values():
     cache = torch.zeros(2, 8, 4, device="neuron")
     pos = torch.tensor([3], dtype=torch.int32).to("neuron")
