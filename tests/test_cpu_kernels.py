@@ -308,3 +308,21 @@ def test_the_token_step_binds_its_weights_once(monkeypatch):
             seed.zero_()
             traced = [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item()]
     assert got == traced and seed.cpu().tolist() == [0, 3]
+
+
+def test_the_compiled_experimental_tier_agrees_with_its_traced_kernel():
+    """The compiled experimental tier in inference mode (its one-kernel step runs while the queue drains, on
+    host views made there: inference tensors) gives the base tier's greedy tokens with the hand-written kernel
+    and with the traced one (NATIVELAB_CPU_KERNELS=0, the RoPE tables are inputs there, not baked)."""
+    from nativelab.models.llama import Generator, Llama, Sampling
+
+    src = Llama.random("tiny")
+    got = []
+    for on in (True, False):
+        with build.host_kernels(on):
+            torch._dynamo.reset()
+            g = Generator(src.copy_as("experimental", torch.float32, "neuron"), Sampling(greedy=True)).compile()
+            with torch.inference_mode():
+                got.append(g.generate([1, 2, 3], 6))
+    want = Generator(src.copy_as("base", torch.float32, "neuron"), Sampling(greedy=True)).generate([1, 2, 3], 6)
+    assert got == [want, want]
