@@ -399,3 +399,22 @@ def test_weights_stay_inputs_compiles_once_for_changing_weights():
         for w in layers:  # baked: one variant per weight set
             ops.mlp(x, *w)
         assert len(mlp_kernel_no_norm._compiled) == before + 1 + len(layers)
+
+
+def test_whole_step_kernels_name_a_short_layer_list_or_a_wrong_lm_head():
+    """transformer_tkg and transformer_tkg_token check their per-layer lists and LM head before anything runs."""
+    from nativelab.models.llama import Llama
+
+    m = Llama.random("tiny", "experimental", seed=0)
+    m.setup_cache()
+    c, lists = m.cfg, m._layer_weights()
+    short = lists[:9] + [lists[9][:-1]] + lists[10:]  # k_caches one layer short
+    head = m.lm_head.weight
+    tokens, pos = torch.tensor([[3]]), torch.tensor([0])
+    with pytest.raises(ValueError, match=r"k_caches: expected one tensor per layer"):
+        ops.transformer_tkg_token(tokens, pos, seed_state(0, "cpu"), m.embed_tokens.weight, m.rope_cos, m.rope_sin,
+                                  *short, m.norm.weight, head, c.n_heads, c.n_kv_heads, c.norm_eps, 0.0, 0, 1.0)
+    x = torch.randn(1, 1, c.dim)
+    with pytest.raises(ValueError, match=r"lm_head: expected \[vocab, %d\]" % c.dim):
+        ops.transformer_tkg(x, pos, m.rope_cos[:1], m.rope_sin[:1], *lists, m.norm.weight, head[:, :-1],
+                            c.n_heads, c.n_kv_heads, c.norm_eps)

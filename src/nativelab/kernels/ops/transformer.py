@@ -41,6 +41,16 @@ def transformer_tkg_kernel(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, po
                                         n_kv_heads, eps))
 
 
+def _check_layers(hidden: int, lm_head: torch.Tensor, wqs: list[torch.Tensor], **lists: list[torch.Tensor]) -> None:
+    """Every per-layer list holds one tensor per layer (as many as `wqs`); the LM head is [vocab, hidden]."""
+    n = len(wqs)
+    for name, lst in lists.items():
+        if len(lst) != n:
+            raise ValueError(f"{name}: expected one tensor per layer ({n}), got {len(lst)}")
+    if lm_head.dim() != 2 or lm_head.shape[1] != hidden:
+        raise ValueError(f"lm_head: expected [vocab, {hidden}], got {tuple(lm_head.shape)}")
+
+
 @kernel_op("nativelab::transformer_tkg", mutates_args=("k_caches", "v_caches"))
 def transformer_tkg(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     input_norms: list[torch.Tensor], wqs: list[torch.Tensor], wks: list[torch.Tensor],
@@ -50,14 +60,8 @@ def transformer_tkg(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: 
                     lm_head: torch.Tensor, n_heads: int, n_kv_heads: int, eps: float = 1e-5) -> torch.Tensor:
     check_rank("x", x, 3)
     check_float("x", x)
-    n = len(wqs)
-    lists = dict(input_norms=input_norms, wks=wks, wvs=wvs, wos=wos, post_norms=post_norms, gates=gates,
-                 ups=ups, downs=downs, k_caches=k_caches, v_caches=v_caches)
-    for name, lst in lists.items():
-        if len(lst) != n:
-            raise ValueError(f"{name}: expected one tensor per layer ({n}), got {len(lst)}")
-    if lm_head.dim() != 2 or lm_head.shape[1] != x.shape[2]:
-        raise ValueError(f"lm_head: expected [vocab, {x.shape[2]}], got {tuple(lm_head.shape)}")
+    _check_layers(x.shape[2], lm_head, wqs, input_norms=input_norms, wks=wks, wvs=wvs, wos=wos,
+                  post_norms=post_norms, gates=gates, ups=ups, downs=downs, k_caches=k_caches, v_caches=v_caches)
     out = torch.empty(x.shape[0], x.shape[1], lm_head.shape[0], dtype=x.dtype, device=x.device)
     transformer_tkg_kernel(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
                            k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out)
@@ -108,14 +112,8 @@ def transformer_tkg_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: t
     check_rank("tokens", tokens, 2)
     if tokens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"tokens: expected int32 or int64 token ids, got {tokens.dtype}")
-    n = len(wqs)
-    lists = dict(input_norms=input_norms, wks=wks, wvs=wvs, wos=wos, post_norms=post_norms, gates=gates,
-                 ups=ups, downs=downs, k_caches=k_caches, v_caches=v_caches)
-    for name, lst in lists.items():
-        if len(lst) != n:
-            raise ValueError(f"{name}: expected one tensor per layer ({n}), got {len(lst)}")
-    if lm_head.dim() != 2 or lm_head.shape[1] != embed.shape[1]:
-        raise ValueError(f"lm_head: expected [vocab, {embed.shape[1]}], got {tuple(lm_head.shape)}")
+    _check_layers(embed.shape[1], lm_head, wqs, input_norms=input_norms, wks=wks, wvs=wvs, wos=wos,
+                  post_norms=post_norms, gates=gates, ups=ups, downs=downs, k_caches=k_caches, v_caches=v_caches)
     check_sampling(seed_state, embed.device, top_k, top_p)
     b, t = tokens.shape
     logits = torch.empty(b, t, lm_head.shape[0], dtype=embed.dtype, device=embed.device)
