@@ -40,7 +40,8 @@ TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k", [(37, 133), (1, 7), (513, 64), (96, 2048)])
+# k: whole 64-byte lines of a row, a leftover vector (61, 48: 16 bf16 on AVX2, 32 on AVX-512), a scalar tail
+@pytest.mark.parametrize("n,k", [(37, 133), (1, 7), (513, 64), (96, 2048), (21, 61), (10, 48)])
 def test_matvec(ext, dtype, n, k):
     torch.manual_seed(n * k)
     w, h = torch.randn(n, k).to(dtype), torch.randn(k).to(dtype)
@@ -48,6 +49,19 @@ def test_matvec(ext, dtype, n, k):
     ext.matvec_out(w, h, out)
     ref = (w.float() @ h.float()).to(dtype)  # exact products, fp32 accumulation, rounded once
     torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("n,k", [(37, 133), (21, 61), (10, 48), (96, 2048)])
+def test_bf16_matvec_sums_the_exact_products(ext, n, k):
+    """bf16 rows are widened by bit operations on pairs of weights (the even and odd columns apart) against a
+    reordered copy of h: each output must still be the sum of the exact products w[r, c] * h[c], rounded once
+    to bf16 (within one bf16 rounding of the float64 sum), with an fp32 h that bf16 cannot hold."""
+    torch.manual_seed(k)
+    w, h = torch.randn(n, k).to(torch.bfloat16), torch.randn(k)
+    out = torch.empty(n, dtype=torch.bfloat16)
+    ext.matvec_out(w, h, out)
+    ref = w.double() @ h.double()
+    torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-4)
 
 
 def _decoder(dtype, n_layers=2, dim=72, n_heads=6, n_kv=2, ffn=100, vocab=131, seq=16):
