@@ -285,6 +285,39 @@ def test_decode_plan_is_the_step_from_token_ids(ext, dtype, table):
         plan.step(torch.tensor([[1]]), torch.tensor([16]), logits)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_tok,start", [(1, 4), (2, 0), (7, 3), (5, 11)])  # (5, 11): ends at the cache's last row
+def test_decode_plan_prefills_a_prompt(ext, dtype, n_tok, start):
+    """A bound DecodePlan given T tokens at consecutive positions (a prompt's prefill, each weight read once for
+    all of them): every token's cache rows equal the reference's, the logits are the last token's, its greedy
+    token their argmax, the counter advances once; bad positions are clear errors."""
+    a = _decoder(dtype)
+    bound = _plan_args(a)
+    ref_caches = {k: [t.clone() for t in a[k]] for k in ("k_caches", "v_caches")}
+    plan = ext.DecodePlan(*bound)
+    vocab = a["lm_head"].shape[0]
+    logits = torch.empty(1, 1, vocab, dtype=dtype)
+    out, seed = torch.empty(1, dtype=torch.int64), torch.tensor([7, 3])
+    tokens = torch.randint(0, vocab, (1, n_tok), generator=torch.Generator().manual_seed(n_tok))
+    pos = torch.arange(start, start + n_tok, dtype=torch.int32)
+    plan.greedy(tokens, pos, seed, logits, out)
+    ref_args = [*bound[:12], ref_caches["k_caches"], ref_caches["v_caches"], *bound[14:]]
+    ref = K.reference_transformer_tkg_token(tokens, pos.long(), seed, *ref_args)[:, -1:]
+    tol = 1e-4 if dtype == torch.float32 else 4e-2
+    assert (logits.float() - ref.float()).abs().max().item() <= tol * max(ref.abs().max().item(), 1.0)
+    assert out.item() == logits.float().argmax().item()
+    assert seed.tolist() == [7, 4]
+    for k in ("k_caches", "v_caches"):
+        for mine, theirs in zip(a[k], ref_caches[k]):
+            torch.testing.assert_close(mine.float(), theirs.float(), **TOL[dtype])
+    with pytest.raises(RuntimeError, match="consecutive"):
+        plan.step(torch.tensor([[1, 2, 3]]), torch.tensor([4, 5, 7]), logits)
+    with pytest.raises(RuntimeError, match="pos beyond the cache"):
+        plan.step(torch.tensor([[1, 2, 3]]), torch.tensor([14, 15, 16]), logits)
+    with pytest.raises(RuntimeError, match="one position per token"):
+        plan.step(torch.tensor([[1, 2, 3]]), torch.tensor([4, 5]), logits)
+
+
 def test_the_token_step_binds_its_weights_once(monkeypatch):
     """transformer_tkg_token on device tensors: the kernel interface makes one plan per set of weights (not per
     step), binds again when a weight is re-pointed, agrees with the traced path, and a greedy token equals
@@ -322,6 +355,40 @@ def test_the_token_step_binds_its_weights_once(monkeypatch):
             seed.zero_()
             traced = [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item()]
     assert got == traced and seed.cpu().tolist() == [0, 3]
+
+
+def test_the_token_step_takes_a_whole_prompt(monkeypatch):
+    """transformer_tkg_token with a prompt (1, T) on device tensors: the bound plan's prefill and the traced
+    path draw the same first token (greedy and top-p) and leave the same caches, the decode step after it
+    agrees too; positions that do not match the tokens are a clear error."""
+    if build.extension() is None:
+        pytest.skip("no C++ toolchain")
+    a = _decoder(torch.float32)
+    bound = [v.to("neuron") if isinstance(v, torch.Tensor) else [t.to("neuron") for t in v]
+             if isinstance(v, list) else v for v in _plan_args(a)]
+    seed = torch.tensor([0, 0]).to("neuron")
+
+    def step(toks, start, temperature):
+        pos = torch.arange(start, start + len(toks)).to("neuron")
+        return K.transformer_tkg_token(torch.tensor([toks]).to("neuron"), pos, seed, *bound, temperature, 0,
+                                       0.9).item()
+
+    runs = []
+    with torch.no_grad():
+        for on in (True, False):
+            with build.host_kernels(on):
+                for c in (*bound[12], *bound[13]):
+                    c.zero_()
+                seed.zero_()
+                runs.append(([step([3, 9, 4, 7, 1], 0, 0.0), step([2, 8], 5, 0.8), step([6], 7, 0.0)],
+                             [c.cpu().clone() for c in (*bound[12], *bound[13])]))
+        with pytest.raises(ValueError, match=r"pos: expected one position per token, shape \(2,\)"):
+            K.transformer_tkg_token(torch.tensor([[1, 2]]).to("neuron"), torch.tensor([0]).to("neuron"), seed,
+                                    *bound, 0.0, 0, 0.9)
+    (host, host_caches), (traced, traced_caches) = runs
+    assert host == traced
+    for mine, theirs in zip(host_caches, traced_caches):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
 
 
 def test_the_compiled_experimental_tier_agrees_with_its_traced_kernel():

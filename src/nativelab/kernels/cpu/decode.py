@@ -92,6 +92,8 @@ mlp.accepts = _accepts_mlp
 
 # The experimental tier's whole step from token ids (`transformer_tkg_token`): a DecodePlan binds the weights,
 # caches and RoPE tables once; each launch passes the token, position, sampler state and outputs only.
+# Tokens (1, T) at consecutive positions (T,): T == 1 is a decode step, T > 1 a prompt's prefill in the same
+# plan (csrc/prefill.h: each weight read once for all T tokens), the logits the last token's only.
 _BOUND = tuple(range(3, 22))  # argument positions bound into the plan: embed ... eps
 
 
@@ -118,8 +120,8 @@ def transformer_tkg_token(tokens, pos, seed_state, *args):
 
 def _accepts_token_call(tokens, pos, seed_state, greedy, logits, out) -> bool:
     """What a bound plan needs of a launch's own arguments (the rest was checked when it was bound)."""
-    return (build.enabled() and not torch.is_grad_enabled() and tokens.shape == (1, 1)
-            and tokens.dtype in (torch.int32, torch.int64) and pos.numel() == 1
+    return (build.enabled() and not torch.is_grad_enabled() and tokens.dim() == 2 and tokens.shape[0] == 1
+            and tokens.dtype in (torch.int32, torch.int64) and pos.numel() == tokens.shape[1]
             and pos.dtype in (torch.int32, torch.int64) and logits.is_contiguous() and out.numel() == 1)
 
 

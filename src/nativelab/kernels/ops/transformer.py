@@ -86,11 +86,12 @@ def reference_transformer_tkg_token(tokens, pos, seed_state, embed, rope_cos, ro
 def transformer_tkg_token_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos,
                                  post_norms, gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
                                  n_kv_heads, eps, greedy, logits, out):
-    """The whole decode step from token ids: logits, and with `greedy` the argmax token (the sampler's counter
-    advancing as for any draw, so seeded runs stay aligned with `sample`)."""
+    """The whole step from token ids (1, T): every token's cache rows, the last token's logits (B, 1, vocab),
+    and with `greedy` its argmax token (the sampler's counter advancing as for any draw, so seeded runs stay
+    aligned with `sample`)."""
     logits.copy_(reference_transformer_tkg_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms,
                                                  wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
-                                                 v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps))
+                                                 v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps)[:, -1:])
     if greedy:
         out.copy_(logits[:, -1].float().argmax(-1))
         seed_state[1:].add_(1)
@@ -105,9 +106,11 @@ def transformer_tkg_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: t
                           v_caches: list[torch.Tensor], final_norm: torch.Tensor, lm_head: torch.Tensor,
                           n_heads: int, n_kv_heads: int, eps: float, temperature: float, top_k: int,
                           top_p: float) -> torch.Tensor:
-    """One decode step, token ids in, next token out (B,): embedding, every layer (`transformer_tkg`), final
+    """One step, token ids in, next token out (B,): embedding, every layer (`transformer_tkg`), final
     norm, LM head and the draw (`sample`'s: argmax for temperature 0, else top-k / top-p) in one launch, so the
-    experimental tier's compiled step is this op. `rope_cos` / `rope_sin` are the model's whole (max_seq_len,
+    experimental tier's compiled step is this op. tokens (B, T) at positions pos (T,): T == 1 is a decode step,
+    T > 1 a prompt's prefill (every token's cache rows written; the LM head and the draw for the last token
+    only, since only its token is returned). `rope_cos` / `rope_sin` are the model's whole (max_seq_len,
     head_dim) tables; `seed_state` is the sampler's [seed, counter], advanced by every call."""
     check_rank("tokens", tokens, 2)
     if tokens.dtype not in (torch.int32, torch.int64):
@@ -116,7 +119,9 @@ def transformer_tkg_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: t
                   post_norms=post_norms, gates=gates, ups=ups, downs=downs, k_caches=k_caches, v_caches=v_caches)
     check_sampling(seed_state, embed.device, top_k, top_p)
     b, t = tokens.shape
-    logits = torch.empty(b, t, lm_head.shape[0], dtype=embed.dtype, device=embed.device)
+    if pos.shape != (t,):
+        raise ValueError(f"pos: expected one position per token, shape ({t},), got {tuple(pos.shape)}")
+    logits = torch.empty(b, 1, lm_head.shape[0], dtype=embed.dtype, device=embed.device)  # the last token's
     out = torch.empty(b, dtype=torch.int64, device=embed.device)
     greedy = temperature <= 0.0
     transformer_tkg_token_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos,

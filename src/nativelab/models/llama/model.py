@@ -9,7 +9,8 @@ Three tiers run the same weights (Lab 2), chosen with `model.tier`:
 - `core`: QKV + RoPE, attention and the MLP through the kernel library (`nativelab.kernels.ops`), in
   `Block.forward_kernels`;
 - `experimental`: like core for the prompt, then one `transformer_tkg` call per generated token; generating,
-  one `transformer_tkg_token` call per token (`next_token`: the token ids in, the drawn token out).
+  one `transformer_tkg_token` call for the prompt and one per token after it (`next_token`: the token ids in,
+  the drawn token out; on CUDA the prompt still runs through core's kernels).
 """
 
 from __future__ import annotations
@@ -235,8 +236,9 @@ class Llama(nn.Module):
 
     def next_token(self, tokens: torch.Tensor, input_pos: torch.Tensor, seed_state: torch.Tensor,
                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-        """The experimental tier's decode step: tokens (B, 1) at input_pos (1,) -> the next token (B,), drawn as
-        `kernels.ops.sample` draws (argmax for temperature 0), as one kernel from the token ids to the draw."""
+        """The experimental tier's step: tokens (B, T) at consecutive positions input_pos (T,) -> the next token
+        (B,), drawn as `kernels.ops.sample` draws (argmax for temperature 0), as one kernel from the token ids
+        to the draw: a decode step (T == 1) or a whole prompt's prefill (T > 1)."""
         if self.layers[0].self_attn.k_cache is None:
             raise RuntimeError("call setup_cache() before running the model")
         c = self.cfg

@@ -578,6 +578,8 @@ void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& u
   });
 }
 
+#include "prefill.h"  // prefill_step: a prompt's T tokens through every layer, each weight read once
+
 // ---- The experimental tier's whole decode step, bound once (DecodePlan) ----
 // Token in, next token (or logits) out: embedding row, RoPE rows from the model's tables, every layer, final
 // norm, LM head and the greedy argmax in one call. The weights, caches and tables are checked and their
@@ -657,20 +659,27 @@ class DecodePlan {
   }
 
  private:
+  // token ids (1, T) at positions pos (T,), consecutive: T == 1 is a decode step, T > 1 a prompt's prefill
+  // (prefill_step: every token's cache rows, the last token's logits).
   void run(const at::Tensor& token, const at::Tensor& pos, at::Tensor& logits) {
-    check(token.numel() == 1 && (token.scalar_type() == at::kInt || token.scalar_type() == at::kLong),
-          "one int token (batch 1)");
-    const int64_t tok = token.scalar_type() == at::kInt ? token.data_ptr<int32_t>()[0] : token.data_ptr<int64_t>()[0];
-    check(tok >= 0 && tok < embed_.size(0), "token id out of the vocabulary");
-    const int64_t p = read_pos(pos);
-    check(p >= 0 && p < layers_[0].k_cache.size(2) && p < cos_.size(0), "pos beyond the cache");
+    const std::vector<int64_t> toks = read_ids(token, "tokens"), at = read_ids(pos, "pos");
+    const int64_t n = static_cast<int64_t>(toks.size());
+    check(n >= 1 && (token.dim() < 2 || token.size(0) == 1), "tokens: (1, T) ids, batch 1");
+    check(static_cast<int64_t>(at.size()) == n, "pos: one position per token (T,)");
+    for (int64_t t = 0; t < n; t++) {
+      check(toks[t] >= 0 && toks[t] < embed_.size(0), "token id out of the vocabulary");
+      check(at[t] == at[0] + t, "pos: a prompt's positions must be consecutive (pos[0], pos[0] + 1, ...)");
+    }
+    const int64_t p = at[0];
+    check(p >= 0 && p + n <= layers_[0].k_cache.size(2) && p + n <= cos_.size(0), "pos beyond the cache");
     check(logits.is_contiguous() && logits.numel() == lm_head_.size(0) &&
-              logits.scalar_type() == embed_.scalar_type(), "logits: (vocab) in the model dtype, contiguous");
+              logits.scalar_type() == embed_.scalar_type(),
+          "logits: (vocab) in the model dtype, contiguous (the last token's only)");
     const int64_t dim = embed_.size(1), d = cos_.size(1);
     dispatch(embed_.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
-      std::vector<T> c(d), s(d);  // this position's RoPE rows in the model dtype (as rope_cos[pos].to(dtype))
-      for (int64_t i = 0; i < d; i++) {
+      std::vector<T> c(n * d), s(n * d);  // these positions' RoPE rows in the model dtype (rope_cos[pos].to(dtype))
+      for (int64_t i = 0; i < n * d; i++) {
         if (cos_.scalar_type() == at::kFloat) {
           c[i] = static_cast<T>(cos_.data_ptr<float>()[p * d + i]);
           s[i] = static_cast<T>(sin_.data_ptr<float>()[p * d + i]);
@@ -679,8 +688,15 @@ class DecodePlan {
           s[i] = ptr<T>(sin_)[p * d + i];
         }
       }
-      decode_step<T>(ptr<T>(embed_) + tok * dim, p, c.data(), s.data(), layers_, ptr<T>(final_norm_),
-                     ptr<T>(lm_head_), logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
+      if (n == 1) {
+        decode_step<T>(ptr<T>(embed_) + toks[0] * dim, p, c.data(), s.data(), layers_, ptr<T>(final_norm_),
+                       ptr<T>(lm_head_), logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
+      } else {
+        std::vector<const T*> rows(n);
+        for (int64_t t = 0; t < n; t++) rows[t] = ptr<T>(embed_) + toks[t] * dim;
+        prefill_step<T>(rows.data(), n, p, c.data(), s.data(), layers_, ptr<T>(final_norm_), ptr<T>(lm_head_),
+                        logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
+      }
     });
   }
 

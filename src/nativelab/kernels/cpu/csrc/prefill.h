@@ -1,0 +1,263 @@
+// The experimental tier's prompt prefill: T tokens at consecutive positions through every layer in one call,
+// each weight row read from memory once for all T tokens (included by decode.cpp, after its decode helpers).
+//
+// A decode step is a matrix-vector product per weight; T prompt tokens make it a thin matrix-matrix product.
+// Running the decode step T times would stream every weight T times; here a tile of R weight rows is widened
+// to fp32 once per token block and multiplied into up to TT activation rows held in L1 (R x TT accumulators
+// in registers), so memory sees each weight once and the FMA units see T tokens per load. The rounding to
+// the model dtype happens at the same points as in decode_step, row by row, so a prompt's cache rows and its
+// last token's logits are what T decode steps would give (and what the reference gives, within tolerance).
+#pragma once
+
+#include <type_traits>
+
+namespace {
+
+// The values of a small int32 / int64 tensor (token ids, positions), in order.
+inline std::vector<int64_t> read_ids(const at::Tensor& t, const char* what) {
+  check(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, std::string(what) + ": int32 or int64 ids");
+  const at::Tensor c = t.contiguous();
+  std::vector<int64_t> out(c.numel());
+  for (int64_t i = 0; i < c.numel(); i++) {
+    out[i] = c.scalar_type() == at::kInt ? c.data_ptr<int32_t>()[i] : c.data_ptr<int64_t>()[i];
+  }
+  return out;
+}
+
+// One chunk of a weight row widened to fp32: N elements as P fp32 vectors (bf16: one load, two vectors).
+template <typename T>
+struct Chunk;
+template <>
+struct Chunk<float> {
+  static constexpr int P = 1;
+  static constexpr int64_t N = fVec::size();
+  static inline void load(const float* p, fVec* w) { w[0] = fVec::loadu(p); }
+};
+template <>
+struct Chunk<at::BFloat16> {
+  static constexpr int P = 2;
+  static constexpr int64_t N = Vectorized<at::BFloat16>::size();
+  static inline void load(const at::BFloat16* p, fVec* w) {
+    auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(Vectorized<at::BFloat16>::loadu(p));
+    w[0] = lo;
+    w[1] = hi;
+  }
+};
+
+// Tile shape: R weight rows by up to TILE_T tokens of fp32 accumulators, which must stay in registers
+// (AVX-512 has 32 vector registers: 4 x 6 = 24 accumulators; AVX2 and the default build have 16: 4 x 2).
+constexpr int TILE_R = 4;
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int TILE_T = 6;
+#else
+constexpr int TILE_T = 2;
+#endif
+
+// out[j * TILE_T + t] = rows[j][0:k] . h[t * ldh : t * ldh + k] for R rows and TT activation rows.
+// `next` (R rows, or null): the rows read after these, prefetched a line ahead as dot_rows does.
+template <int R, int TT, typename T>
+inline void dot_tile(const T* const* rows, const T* const* next, const float* h, int64_t ldh, int64_t k,
+                     float* out) {
+  using C = Chunk<T>;
+  constexpr int64_t F = fVec::size();
+  fVec acc[R][TT];
+#pragma GCC unroll 8
+  for (int j = 0; j < R; j++) {
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[j][t] = fVec(0.f);
+  }
+  int64_t i = 0;
+  for (; i + C::N <= k; i += C::N) {
+    if (next) {
+#pragma GCC unroll 8
+      for (int j = 0; j < R; j++) prefetch(next[j] + i);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < R; j++) {
+      fVec w[C::P];
+      C::load(rows[j] + i, w);
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; t++) {
+#pragma GCC unroll 2
+        for (int p = 0; p < C::P; p++) acc[j][t] = at::vec::fmadd(w[p], fVec::loadu(h + t * ldh + i + p * F), acc[j][t]);
+      }
+    }
+  }
+  for (int j = 0; j < R; j++) {
+    for (int t = 0; t < TT; t++) {
+      float s = hsum(acc[j][t]);
+      for (int64_t q = i; q < k; q++) s += to_f(rows[j][q]) * h[t * ldh + q];
+      out[j * TILE_T + t] = s;
+    }
+  }
+}
+
+// dot_tile with the token count TT chosen at run time (1..TILE_T).
+template <int R, typename T>
+inline void dot_tile_n(int tt, const T* const* rows, const T* const* next, const float* h, int64_t ldh, int64_t k,
+                       float* out) {
+  switch (tt) {
+    case 1: return dot_tile<R, 1>(rows, next, h, ldh, k, out);
+    case 2: return dot_tile<R, 2>(rows, next, h, ldh, k, out);
+#if defined(CPU_CAPABILITY_AVX512)
+    case 3: return dot_tile<R, 3>(rows, next, h, ldh, k, out);
+    case 4: return dot_tile<R, 4>(rows, next, h, ldh, k, out);
+    case 5: return dot_tile<R, 5>(rows, next, h, ldh, k, out);
+    case 6: return dot_tile<R, 6>(rows, next, h, ldh, k, out);
+#endif
+    default: TORCH_CHECK(false, "nativelab prefill kernel: token block of ", tt);
+  }
+}
+static_assert(TILE_T == 2 || TILE_T == 6, "dot_tile_n instantiates 1..TILE_T");
+
+// This thread's share of n virtual rows (row(r) gives row r's pointer), each dotted with activation rows
+// t0..t1 of h (stride ldh, k long): store(r, nr, t, nt, out) gets the tile of rows r..r+nr and tokens
+// t..t+nt, out[j * TILE_T + u] for row r + j and token t + u. Rows are taken in tiles of TILE_R (then of
+// `tail` rows at the end of the share: n and the share boundaries are multiples of it), tokens in even blocks
+// of at most TILE_T; a tile's rows are fetched from memory for its first token block, from L1 after.
+template <typename T, typename Row, typename Store>
+void tile_rows(int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, int64_t k, int64_t t0, int64_t t1,
+               Store&& store) {
+  int64_t b, e;
+  share(n, TILE_R, b, e);
+  const int64_t nt = t1 - t0, blocks = (nt + TILE_T - 1) / TILE_T, per = (nt + blocks - 1) / blocks;
+  float out[TILE_R * TILE_T];
+  int64_t r = b;
+  for (; r + TILE_R <= e; r += TILE_R) {
+    const T *rows[TILE_R], *next[TILE_R];
+    for (int j = 0; j < TILE_R; j++) {
+      rows[j] = row(r + j);
+      next[j] = row(std::min(r + TILE_R + j, e - 1));
+    }
+    for (int64_t t = t0; t < t1; t += per) {
+      const int tt = static_cast<int>(std::min(per, t1 - t));
+      dot_tile_n<TILE_R>(tt, rows, t == t0 ? next : nullptr, h + t * ldh, ldh, k, out);
+      store(r, TILE_R, t, tt, out);
+    }
+  }
+  for (; r < e; r += tail) {
+    const T* rows[2] = {row(r), tail > 1 ? row(r + 1) : nullptr};
+    for (int64_t t = t0; t < t1; t += per) {
+      const int tt = static_cast<int>(std::min(per, t1 - t));
+      if (tail == 1) {
+        dot_tile_n<1>(tt, rows, static_cast<const T* const*>(nullptr), h + t * ldh, ldh, k, out);
+      } else {
+        dot_tile_n<2>(tt, rows, static_cast<const T* const*>(nullptr), h + t * ldh, ldh, k, out);
+      }
+      store(r, tail, t, tt, out);
+    }
+  }
+}
+
+// T prompt tokens x_in (T rows of dim, the embedding rows) at positions pos0..pos0+T-1 through every layer,
+// writing their cache rows; then the final norm and the LM head for the last token only: logits (vocab).
+// cos / sin: T rows of head_dim in the model dtype. The same team structure as decode_step: each phase splits
+// its rows (or KV-head groups) across the team and ends at a barrier; every thread keeps its own copy of the
+// residual stream and the normed rows (T x dim, a few KB each).
+template <typename T>
+void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* cos, const T* sin,
+                  const std::vector<Layer>& layers, const T* final_norm, const T* lm_head, T* logits, int64_t dim,
+                  int64_t vocab, int64_t n_heads, int64_t n_kv, float eps) {
+  const int64_t d = layers[0].wq.size(0) / n_heads;
+  const int64_t ffn = layers[0].gate.size(0);
+  const int64_t s_len = layers[0].k_cache.size(2);
+  const int64_t group = n_heads / n_kv;
+  const int64_t nq = n_heads * d, nk = n_kv * d, nqkv = nq + 2 * nk;
+  const int64_t hw = std::max(dim, ffn);
+  // shared between the team: what one phase writes and the next reads, one row per token
+  std::vector<float> qkv(n_tok * nqkv), att(n_tok * nq), act(n_tok * ffn), y(n_tok * dim);
+  const auto silu_mul = [](float g, float u) { return rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u); };
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+  {
+    // this thread's own: the residual stream and normed rows of every token, attention scratch
+    std::vector<float> x(n_tok * dim), h(n_tok * hw), p(pos0 + n_tok), qh(d);
+    for (int64_t t = 0; t < n_tok; t++) {
+      for (int64_t i = 0; i < dim; i++) x[t * dim + i] = to_f(x_in[t][i]);
+    }
+    for (size_t l = 0; l < layers.size(); l++) {
+      const Layer& L = layers[l];
+      // After the last layer's cache writes only the last token matters (its logits are all we return).
+      const int64_t first = l + 1 == layers.size() ? n_tok - 1 : 0;
+      for (int64_t t = 0; t < n_tok; t++) rmsnorm(x.data() + t * dim, ptr<T>(L.in_norm), h.data() + t * dim, dim, eps);
+      {
+        const T *wq = ptr<T>(L.wq), *wk = ptr<T>(L.wk), *wv = ptr<T>(L.wv);
+        auto row = [&](int64_t r) {
+          return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
+        };
+        tile_rows<T>(nqkv, 1, row, h.data(), dim, dim, 0, n_tok,
+                     [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
+                       for (int64_t j = 0; j < nr; j++) {
+                         for (int64_t u = 0; u < nt; u++) qkv[(t + u) * nqkv + r + j] = rnd<T>(o[j * TILE_T + u]);
+                       }
+                     });
+      }
+      NL_BARRIER
+      // per KV-head group: RoPE on every token's K, the cache writes, then each token's queries over cache
+      // positions 0..its own (the group's rows of earlier tokens are written by this thread just before)
+      {
+        T* kc = L.k_cache.data_ptr<T>();  // (1, n_kv, S, d)
+        T* vc = L.v_cache.data_ptr<T>();
+        int64_t gb, ge;
+        share(n_kv, 1, gb, ge);
+        for (int64_t g = gb; g < ge; g++) {
+          for (int64_t t = 0; t < n_tok; t++) {
+            float* row = qkv.data() + t * nqkv;
+            rope(row + nq + g * d, cos + t * d, sin + t * d, d);
+            write_cache(g, row + nq + g * d, row + nq + nk + g * d, kc, vc, pos0 + t, s_len, d);
+          }
+          for (int64_t t = first; t < n_tok; t++) {
+            float* row = qkv.data() + t * nqkv;
+            for (int64_t hh = g * group; hh < (g + 1) * group; hh++) rope(row + hh * d, cos + t * d, sin + t * d, d);
+            attend_group(g, row, kc, vc, pos0 + t, s_len, d, group, att.data() + t * nq, p.data(), qh.data());
+          }
+        }
+      }
+      NL_BARRIER
+      const auto to_y = [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
+        for (int64_t j = 0; j < nr; j++) {
+          for (int64_t u = 0; u < nt; u++) y[(t + u) * dim + r + j] = o[j * TILE_T + u];
+        }
+      };
+      {
+        const T* wo = ptr<T>(L.wo);
+        tile_rows<T>(dim, 1, [&](int64_t r) { return wo + r * nq; }, att.data(), nq, nq, first, n_tok, to_y);
+      }
+      NL_BARRIER
+      for (int64_t t = first; t < n_tok; t++) {
+        float* xt = x.data() + t * dim;
+        for (int64_t i = 0; i < dim; i++) xt[i] = rnd<T>(xt[i] + rnd<T>(y[t * dim + i]));
+        rmsnorm(xt, ptr<T>(L.post_norm), h.data() + t * dim, dim, eps);
+      }
+      {
+        // gate and up row i as virtual rows 2i and 2i + 1, so a tile holds both halves of its outputs
+        const T *wg = ptr<T>(L.gate), *wu = ptr<T>(L.up);
+        tile_rows<T>(2 * ffn, 2, [&](int64_t r) { return (r % 2 ? wu : wg) + (r / 2) * dim; }, h.data(), dim, dim,
+                     first, n_tok, [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
+                       for (int64_t j = 0; j < nr; j += 2) {
+                         for (int64_t u = 0; u < nt; u++) {
+                           act[(t + u) * ffn + (r + j) / 2] =
+                               silu_mul(rnd<T>(o[j * TILE_T + u]), rnd<T>(o[(j + 1) * TILE_T + u]));
+                         }
+                       }
+                     });
+      }
+      NL_BARRIER
+      {
+        const T* wd = ptr<T>(L.down);
+        tile_rows<T>(dim, 1, [&](int64_t r) { return wd + r * ffn; }, act.data(), ffn, ffn, first, n_tok, to_y);
+      }
+      NL_BARRIER
+      for (int64_t t = first; t < n_tok; t++) {
+        float* xt = x.data() + t * dim;
+        for (int64_t i = 0; i < dim; i++) xt[i] = rnd<T>(xt[i] + rnd<T>(y[t * dim + i]));
+      }
+    }
+    const float* last = x.data() + (n_tok - 1) * dim;
+    rmsnorm(last, final_norm, h.data(), dim, eps);
+    matvec_share(lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
+  }
+}
+
+}  // namespace
