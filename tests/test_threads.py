@@ -25,8 +25,8 @@ def test_target_leaves_the_busy_cores_to_others():
 def test_others_subtracts_this_process():
     tick = threads._TICK
     # 1 s: the machine used 1.5 cores, this process 0.5 of them -> others used 1.0
-    assert threads._others((0.0, 0, 0), (1.0, int(1.5 * tick), int(0.5 * tick))) == pytest.approx(1.0, abs=0.02)
-    assert threads._others((0.0, 0, 0), (1.0, 0, 10)) == 0.0
+    assert threads.others((0.0, 0, 0), (1.0, int(1.5 * tick), int(0.5 * tick))) == pytest.approx(1.0, abs=0.02)
+    assert threads.others((0.0, 0, 0), (1.0, 0, 10)) == 0.0
 
 
 def test_team_follows_the_load_and_restores_the_users_count(fresh_policy, monkeypatch):
@@ -35,7 +35,7 @@ def test_team_follows_the_load_and_restores_the_users_count(fresh_policy, monkey
     torch.set_num_threads(2)
     tick = threads._TICK
     samples = iter([(0.0, 0, 0), (1.0, 2 * tick, tick), (2.0, 2 * tick + 1, tick + 1)])
-    monkeypatch.setattr(threads, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(threads, "cpu_sample", lambda: next(samples))
     seen = []
     for _ in range(3):
         threads._state["next"] = 0.0  # the next look is due
@@ -76,3 +76,18 @@ def test_bad_thread_setting_is_an_error(bad, monkeypatch):
 def test_describe_names_cpu_and_isa():
     text = threads.describe()
     assert cpu_info.isa() in text and cpu_info.model() in text
+
+
+def test_a_reaped_child_counts_as_this_process():
+    """A compiler this process ran (and waited for) is its own load, not another process's: the window over
+    it must not shrink the team once it is over."""
+    import subprocess
+    import sys
+
+    prev = threads.cpu_sample()
+    busy = "import os, time\nt = time.time() + 0.5\nwhile time.time() < t: pass\nprint(sum(os.times()[:2]))"
+    child_cpu = float(subprocess.run([sys.executable, "-c", busy], capture_output=True, text=True,
+                                     check=True).stdout)  # the child's own account of its CPU time
+    now = threads.cpu_sample()
+    assert child_cpu > 0.3
+    assert (now[2] - prev[2]) / threads._TICK >= 0.9 * child_cpu  # ours: in this process's ticks

@@ -55,8 +55,13 @@ def _mode() -> str | int:
     return n
 
 
-def _cpu_times() -> tuple[float, int, int] | None:
-    """(monotonic time, busy ticks of the whole machine, ticks this process used); None where /proc is absent."""
+def cpu_sample() -> tuple[float, int, int] | None:
+    """(monotonic time, busy ticks of the whole machine, ticks this process and its reaped children used); None
+    where /proc is absent.
+
+    The children count as this process once reaped: the C++ compilers a compile runs (Inductor's, an
+    extension build's) are our own load. Counted as others', the window spanning a compile read ~1 core busy
+    after it ended, and the first 0.25 s of device work after each compile ran on one thread of two."""
     try:
         with open("/proc/stat", "rb") as f:
             vals = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
@@ -65,10 +70,10 @@ def _cpu_times() -> tuple[float, int, int] | None:
     except OSError:
         return None
     fields = s[s.rfind(b")") + 2:].split()
-    return time.monotonic(), sum(vals) - vals[3] - vals[4], int(fields[11]) + int(fields[12])
+    return time.monotonic(), sum(vals) - vals[3] - vals[4], sum(int(v) for v in fields[11:15])  # u/s + cu/cs
 
 
-def _others(prev, now) -> float:
+def others(prev, now) -> float:
     """Cores' worth of CPU time other processes used between two samples (steal time included)."""
     dt = now[0] - prev[0]
     if dt <= 0:
@@ -104,11 +109,11 @@ def size() -> int:
     if now >= _state["next"]:
         _state["next"] = now + INTERVAL
         _state["most"] = min(_cores(), torch.get_num_threads())  # torch.set_num_threads(n) by the user caps it
-        sample = _cpu_times()
+        sample = cpu_sample()
         if sample is not None:
             prev, _state["last"] = _state["last"], sample
             if prev is not None:
-                _state["others"] = _others(prev, sample)
+                _state["others"] = others(prev, sample)
     return target(_state["most"], _state["others"])
 
 
