@@ -2,7 +2,7 @@
 
 import json
 
-
+import pytest
 from conftest import run_python
 
 
@@ -40,3 +40,75 @@ def test_bad_flags_are_clear_errors():
     r = run_python("from nativelab.cli import main; main(['run', '--size', 'tiny', '--tokens', '200'])")
     assert r.returncode != 0 and "exceeds the maximum sequence length 64 of size 'tiny'" in r.stderr
     assert "Warmup" not in r.stdout  # refused before any work
+
+
+def test_timed_section_keeps_the_garbage_collector_out_and_restores_it():
+    import gc
+    import weakref
+
+    from nativelab.apps.timed_section import timed_section
+
+    class Node:
+        pass
+
+    def cycle():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return weakref.ref(a)
+
+    assert gc.isenabled()
+    before = cycle()  # garbage only the cyclic collector frees
+    with timed_section() as section:
+        assert before() is None  # collected on the way in: the section starts with no pending garbage
+        assert not gc.isenabled()
+        inside = cycle()
+        for _ in range(5000):  # far past the collector's allocation threshold (700)
+            cycle()
+        assert inside() is not None  # no pass ran inside
+    assert gc.isenabled() and section.compiled == {}
+    gc.collect()
+    assert inside() is None
+    gc.disable()
+    try:  # a caller that had it off keeps it off
+        with timed_section():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_timed_section_reports_other_processes_load():
+    import subprocess
+    import sys
+    import time
+
+    from nativelab.apps.timed_section import BUSY_CORES, timed_section
+
+    # A busy process that is not this one's child (the shell exits at once, so we never reap it): other load.
+    busy = "import time; t = time.time() + 1.5\nwhile time.time() < t: pass"
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{busy}" >/dev/null 2>&1 &'], check=True)
+    with timed_section() as section:
+        time.sleep(1.0)
+    assert section.others_cores is not None and section.others_cores >= BUSY_CORES
+    assert any("other processes kept" in w for w in section.warnings())
+
+
+@pytest.mark.slow
+def test_run_reports_a_compile_inside_the_timed_runs(tmp_path):
+    """Without warm-up the compile lands in the timed run, and the report says so; with one warm-up nothing
+    compiles inside the timed runs (the timed generation repeats the warm-up's exactly)."""
+    cold, warm = tmp_path / "cold.json", tmp_path / "warm.json"
+    flags = "'--model', 'core', '--size', 'tiny', '--compile', '--greedy', '--tokens', '4', '--repeat', '2'"
+    r = run_python(
+        "from nativelab.cli import main; "
+        f"main(['run', {flags}, '--warmup', '0', '--json', {str(cold)!r}]); "
+        f"main(['run', {flags}, '--warmup', '1', '--json', {str(warm)!r}])",
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    (cold_run,), (warm_run,) = json.loads(cold.read_text()), json.loads(warm.read_text())
+    compiled = cold_run["timed_section"]["compiled"]
+    assert compiled.get("dynamo graphs", 0) >= 1 and compiled.get("device graphs", 0) >= 1, compiled
+    assert r.stdout.count("Warning         : something compiled inside the timed runs") == 1, r.stdout
+    assert warm_run["timed_section"]["compiled"] == {}
+    assert len(warm_run["seconds"]) == 2 and "(median of 2 runs)" in r.stdout

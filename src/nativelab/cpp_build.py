@@ -27,6 +27,7 @@ from .files import cache_root
 ENV = "NATIVELAB_CPP_CACHE_DIR"
 log = logging.getLogger("nativelab.cpp_build")
 _loaded: dict[str, object] = {}
+builds = 0  # extensions this process compiled (not loaded from the cache): benchmarks check none lands in a timed run
 
 
 class CppBuildError(RuntimeError):
@@ -97,8 +98,11 @@ def load_extension(name: str, sources, extra_cflags=(), extra_ldflags=(), verbos
 
 
 def _build(name, sources, extra_cflags, extra_ldflags, root: Path, final: Path, verbose: bool):
+    global builds
     check_toolchain(name)
     from torch.utils import cpp_extension
+
+    builds += 1
 
     tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=root)
     t0 = time.perf_counter()

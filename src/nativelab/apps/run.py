@@ -26,6 +26,7 @@ from ..models.llama import checkpoint
 from ..models.llama.tokenizer import Tokenizer
 from ..profile import plots as _plots
 from ..profile import traffic_per_token
+from .timed_section import timed_section
 
 REAL_SIZES = ("smollm2-135m",)
 
@@ -48,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model-path", default=None, help="a local Hugging Face Llama checkpoint directory")
     ap.add_argument("--tokens", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=1, help="timed runs; the median is reported")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="timed runs of --tokens tokens each; the median is reported (one run is ~0.1-0.5 s)")
     ap.add_argument("--device", default=DEVICE_NAME, choices=[DEVICE_NAME, "cpu", "cuda"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--prompt", default=None,
@@ -118,16 +120,19 @@ def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
     nativelab.clear_op_tracking()
     print("Timing...", flush=True)
     times, tokens = [], []
-    for _ in range(args.repeat):
-        sync(args.device)  # fence
-        t0 = time.perf_counter()
-        tokens = gen.generate(prompt, args.tokens)
-        sync(args.device)  # wait for completion
-        times.append(time.perf_counter() - t0)
+    with timed_section() as section:  # no garbage collection inside; compiles and other processes' load counted
+        for _ in range(args.repeat):
+            sync(args.device)  # fence
+            t0 = time.perf_counter()
+            tokens = gen.generate(prompt, args.tokens)
+            sync(args.device)  # wait for completion
+            times.append(time.perf_counter() - t0)
     total = statistics.median(times)
-    print(f"Total time      : {total:.3f}s")
+    print(f"Total time      : {total:.3f}s" + (f" (median of {len(times)} runs)" if len(times) > 1 else ""))
     print(f"Tokens generated: {len(tokens)}")
     print(f"Throughput      : {len(tokens) / total:.1f} tok/s")
+    for w in section.warnings():
+        print(f"Warning         : {w}")
     print(f"\nGenerated IDs: {tokens[:16]}{' ...' if len(tokens) > 16 else ''}")
     if tokenizer is not None:
         print(f"Text: {tokenizer.decode(prompt)!r} -> {tokenizer.decode(tokens)!r}")
@@ -139,6 +144,7 @@ def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
         "model": tier, "size": args.size, "compile": args.compile, "greedy": args.greedy, "dtype": args.dtype,
         "device": args.device, "tokens": len(tokens), "seconds": times, "tok_per_s": [len(tokens) / t for t in times],
         "fallback_ops": fallbacks, "generated": tokens, "device_bytes_per_token": traffic,
+        "timed_section": section.as_dict(),
     }
 
 
@@ -197,5 +203,8 @@ def print_table(results: list[dict]) -> None:
         traffic = r.get("device_bytes_per_token")
         mb = f"{traffic / 1e6:.3f}" if traffic is not None else "-"
         print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x {mb:>16}  {r['fallback_ops']}")
+    for r in results:
+        for w in r["timed_section"]["warnings"]:
+            print(f"Warning ({r['model']}): {w}")
     same = all(r["generated"] == results[0]["generated"] for r in results)
     print(f"\nSame tokens from every tier: {same}")
