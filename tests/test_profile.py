@@ -268,7 +268,7 @@ def test_profile_command_on_run_a_script_and_compare(tmp_path):
 import sys
 from nativelab.cli import main
 assert main(['profile', '--out', {str(tmp_path / 'run')!r}, '--', 'run', '--model', 'base', '--size', 'tiny',
-             '--greedy', '--tokens', '4', '--warmup', '0', '--dtype', 'float32']) == 0
+             '--greedy', '--tokens', '4', '--warmup', '0', '--repeat', '1', '--dtype', 'float32']) == 0
 assert main(['profile', '--json', {str(tmp_path / 's.json')!r}, {str(script)!r}, 'arg1']) == 0
 assert main(['profile', '--compare', 'base', 'experimental', '--size', 'tiny', '--tokens', '3', '--dtype',
              'float32', '--greedy', '--plot', {str(tmp_path / 'cmp.png')!r}]) == 0
