@@ -167,8 +167,8 @@ inline void dot_rows(const float* const* rows, const float* const* next, const A
 // weights hold an (even, odd) pair each: lane << 16 is the even weight as an fp32 and lane & 0xFFFF0000 the
 // odd one (exact; one shift and one AND per 2F weights, no shuffle). at::vec's convert_to_float widens with
 // an extract, two cross-lane vpmovzxwd and two shifts per 2F weights, into two accumulators per row: on AVX2
-// that was 2.29 ms per `small` bf16 step against 1.81 on AVX-512 (2 threads, 2-core Xeon VM); this is 1.73
-// on AVX2 and 1.82 on AVX-512 (bench/decode_isa.py), both at ~46-48 GB/s of weights, the memory's rate.
+// that was 2.29 ms per `small` bf16 step against 1.81 on AVX-512 (2 threads, 2-core Xeon VM, 8 rows); this
+// is 1.73 on AVX2 and 1.82 on AVX-512 (bench/decode_isa.py), both at ~46-48 GB/s of weights.
 // The products are the same exact fp32 products as before; only their summation order differs (even and
 // odd columns into one accumulator per row, then its lanes), within fp32 rounding of any other order.
 // One step covers a 64-byte line of each row, the line the prefetch of `next` asks for.
@@ -204,14 +204,18 @@ inline void dot_rows(const at::BFloat16* const* rows, const at::BFloat16* const*
     for (int v = 0; v < V; v++) block(i + v * L);
   }
   for (; i + L <= k; i += L) block(i);
+  // every row's lane sum, then the scalar tails (measured ~4% faster on the AVX-512 step than row by row)
+#pragma GCC unroll 16
+  for (int j = 0; j < R; j++) out[j] = hsum(acc[j]);
   for (int j = 0; j < R; j++) {
-    float s = hsum(acc[j]);
-    for (int64_t t = i; t < k; t++) s += static_cast<float>(rows[j][t]) * h[t];
-    out[j] = s;
+    for (int64_t t = i; t < k; t++) out[j] += static_cast<float>(rows[j][t]) * h[t];
   }
 }
 
-constexpr int64_t ROWS = 8;  // rows per dot_rows call
+// Rows per dot_rows call (and the prefetch distance: the next ROWS rows). Measured on the whole `small` bf16
+// step, 2 threads, 2-core Xeon VM (ms, AVX-512 / AVX2): ROWS 2: 1.69 / 2.07, 4: 1.66 / 1.68, 6: 1.69 / 1.72,
+// 8: 1.72 / 1.79; prefetching two blocks ahead was slower at 8 and no better at 4 and 2.
+constexpr int64_t ROWS = 4;
 
 // y[r] = W[r, :] . h for this thread's rows r of [0, n) (W row-major [n, k], contiguous); call inside a team.
 template <typename T, typename Store>
