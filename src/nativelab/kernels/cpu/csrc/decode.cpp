@@ -135,25 +135,30 @@ struct Activation {
   Activation(const float* h, int64_t) : h(h) {}
 };
 
+// dst[0:k] = src with each whole block of 2F elements split into its F even then F odd elements (the layout
+// bf16 rows widened by shift / AND meet; also the prefill's tiles, csrc/prefill.h).
+inline void split_even_odd(const float* src, float* dst, int64_t k) {
+  constexpr int64_t F = fVec::size();
+  int64_t i = 0;
+  for (; i + 2 * F <= k; i += 2 * F) {
+    auto [even, odd] = at::vec::deinterleave2(fVec::loadu(src + i), fVec::loadu(src + i + F));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    std::swap(even, odd);  // a 32-bit lane holds its even bf16 in its upper half here
+#endif
+    even.store(dst + i);
+    odd.store(dst + i + F);
+  }
+  std::copy(src + i, src + k, dst + i);
+}
+
 template <>
 struct Activation<at::BFloat16> {
   const float* h;
   Activation(const float* src, int64_t k) {
-    constexpr int64_t F = fVec::size();
     static thread_local std::vector<float> scratch;
     scratch.resize(k);
-    float* dst = scratch.data();
-    int64_t i = 0;
-    for (; i + 2 * F <= k; i += 2 * F) {
-      auto [even, odd] = at::vec::deinterleave2(fVec::loadu(src + i), fVec::loadu(src + i + F));
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-      std::swap(even, odd);  // a 32-bit lane holds its even bf16 in its upper half here
-#endif
-      even.store(dst + i);
-      odd.store(dst + i + F);
-    }
-    std::copy(src + i, src + k, dst + i);
-    h = dst;
+    split_even_odd(src, scratch.data(), k);
+    h = scratch.data();
   }
 };
 

@@ -9,6 +9,7 @@
 // last token's logits are what T decode steps would give (and what the reference gives, within tolerance).
 #pragma once
 
+#include <cstring>
 #include <type_traits>
 
 namespace {
@@ -24,7 +25,88 @@ inline std::vector<int64_t> read_ids(const at::Tensor& t, const char* what) {
   return out;
 }
 
-// One chunk of a weight row widened to fp32: N elements as P fp32 vectors (bf16: one load, two vectors).
+// Row-wise elementwise work, vectorized: with T tokens per weight read, the scalar rounding, norms and SiLU
+// that are noise in a decode step (dim or ffn elements per matrix) cost as much as the products (T x that,
+// ~1 ms of a 6-token `small` prefill on a 2-core Xeon). Same rounding points as decode_step's scalar code.
+
+// v[0:n] rounded to the model dtype in place (rnd<T> on each element).
+template <typename T>
+inline void round_row(float* v, int64_t n) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    constexpr int64_t F = fVec::size();
+    int64_t i = 0;
+    for (; i + 2 * F <= n; i += 2 * F) {
+      const auto b = at::vec::convert_from_float<at::BFloat16>(fVec::loadu(v + i), fVec::loadu(v + i + F));
+      auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(b);
+      lo.store(v + i);
+      hi.store(v + i + F);
+    }
+    for (; i < n; i++) v[i] = rnd<T>(v[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) v[i] = rnd<T>(v[i]);
+  }
+}
+
+// out = rnd(rnd(x * rsqrt(mean(x^2) + eps)) * w): rmsnorm's rounding, vectorized (wf: w widened to fp32).
+template <typename T>
+inline void rmsnorm_row(const float* x, const float* wf, float* out, int64_t n, float eps) {
+  constexpr int64_t F = fVec::size();
+  fVec acc(0.f);
+  int64_t i = 0;
+  for (; i + F <= n; i += F) {
+    const fVec v = fVec::loadu(x + i);
+    acc = at::vec::fmadd(v, v, acc);
+  }
+  float ss = hsum(acc);
+  for (; i < n; i++) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / n + eps);
+  for (int64_t j = 0; j < n; j++) out[j] = x[j] * r;
+  round_row<T>(out, n);
+  for (int64_t j = 0; j < n; j++) out[j] *= wf[j];
+  round_row<T>(out, n);
+}
+
+// x = rnd(x + rnd(y)) (the residual add), tmp: n floats of scratch.
+template <typename T>
+inline void residual_row(float* x, const float* y, float* tmp, int64_t n) {
+  std::copy(y, y + n, tmp);
+  round_row<T>(tmp, n);
+  for (int64_t i = 0; i < n; i++) x[i] += tmp[i];
+  round_row<T>(x, n);
+}
+
+// act = rnd(rnd(SiLU(g')) * u') with g' = rnd(g), u' = rnd(u): swiglu_rows' rounding, vectorized (g and u are
+// scratch, overwritten).
+template <typename T>
+inline void silu_mul_row(float* g, float* u, float* act, int64_t n) {
+  constexpr int64_t F = fVec::size();
+  round_row<T>(g, n);
+  round_row<T>(u, n);
+  int64_t i = 0;
+  for (; i + F <= n; i += F) {
+    const fVec v = fVec::loadu(g + i);
+    (v / (fVec(1.f) + v.neg().exp())).store(g + i);
+  }
+  for (; i < n; i++) g[i] = g[i] / (1.f + std::exp(-g[i]));
+  round_row<T>(g, n);
+  for (int64_t j = 0; j < n; j++) act[j] = g[j] * u[j];
+  round_row<T>(act, n);
+}
+
+// dst[0:n] = src as bf16, for values already rounded to bf16 (the upper half of each fp32: exact).
+inline void to_bf16_exact(const float* src, at::BFloat16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    const uint16_t b = static_cast<uint16_t>(u >> 16);
+    std::memcpy(dst + i, &b, sizeof b);
+  }
+}
+
+// One chunk of a weight row widened to fp32: N elements as P fp32 vectors. bf16 rows as decode.cpp's
+// dot_rows streams them: F 32-bit lanes of 2F weights give the even weights by << 16 and the odd ones by
+// & 0xFFFF0000 (exact, two ops, no shuffle), so the activation rows they meet are split per block of 2F into
+// F even then F odd elements (decode.cpp's split_even_odd).
 template <typename T>
 struct Chunk;
 template <>
@@ -35,22 +117,23 @@ struct Chunk<float> {
 };
 template <>
 struct Chunk<at::BFloat16> {
+  using iVec = Vectorized<int32_t>;
   static constexpr int P = 2;
-  static constexpr int64_t N = Vectorized<at::BFloat16>::size();
+  static constexpr int64_t N = 2 * fVec::size();
   static inline void load(const at::BFloat16* p, fVec* w) {
-    auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(Vectorized<at::BFloat16>::loadu(p));
-    w[0] = lo;
-    w[1] = hi;
+    const iVec v = iVec::loadu(p);
+    w[0] = at::vec::cast<float>(v << iVec(16));
+    w[1] = at::vec::cast<float>(v & iVec(static_cast<int32_t>(0xFFFF0000u)));
   }
 };
 
 // Tile shape: R weight rows by up to TILE_T tokens of fp32 accumulators, which must stay in registers
-// (AVX-512 has 32 vector registers: 4 x 6 = 24 accumulators; AVX2 and the default build have 16: 4 x 2).
+// (AVX-512 has 32 vector registers: 4 x 6 = 24 accumulators; AVX2 and the default build have 16: 4 x 3).
 constexpr int TILE_R = 4;
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int TILE_T = 6;
 #else
-constexpr int TILE_T = 2;
+constexpr int TILE_T = 3;
 #endif
 
 // out[j * TILE_T + t] = rows[j][0:k] . h[t * ldh : t * ldh + k] for R rows and TT activation rows.
@@ -92,23 +175,95 @@ inline void dot_tile(const T* const* rows, const T* const* next, const float* h,
   }
 }
 
-// dot_tile with the token count TT chosen at run time (1..TILE_T).
-template <int R, typename T>
+// dot_tile with the token count TT chosen at run time (N..TILE_T).
+template <int R, int N = 1, typename T>
 inline void dot_tile_n(int tt, const T* const* rows, const T* const* next, const float* h, int64_t ldh, int64_t k,
                        float* out) {
+  if constexpr (N <= TILE_T) {
+    if (tt == N) return dot_tile<R, N>(rows, next, h, ldh, k, out);
+    return dot_tile_n<R, N + 1>(tt, rows, next, h, ldh, k, out);
+  } else {
+    TORCH_CHECK(false, "nativelab prefill kernel: token block of ", tt);
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && defined(__x86_64__)
+// AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4): vdpbf16ps multiplies bf16 pairs straight from the weight
+// row into fp32 accumulators, 32 weights per instruction and no widening, twice the products per instruction
+// of the fp32 FMAs above, which bound a prompt's tiles (the weights come from memory once, the FMAs run T
+// times). Exact here: the activations of every bf16 product (normed rows, attention output, SwiGLU output)
+// are already rounded to bf16 at the reference's points, so their bf16 copy (hb, rows of ldh) loses nothing.
+// Built into the AVX-512 build with a target attribute, called only where the CPU reports the extension.
+#define NL_HAVE_DPBF16 1
+#include <immintrin.h>
+
+inline bool cpu_has_dpbf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
+template <int R, int TT>
+__attribute__((target("avx512f,avx512bf16"), noinline)) void dot_tile_dpbf16(
+    const at::BFloat16* const* rows, const at::BFloat16* const* next, const at::BFloat16* hb, int64_t ldh,
+    int64_t k, float* out) {
+  __m512 acc[R][TT];
+#pragma GCC unroll 8
+  for (int j = 0; j < R; j++) {
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) acc[j][t] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    if (next) {
+#pragma GCC unroll 8
+      for (int j = 0; j < R; j++) prefetch(next[j] + i);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < R; j++) {
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(rows[j] + i);
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; t++) {
+        acc[j][t] = _mm512_dpbf16_ps(acc[j][t], w, (__m512bh)_mm512_loadu_si512(hb + t * ldh + i));
+      }
+    }
+  }
+  for (int j = 0; j < R; j++) {
+    for (int t = 0; t < TT; t++) {
+      float s = _mm512_reduce_add_ps(acc[j][t]);
+      for (int64_t q = i; q < k; q++) s += to_f(rows[j][q]) * to_f(hb[t * ldh + q]);
+      out[j * TILE_T + t] = s;
+    }
+  }
+}
+
+template <int R>
+inline void dot_tile_dpbf16_n(int tt, const at::BFloat16* const* rows, const at::BFloat16* const* next,
+                              const at::BFloat16* hb, int64_t ldh, int64_t k, float* out) {
   switch (tt) {
-    case 1: return dot_tile<R, 1>(rows, next, h, ldh, k, out);
-    case 2: return dot_tile<R, 2>(rows, next, h, ldh, k, out);
-#if defined(CPU_CAPABILITY_AVX512)
-    case 3: return dot_tile<R, 3>(rows, next, h, ldh, k, out);
-    case 4: return dot_tile<R, 4>(rows, next, h, ldh, k, out);
-    case 5: return dot_tile<R, 5>(rows, next, h, ldh, k, out);
-    case 6: return dot_tile<R, 6>(rows, next, h, ldh, k, out);
-#endif
+    case 1: return dot_tile_dpbf16<R, 1>(rows, next, hb, ldh, k, out);
+    case 2: return dot_tile_dpbf16<R, 2>(rows, next, hb, ldh, k, out);
+    case 3: return dot_tile_dpbf16<R, 3>(rows, next, hb, ldh, k, out);
+    case 4: return dot_tile_dpbf16<R, 4>(rows, next, hb, ldh, k, out);
+    case 5: return dot_tile_dpbf16<R, 5>(rows, next, hb, ldh, k, out);
+    case 6: return dot_tile_dpbf16<R, 6>(rows, next, hb, ldh, k, out);
     default: TORCH_CHECK(false, "nativelab prefill kernel: token block of ", tt);
   }
 }
-static_assert(TILE_T == 2 || TILE_T == 6, "dot_tile_n instantiates 1..TILE_T");
+#endif
+
+// One tile of R rows by tt tokens: the AVX512_BF16 products where the CPU has them (bf16 weights), else
+// fp32 FMAs on the widened rows. hb: the bf16 copy of h (same layout) or null.
+template <int R, typename T>
+inline void tile(int tt, const T* const* rows, const T* const* next, const float* h, const at::BFloat16* hb,
+                 int64_t ldh, int64_t k, float* out) {
+#ifdef NL_HAVE_DPBF16
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (hb) return dot_tile_dpbf16_n<R>(tt, rows, next, hb, ldh, k, out);
+  }
+#endif
+  (void)hb;
+  dot_tile_n<R>(tt, rows, next, h, ldh, k, out);
+}
 
 // This thread's share of n virtual rows (row(r) gives row r's pointer), each dotted with activation rows
 // t0..t1 of h (stride ldh, k long): store(r, nr, t, nt, out) gets the tile of rows r..r+nr and tokens
@@ -122,6 +277,22 @@ void tile_rows(int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, 
   share(n, TILE_R, b, e);
   const int64_t nt = t1 - t0, blocks = (nt + TILE_T - 1) / TILE_T, per = (nt + blocks - 1) / blocks;
   float out[TILE_R * TILE_T];
+  // bf16 weights: h's rows t0..t1 as the tiles read them, indexed by absolute token as h (this thread's copy)
+  const at::BFloat16* hb = nullptr;  // in bf16 for the AVX512_BF16 products (exact: see dot_tile_dpbf16)
+#ifdef NL_HAVE_DPBF16
+  if (std::is_same_v<T, at::BFloat16> && cpu_has_dpbf16() && b < e) {
+    static thread_local std::vector<at::BFloat16> scratch;
+    scratch.resize(t1 * ldh);
+    for (int64_t t = t0; t < t1; t++) to_bf16_exact(h + t * ldh, scratch.data() + t * ldh, k);
+    hb = scratch.data();
+  }
+#endif
+  if (std::is_same_v<T, at::BFloat16> && !hb && b < e) {  // else split into even / odd blocks (see Chunk)
+    static thread_local std::vector<float> split;
+    split.resize(t1 * ldh);
+    for (int64_t t = t0; t < t1; t++) split_even_odd(h + t * ldh, split.data() + t * ldh, k);
+    h = split.data();
+  }
   int64_t r = b;
   for (; r + TILE_R <= e; r += TILE_R) {
     const T *rows[TILE_R], *next[TILE_R];
@@ -131,7 +302,7 @@ void tile_rows(int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, 
     }
     for (int64_t t = t0; t < t1; t += per) {
       const int tt = static_cast<int>(std::min(per, t1 - t));
-      dot_tile_n<TILE_R>(tt, rows, t == t0 ? next : nullptr, h + t * ldh, ldh, k, out);
+      tile<TILE_R>(tt, rows, t == t0 ? next : nullptr, h + t * ldh, hb ? hb + t * ldh : nullptr, ldh, k, out);
       store(r, TILE_R, t, tt, out);
     }
   }
@@ -139,10 +310,11 @@ void tile_rows(int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, 
     const T* rows[2] = {row(r), tail > 1 ? row(r + 1) : nullptr};
     for (int64_t t = t0; t < t1; t += per) {
       const int tt = static_cast<int>(std::min(per, t1 - t));
+      const at::BFloat16* hbt = hb ? hb + t * ldh : nullptr;
       if (tail == 1) {
-        dot_tile_n<1>(tt, rows, static_cast<const T* const*>(nullptr), h + t * ldh, ldh, k, out);
+        tile<1>(tt, rows, static_cast<const T* const*>(nullptr), h + t * ldh, hbt, ldh, k, out);
       } else {
-        dot_tile_n<2>(tt, rows, static_cast<const T* const*>(nullptr), h + t * ldh, ldh, k, out);
+        tile<2>(tt, rows, static_cast<const T* const*>(nullptr), h + t * ldh, hbt, ldh, k, out);
       }
       store(r, tail, t, tt, out);
     }
@@ -166,13 +338,17 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
   const int64_t hw = std::max(dim, ffn);
   // shared between the team: what one phase writes and the next reads, one row per token
   std::vector<float> qkv(n_tok * nqkv), att(n_tok * nq), act(n_tok * ffn), y(n_tok * dim);
-  const auto silu_mul = [](float g, float u) { return rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u); };
+  std::vector<float> gate_out(n_tok * ffn), up_out(n_tok * ffn);  // raw gate / up products (SwiGLU's inputs)
 #ifdef _OPENMP
 #pragma omp parallel
 #endif
   {
     // this thread's own: the residual stream and normed rows of every token, attention scratch
-    std::vector<float> x(n_tok * dim), h(n_tok * hw), p(pos0 + n_tok), qh(d);
+    std::vector<float> x(n_tok * dim), h(n_tok * hw), p(pos0 + n_tok), qh(d), tmp(dim), norm_w(dim);
+    const auto widen = [&](const T* w) {  // a norm weight in fp32, once per use
+      for (int64_t i = 0; i < dim; i++) norm_w[i] = to_f(w[i]);
+      return norm_w.data();
+    };
     for (int64_t t = 0; t < n_tok; t++) {
       for (int64_t i = 0; i < dim; i++) x[t * dim + i] = to_f(x_in[t][i]);
     }
@@ -180,7 +356,8 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
       const Layer& L = layers[l];
       // After the last layer's cache writes only the last token matters (its logits are all we return).
       const int64_t first = l + 1 == layers.size() ? n_tok - 1 : 0;
-      for (int64_t t = 0; t < n_tok; t++) rmsnorm(x.data() + t * dim, ptr<T>(L.in_norm), h.data() + t * dim, dim, eps);
+      const float* in_w = widen(ptr<T>(L.in_norm));
+      for (int64_t t = 0; t < n_tok; t++) rmsnorm_row<T>(x.data() + t * dim, in_w, h.data() + t * dim, dim, eps);
       {
         const T *wq = ptr<T>(L.wq), *wk = ptr<T>(L.wk), *wv = ptr<T>(L.wv);
         auto row = [&](int64_t r) {
@@ -225,10 +402,11 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
         tile_rows<T>(dim, 1, [&](int64_t r) { return wo + r * nq; }, att.data(), nq, nq, first, n_tok, to_y);
       }
       NL_BARRIER
+      const float* post_w = widen(ptr<T>(L.post_norm));
       for (int64_t t = first; t < n_tok; t++) {
         float* xt = x.data() + t * dim;
-        for (int64_t i = 0; i < dim; i++) xt[i] = rnd<T>(xt[i] + rnd<T>(y[t * dim + i]));
-        rmsnorm(xt, ptr<T>(L.post_norm), h.data() + t * dim, dim, eps);
+        residual_row<T>(xt, y.data() + t * dim, tmp.data(), dim);
+        rmsnorm_row<T>(xt, post_w, h.data() + t * dim, dim, eps);
       }
       {
         // gate and up row i as virtual rows 2i and 2i + 1, so a tile holds both halves of its outputs
@@ -237,11 +415,17 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
                      first, n_tok, [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
                        for (int64_t j = 0; j < nr; j += 2) {
                          for (int64_t u = 0; u < nt; u++) {
-                           act[(t + u) * ffn + (r + j) / 2] =
-                               silu_mul(rnd<T>(o[j * TILE_T + u]), rnd<T>(o[(j + 1) * TILE_T + u]));
+                           gate_out[(t + u) * ffn + (r + j) / 2] = o[j * TILE_T + u];
+                           up_out[(t + u) * ffn + (r + j) / 2] = o[(j + 1) * TILE_T + u];
                          }
                        }
                      });
+        int64_t b, e;  // this thread's gate / up rows (tile_rows' share), SwiGLU on them
+        share(2 * ffn, TILE_R, b, e);
+        for (int64_t t = first; t < n_tok; t++) {
+          silu_mul_row<T>(gate_out.data() + t * ffn + b / 2, up_out.data() + t * ffn + b / 2,
+                          act.data() + t * ffn + b / 2, (e - b) / 2);
+        }
       }
       NL_BARRIER
       {
@@ -249,10 +433,7 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
         tile_rows<T>(dim, 1, [&](int64_t r) { return wd + r * ffn; }, act.data(), ffn, ffn, first, n_tok, to_y);
       }
       NL_BARRIER
-      for (int64_t t = first; t < n_tok; t++) {
-        float* xt = x.data() + t * dim;
-        for (int64_t i = 0; i < dim; i++) xt[i] = rnd<T>(xt[i] + rnd<T>(y[t * dim + i]));
-      }
+      for (int64_t t = first; t < n_tok; t++) residual_row<T>(x.data() + t * dim, y.data() + t * dim, tmp.data(), dim);
     }
     const float* last = x.data() + (n_tok - 1) * dim;
     rmsnorm(last, final_norm, h.data(), dim, eps);
