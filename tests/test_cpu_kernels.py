@@ -12,6 +12,7 @@ from nativelab.kernels.cpu import build, decode
 from nativelab.kernels.ops.attention import reference_attention_tkg
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
+from nativelab.kernels.ops.sample import _sample, reference_sample_mask
 from nativelab.kernels.ops.transformer import reference_transformer_tkg
 
 pytestmark = pytest.mark.slow  # builds the C++ extension once per ISA (cached on disk afterwards)
@@ -279,6 +280,12 @@ def test_decode_plan_is_the_step_from_token_ids(ext, dtype, table):
     for k in ("k_caches", "v_caches"):
         for mine, theirs in zip(a[k], ref_caches[k]):
             torch.testing.assert_close(mine.float(), theirs.float(), **TOL[dtype])
+    # the draw: the step's logits and `sample`'s token from them, the counter advancing once
+    for p, tok, setting in ((7, 3, (0.8, 0, 0.9)), (8, 64, (1.1, 5, 1.0))):
+        state_before = seed.clone()
+        plan.draw(torch.tensor([[tok]]), torch.tensor([p]), seed, logits, out, *setting)
+        assert out.item() == _sample(logits[:, -1].float(), state_before, *setting).item()
+        assert seed.tolist() == [7, state_before[1].item() + 1]
     with pytest.raises(RuntimeError, match="token id out of the vocabulary"):
         plan.step(torch.tensor([[131]]), torch.tensor([1]), logits)
     with pytest.raises(RuntimeError, match="pos beyond the cache"):
@@ -318,6 +325,54 @@ def test_decode_plan_prefills_a_prompt(ext, dtype, n_tok, start):
         plan.step(torch.tensor([[1, 2, 3]]), torch.tensor([4, 5]), logits)
 
 
+# (temperature, top_k, top_p): top-p only, top-k only, both, a top-k of one, neither, greedy
+_SETTINGS = [(0.8, 0, 0.9), (1.3, 0, 0.5), (0.7, 40, 1.0), (0.7, 40, 0.9), (1.0, 1, 1.0), (1.0, 0, 1.0), (0.0, 0, 1.0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab,spread", [(32000, 1.0), (32000, 8.0), (32000, 0.05), (131, 2.0)])
+def test_the_draw_is_the_samplers_draw(ext, dtype, vocab, spread):
+    """The C++ draw (sample_out, DecodePlan.draw's) = `sample`'s draw in plain PyTorch (`_sample`) on the same
+    logits and [seed, counter], for near-uniform, ordinary and widely spread logits, a vocabulary that is no
+    multiple of the vector width, every setting; the token is one a sort-based top-k / top-p sampler allows,
+    and the counter advances once per draw."""
+    torch.manual_seed(vocab + int(spread * 10))
+    for row in range(3):
+        logits = (torch.randn(1, vocab) * spread).to(dtype)
+        for temperature, top_k, top_p in _SETTINGS:
+            for seed, counter in ((row, 0), (7 + row, 12345), (-3, 2 ** 40 + row)):
+                state = torch.tensor([seed, counter])
+                out = torch.empty(1, dtype=torch.int64)
+                ext.sample_out(logits, state, temperature, top_k, top_p, out)
+                want = _sample(logits.float(), torch.tensor([seed, counter]), temperature, top_k, top_p)
+                assert out.item() == want.item(), (temperature, top_k, top_p, seed, counter)
+                assert state.tolist() == [seed, counter + 1]
+                if temperature > 0:
+                    assert reference_sample_mask(logits.float(), temperature, top_k, top_p)[0, out.item()]
+
+
+def test_the_draw_is_the_traced_sample_kernel(ext):
+    """Against the compiled `sample` kernel itself (Inductor's code, whose sums run in another order): the same
+    tokens over 40 draws of each setting (seeded runs of the one-kernel step and of `sample` agree)."""
+    torch.manual_seed(0)
+    logits = torch.randn(1, 32000) * 2
+    for temperature, top_k, top_p in ((0.8, 0, 0.9), (0.7, 40, 0.9)):
+        mine, theirs = torch.tensor([5, 0]), torch.tensor([5, 0])
+        out = torch.empty(1, dtype=torch.int64)
+        for _ in range(40):
+            ext.sample_out(logits, mine, temperature, top_k, top_p, out)
+            assert out.item() == K.sample(logits, theirs, temperature, top_k, top_p).item()
+        assert mine.tolist() == theirs.tolist() == [5, 40]
+
+
+def test_the_draw_rejects_bad_settings(ext):
+    out, state = torch.empty(1, dtype=torch.int64), torch.tensor([0, 0])
+    with pytest.raises(RuntimeError, match="top_p"):
+        ext.sample_out(torch.randn(1, 10), state, 1.0, 0, 1.5, out)
+    with pytest.raises(RuntimeError, match="seed_state"):
+        ext.sample_out(torch.randn(1, 10), torch.tensor([0, 0, 0]), 1.0, 0, 0.9, out)
+
+
 def test_the_token_step_binds_its_weights_once(monkeypatch):
     """transformer_tkg_token on device tensors: the kernel interface makes one plan per set of weights (not per
     step), binds again when a weight is re-pointed, agrees with the traced path, and a greedy token equals
@@ -339,22 +394,25 @@ def test_the_token_step_binds_its_weights_once(monkeypatch):
     bound = [dev(v) for v in _plan_args(a)]
     seed = torch.tensor([0, 0]).to("neuron")
 
-    def step(tok, p, temperature=0.0):
+    def step(tok, p, temperature=0.0, top_k=0):
         return K.transformer_tkg_token(torch.tensor([[tok]]).to("neuron"), torch.tensor([p]).to("neuron"), seed,
-                                       *bound, temperature, 0, 0.9)
+                                       *bound, temperature, top_k, 0.9)
+
+    def steps():  # greedy, top-p, top-k + top-p: the host plan draws in the step's own launch
+        return [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item(), step(6, 3, 1.2, 7).item()]
 
     with torch.no_grad():
-        got = [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item()]
+        got = steps()
         assert binds == [1]
         bound[4][0].data = bound[4][0].clone()  # re-pointed: bind again
-        step(5, 3)
+        step(5, 4)
         assert binds == [1, 1]
         with build.host_kernels(False):  # the traced path, from fresh caches
             for c in (*bound[12], *bound[13]):
                 c.zero_()
             seed.zero_()
-            traced = [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item()]
-    assert got == traced and seed.cpu().tolist() == [0, 3]
+            traced = steps()
+    assert got == traced and seed.cpu().tolist() == [0, 4]
 
 
 def test_the_token_step_takes_a_whole_prompt(monkeypatch):
@@ -391,19 +449,25 @@ def test_the_token_step_takes_a_whole_prompt(monkeypatch):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
 
 
-def test_the_compiled_experimental_tier_agrees_with_its_traced_kernel():
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_compiled_experimental_tier_agrees_with_its_traced_kernel(greedy):
     """The compiled experimental tier in inference mode (its one-kernel step runs while the queue drains, on
-    host views made there: inference tensors) gives the base tier's greedy tokens with the hand-written kernel
-    and with the traced one (NATIVELAB_CPU_KERNELS=0, the RoPE tables are inputs there, not baked)."""
+    host views made there: inference tensors) gives the same tokens with the hand-written kernel and with the
+    traced one (NATIVELAB_CPU_KERNELS=0, the RoPE tables are inputs there, not baked): greedy, the base tier's;
+    top-p, the host plan's draw in its step's launch and the traced `_sample` in the traced step's."""
     from nativelab.models.llama import Generator, Llama, Sampling
 
     src = Llama.random("tiny")
+    sampling = Sampling(greedy=greedy, temperature=0.8, top_p=0.9, seed=3)
     got = []
     for on in (True, False):
         with build.host_kernels(on):
             torch._dynamo.reset()
-            g = Generator(src.copy_as("experimental", torch.float32, "neuron"), Sampling(greedy=True)).compile()
+            g = Generator(src.copy_as("experimental", torch.float32, "neuron"), sampling).compile()
             with torch.inference_mode():
                 got.append(g.generate([1, 2, 3], 6))
-    want = Generator(src.copy_as("base", torch.float32, "neuron"), Sampling(greedy=True)).generate([1, 2, 3], 6)
-    assert got == [want, want]
+    if greedy:
+        want = Generator(src.copy_as("base", torch.float32, "neuron"), sampling).generate([1, 2, 3], 6)
+        assert got == [want, want]
+    else:
+        assert got[0] == got[1] and len(got[0]) == 6

@@ -67,7 +67,7 @@ def extension(which: str | None = None):
     flags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY=nativelab_{which}", *ISA_FLAGS[which]]
     try:  # cached on disk by content and flags (nativelab.cpp_build)
         return cpp_build.load_extension(f"nativelab_decode_{which.lower()}", [CSRC / "decode.cpp"], flags,
-                                        ["-fopenmp"], depends=[CSRC / "prefill.h"])
+                                        ["-fopenmp"], depends=[CSRC / "prefill.h", CSRC / "sample.h"])
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a compile error: the traced path still works
         warnings.warn(f"nativelab: the hand-written CPU decode kernels could not be built ({e}); "
                       f"the traced kernels run instead")

@@ -104,11 +104,11 @@ def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms
                                         gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
                                         n_kv_heads, eps)
 
-    def step(tokens, pos, seed_state, greedy, logits, out):
-        if greedy:
+    def step(tokens, pos, seed_state, temperature, top_k, top_p, logits, out):
+        if temperature <= 0.0:
             plan.greedy(tokens, pos, seed_state, logits, out)
-        else:
-            plan.step(tokens, pos, logits)
+        else:  # the step and `sample`'s draw from its logits, in the one call
+            plan.draw(tokens, pos, seed_state, logits, out, temperature, top_k, top_p)
 
     return step
 
@@ -118,17 +118,19 @@ def transformer_tkg_token(tokens, pos, seed_state, *args):
     _bind(*args[:19])(tokens, pos, seed_state, *args[19:])
 
 
-def _accepts_token_call(tokens, pos, seed_state, greedy, logits, out) -> bool:
+def _accepts_token_call(tokens, pos, seed_state, temperature, top_k, top_p, logits, out) -> bool:
     """What a bound plan needs of a launch's own arguments (the rest was checked when it was bound)."""
     return (build.enabled() and not torch.is_grad_enabled() and tokens.dim() == 2 and tokens.shape[0] == 1
             and tokens.dtype in (torch.int32, torch.int64) and pos.numel() == tokens.shape[1]
-            and pos.dtype in (torch.int32, torch.int64) and logits.is_contiguous() and out.numel() == 1)
+            and pos.dtype in (torch.int32, torch.int64) and logits.is_contiguous() and out.numel() == 1
+            and seed_state.dtype == torch.int64 and seed_state.is_contiguous() and logits.shape[-1] < 2 ** 24)
 
 
 def _accepts_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms,
-                   gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, greedy,
-                   logits, out) -> bool:
-    if not _accepts_token_call(tokens, pos, seed_state, greedy, logits, out) or embed.dtype not in _DTYPES:
+                   gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, temperature,
+                   top_k, top_p, logits, out) -> bool:
+    if not _accepts_token_call(tokens, pos, seed_state, temperature, top_k, top_p, logits, out) \
+            or embed.dtype not in _DTYPES:
         return False
     if logits.dtype != embed.dtype or rope_cos.dtype not in (embed.dtype, torch.float32):
         return False

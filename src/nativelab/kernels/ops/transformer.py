@@ -15,7 +15,7 @@ from .attention import reference_attention_tkg
 from .mlp import reference_mlp
 from .qkv import reference_qkv
 from .rmsnorm import reference_rmsnorm
-from .sample import check_sampling, sample_kernel
+from .sample import _sample, check_sampling
 
 
 def reference_transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
@@ -85,16 +85,15 @@ def reference_transformer_tkg_token(tokens, pos, seed_state, embed, rope_cos, ro
              targets={"host": "nativelab.kernels.cpu.decode:transformer_tkg_token"})
 def transformer_tkg_token_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos,
                                  post_norms, gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
-                                 n_kv_heads, eps, greedy, logits, out):
+                                 n_kv_heads, eps, temperature, top_k, top_p, logits, out):
     """The whole step from token ids (1, T): every token's cache rows, the last token's logits (B, 1, vocab),
-    and with `greedy` its argmax token (the sampler's counter advancing as for any draw, so seeded runs stay
-    aligned with `sample`)."""
+    and the token `sample` draws from them (argmax for temperature <= 0), the sampler's counter advancing
+    once."""
     logits.copy_(reference_transformer_tkg_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms,
                                                  wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
                                                  v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps)[:, -1:])
-    if greedy:
-        out.copy_(logits[:, -1].float().argmax(-1))
-        seed_state[1:].add_(1)
+    out.copy_(_sample(logits[:, -1], seed_state, temperature, top_k, top_p))
+    seed_state[1:].add_(1)
 
 
 @kernel_op("nativelab::transformer_tkg_token", mutates_args=("seed_state", "k_caches", "v_caches"))
@@ -123,10 +122,7 @@ def transformer_tkg_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: t
         raise ValueError(f"pos: expected one position per token, shape ({t},), got {tuple(pos.shape)}")
     logits = torch.empty(b, 1, lm_head.shape[0], dtype=embed.dtype, device=embed.device)  # the last token's
     out = torch.empty(b, dtype=torch.int64, device=embed.device)
-    greedy = temperature <= 0.0
     transformer_tkg_token_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos,
                                  post_norms, gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
-                                 n_kv_heads, eps, greedy, logits, out)
-    if not greedy:
-        sample_kernel(logits[:, -1], seed_state, float(temperature), int(top_k), float(top_p), out)
+                                 n_kv_heads, eps, float(temperature), int(top_k), float(top_p), logits, out)
     return out

@@ -594,7 +594,31 @@ void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& u
 // norm, LM head and the greedy argmax in one call. The weights, caches and tables are checked and their
 // pointers taken once, when the plan is made (the kernel interface makes one per set of tensors and keeps
 // it), so a step passes only the token, the position and its outputs: no per-step list of 66 tensors.
+#include "sample.h"  // the sampler's draw (sample_draw), for DecodePlan::draw
+
 namespace {
+
+// The sampler's state: an int64 [seed, counter] tensor.
+void check_seed_state(const at::Tensor& seed_state) {
+  check(seed_state.scalar_type() == at::kLong && seed_state.numel() == 2 && seed_state.is_contiguous(),
+        "seed_state: int64 [seed, counter]");
+}
+
+// The token sample_draw draws from the last row of logits (the row a step draws from).
+int64_t draw_row(const at::Tensor& logits, int64_t vocab, const at::Tensor& seed_state, double temperature,
+                 int64_t top_k, double top_p, SampleScratch& scratch) {
+  check(logits.is_contiguous() && logits.numel() >= vocab && logits.numel() % vocab == 0,
+        "logits: contiguous rows of the vocabulary");
+  check(vocab < (int64_t{1} << 24), "vocabulary below 2^24 tokens");  // the draw keeps indices in fp32 lanes
+  const int64_t* st = seed_state.data_ptr<int64_t>();
+  int64_t token = 0;
+  dispatch(logits.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    token = sample_draw(logits.data_ptr<T>() + logits.numel() - vocab, vocab, st[0], st[1], temperature, top_k,
+                        top_p, scratch);
+  });
+  return token;
+}
 
 // First index of the largest value, NaN counting as the largest (as torch.argmax).
 template <typename T>
@@ -657,13 +681,25 @@ class DecodePlan {
   void greedy(const at::Tensor& token, const at::Tensor& pos, at::Tensor& seed_state, at::Tensor& logits,
               at::Tensor& out) {
     check(out.scalar_type() == at::kLong && out.numel() == 1, "out: one int64 token");
-    check(seed_state.scalar_type() == at::kLong && seed_state.numel() == 2 && seed_state.is_contiguous(),
-          "seed_state: int64 [seed, counter]");
+    check_seed_state(seed_state);
     run(token, pos, logits);
     dispatch(logits.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       out.data_ptr<int64_t>()[0] = argmax(logits.data_ptr<T>(), logits.numel());
     });
+    seed_state.data_ptr<int64_t>()[1] += 1;
+  }
+
+  // The step's logits, and the token `sample` draws from them (temperature, top-k, top-p; argmax for
+  // temperature <= 0) into out, in this one call; the sampler's counter advances once.
+  void draw(const at::Tensor& token, const at::Tensor& pos, at::Tensor& seed_state, at::Tensor& logits,
+            at::Tensor& out, double temperature, int64_t top_k, double top_p) {
+    check(out.scalar_type() == at::kLong && out.numel() == 1, "out: one int64 token");
+    check_seed_state(seed_state);
+    check(top_k >= 0 && top_p > 0.0 && top_p <= 1.0, "top_k >= 0, 0 < top_p <= 1");
+    run(token, pos, logits);
+    out.data_ptr<int64_t>()[0] = draw_row(logits, lm_head_.size(0), seed_state, temperature, top_k, top_p,
+                                          scratch_);
     seed_state.data_ptr<int64_t>()[1] += 1;
   }
 
@@ -713,9 +749,23 @@ class DecodePlan {
   std::vector<Layer> layers_;
   int64_t n_heads_, n_kv_;
   float eps_;
+  SampleScratch scratch_;  // the draw's work buffers
 };
 
 }  // namespace
+
+// The sampler's draw alone (`sample`'s kernel for one row of logits, the last of `logits`) into out (one
+// int64); advances seed_state's counter once.
+void sample_out(const at::Tensor& logits, at::Tensor& seed_state, double temperature, int64_t top_k, double top_p,
+                at::Tensor& out) {
+  check(out.scalar_type() == at::kLong && out.numel() == 1, "out: one int64 token");
+  check_seed_state(seed_state);
+  check(top_k >= 0 && top_p > 0.0 && top_p <= 1.0, "top_k >= 0, 0 < top_p <= 1");
+  check(logits.dim() >= 1 && logits.size(-1) > 0, "logits: (..., vocab)");
+  thread_local SampleScratch scratch;
+  out.data_ptr<int64_t>()[0] = draw_row(logits, logits.size(-1), seed_state, temperature, top_k, top_p, scratch);
+  seed_state.data_ptr<int64_t>()[1] += 1;
+}
 
 std::string isa() {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -733,6 +783,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qkv_decode", &qkv_decode, "one token: RMSNorm + Q/K/V + RoPE (the core tier's qkv)");
   m.def("attention_decode", &attention_decode, "one token: cache write + attention over positions 0..pos");
   m.def("mlp_decode", &mlp_decode, "one token: RMSNorm + SwiGLU MLP (+ residual)");
+  m.def("sample_out", &sample_out, "the sampler's draw (temperature, top-k, top-p) from the last row of logits");
   m.def("isa", &isa, "the vector ISA this build was compiled for");
   // module_local: each ISA's build registers its own DecodePlan type (all three may load in one process)
   pybind11::class_<DecodePlan>(m, "DecodePlan", pybind11::module_local(), "the whole decode step over bound weights")
@@ -744,5 +795,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,
                           const at::Tensor&, int64_t, int64_t, double>())
       .def("step", &DecodePlan::step, "the step's logits (vocab) into logits")
-      .def("greedy", &DecodePlan::greedy, "the step's logits, and its greedy next token into out");
+      .def("greedy", &DecodePlan::greedy, "the step's logits, and its greedy next token into out")
+      .def("draw", &DecodePlan::draw, "the step's logits, and the token the sampler draws from them into out");
 }
