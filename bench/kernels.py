@@ -108,6 +108,29 @@ def main() -> None:
                 cs.append(timed(ref_c, args.iters, d) if ref_c else float("nan"))
         k, e, c = statistics.median(ks), statistics.median(es), statistics.median(cs)
         print(f"  {name:<28} {k:>10.1f} {e:>13.1f} {c:>16.1f} {e / k:>8.2f}x")
+    if d == "neuron":
+        draw_alone(args)
+
+
+def draw_alone(args) -> None:
+    """The sampler's draw alone on host tensors, as the experimental tier's one-kernel step runs it after its
+    logits (DecodePlan.draw): the C++ draw against the traced `sample` kernel (Inductor's code) it replaces."""
+    from nativelab.kernels.cpu import build
+
+    ext = build.extension()
+    if ext is None:
+        return
+    logits = torch.randn(1, 32000).to(getattr(torch, args.dtype))
+    state, out = seed_state(0, "cpu"), torch.empty(1, dtype=torch.int64)
+    print(f"  draw alone (host, V=32000, {args.dtype} logits, {ext.isa()} build), us:")
+    for label, (t, k, p) in {"top-p 0.9, T 0.8": (0.8, 0, 0.9), "top-k 50, T 0.8": (0.8, 50, 1.0)}.items():
+        mine, traced = [], []
+        with torch.inference_mode():
+            for _ in range(args.repeats):
+                mine.append(timed(lambda: ext.sample_out(logits, state, t, k, p, out), args.iters, "neuron"))
+                traced.append(timed(lambda: ops.sample(logits, state, t, k, p), args.iters, "neuron"))
+        a, b = statistics.median(mine), statistics.median(traced)
+        print(f"    {label:<24} C++ {a:>8.1f}   traced sample {b:>8.1f}   {b / a:>6.2f}x")
 
 
 if __name__ == "__main__":
