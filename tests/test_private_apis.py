@@ -390,3 +390,49 @@ def test_cpp_storage_wrap_and_unpack():
     assert memory._rt.mem_owns(st)
     host = memory.host_storage(st)
     assert host.device.type == "cpu" and host.data_ptr() == st.data_ptr() and host.nbytes() == st.nbytes()
+
+
+def test_compiler_reads_functionalized_custom_ops_and_dispatch_modes():
+    """compiler/_private.py's `functionalized_call` (AOTAutograd's auto_functionalized_v2 node and its view
+    information), `python_modes_active` / `no_python_modes`, and kernels/_private.py's `overload_of`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nativelab.compiler import _private as cc_private
+    from nativelab.kernels import _private as k_private
+
+    @torch.library.custom_op("nativelab_canary::acc", mutates_args=("acc",))
+    def acc_op(x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        acc.add_(x)
+        return x * 2
+
+    acc_op.register_fake(lambda x, acc: torch.empty_like(x))
+    assert k_private.overload_of(acc_op) is torch.ops.nativelab_canary.acc.default
+    graphs = []
+
+    def inference(gm, example_inputs):
+        graphs.append(gm)
+        return cc_private.make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    backend = cc_private.aot_autograd(fw_compiler=inference, inference_compiler=inference,
+                                      keep_inference_input_mutations=True)
+    for fn in (lambda x, a: acc_op(x, a), lambda x, a: acc_op(x[1:], a[1:])):
+        torch.compile(fn, backend=backend)(torch.ones(3), torch.zeros(3))
+    calls = [[cc_private.functionalized_call(n) for n in gm.graph.nodes if n.op == "call_function"]
+             for gm in graphs]
+    whole = [c for c in calls[0] if c is not None]
+    assert len(whole) == 1
+    op, kwargs, bases = whole[0]
+    placeholders = [n for n in graphs[0].graph.nodes if n.op == "placeholder"]
+    assert op is torch.ops.nativelab_canary.acc.default and kwargs["acc"] is bases[0] and bases[0] in placeholders
+    assert all(c is None for c in calls[1])  # a mutated view of an input: not described as its base
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert not cc_private.python_modes_active()
+    with Mode():
+        assert cc_private.python_modes_active()
+        with cc_private.no_python_modes():
+            assert not cc_private.python_modes_active()

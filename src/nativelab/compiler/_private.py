@@ -14,7 +14,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 __all__ = ["OpOverload", "aot_autograd", "make_boxed_func", "dynamo_backend_known", "register_dynamo_backend",
            "recompute_meta", "op_base_name", "standalone_compile", "load_artifact", "STANDALONE_COMPILE_LOGGER",
            "split_bf16_tile_transposes", "install_cpp_source_filter", "inductor_cache_tag", "rng_state_hops",
-           "inductor_fallback_random"]
+           "inductor_fallback_random", "functionalized_call", "python_modes_active", "no_python_modes"]
 
 # -- Dynamo and AOTAutograd: how the backend receives graphs ------------------------------------------------
 
@@ -54,6 +54,49 @@ def rng_state_hops():
     from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
     return run_and_save_rng_state, run_with_rng_state
+
+
+def functionalized_call(node: torch.fx.Node):
+    """A custom op that mutates its arguments reaches the backend functionalized, as one node
+    `auto_functionalized_v2(op, **kwargs)` whose mutated arguments are described by their bases (`_all_bases`)
+    and view information; its outputs are (the op's results..., the bases' new values...). Returns (op, the op's
+    own keyword arguments with each mutated argument as its base node, the base nodes), or None for any other
+    node and for a mutated argument that is a view of its base rather than the base itself."""
+    from torch._higher_order_ops.auto_functionalize import NotView, get_mutable_args, read_view_information_from_args
+
+    if node.op != "call_function" or node.target is not torch.ops.higher_order.auto_functionalized_v2:
+        return None
+    op = node.args[0]
+    kwargs = dict(node.kwargs)
+    bases = list(kwargs.pop("_all_bases"))
+    names, types = get_mutable_args(op)
+    views = read_view_information_from_args(names, types, kwargs, bases)  # pops the view keywords
+
+    def base(info):
+        if info is None:
+            return None
+        if type(info) is not NotView:
+            raise LookupError  # a view of a base: the op must run on that view, not on the base
+        return bases[info.base_index]
+
+    try:
+        for name, info in views.items():
+            kwargs[name] = [base(i) for i in info] if isinstance(info, list) else base(info)
+    except LookupError:
+        return None
+    return op, kwargs, bases
+
+
+def python_modes_active() -> bool:
+    """Whether a Python dispatch mode (TorchDispatchMode) is active: a cheap check before `no_python_modes`."""
+    return torch._C._len_torch_dispatch_stack() > 0
+
+
+def no_python_modes():
+    """Context that pops every active Python dispatch mode for its body."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
 
 
 # -- Fake tensors: node metadata without running anything ---------------------------------------------------

@@ -12,6 +12,7 @@ log = logging.getLogger("nativelab.compiler")
 class CompileStats:
     graphs: int = 0  # graphs handed to the backend (forward and backward count separately)
     partitions: int = 0  # device subgraphs lowered to generated code
+    kernel_graphs: int = 0  # graphs that are one kernel op, run as that op's own launch (kernel_graph.py)
     fallback_nodes: int = 0  # graph nodes that run as CPU fallbacks between device subgraphs
     cache_hits: int = 0
     cache_misses: int = 0

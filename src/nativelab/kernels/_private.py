@@ -15,6 +15,11 @@ def is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
+def overload_of(op):
+    """The operator overload (`torch.ops.ns.name.default`) of a `torch.library.custom_op`."""
+    return op._opoverload
+
+
 def lean_version_bump(op) -> bool:
     """Replace the version-bump kernel (dispatch key ADInplaceOrView) that `torch.library.custom_op` registers
     for an op that mutates its arguments with one that does the same work without `fill_defaults`: that helper
