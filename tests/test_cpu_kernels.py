@@ -471,3 +471,24 @@ def test_the_compiled_experimental_tier_agrees_with_its_traced_kernel(greedy):
         assert got == [want, want]
     else:
         assert got[0] == got[1] and len(got[0]) == 6
+
+
+def test_the_one_kernel_step_counts_its_device_traffic(monkeypatch):
+    """The profiler's traffic count of the experimental tier's hand-written step (its plan's own account): a
+    generated token reads at least every weight and the whole KV cache, and the prompt's launch reads the same
+    weights once, not once per prompt token (formula from the model's tensors)."""
+    if build.extension() is None:
+        pytest.skip("no C++ toolchain")
+    from nativelab.models.llama import Generator, Llama, Sampling
+    from nativelab.profile import traffic_per_token
+
+    monkeypatch.setenv("NATIVELAB_CPU_KERNELS", "1")
+    model = Llama.random("tiny").copy_as("experimental", torch.float32, "neuron")
+    gen = Generator(model, Sampling(greedy=True))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # the tied LM head once
+    caches = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "cache" in n)
+    prompt, n = [1, 2, 3, 4, 5, 6, 7, 8], 4
+    per_token = traffic_per_token(lambda: gen.generate(prompt, n))
+    # n launches (the prompt's and n - 1 decode steps), each reading every weight and cache once
+    assert per_token >= weights + caches
+    assert per_token < 1.5 * (weights + caches)

@@ -203,9 +203,12 @@ class Session:
                 hargs, houts = args
                 return "graph", *self._io(owner.source, False).traffic(hargs, houts)
             return None
-        if kind == "kernel":  # a traced kernel knows its graph; hand-written host code moves what it moves
+        if kind == "kernel":  # a traced kernel knows its graph; hand-written host code may give its own account
             source = getattr(fn, "source", None)
-            return ("kernel", *self._io(source, True).traffic(args)) if source is not None else ("kernel", 0, 0)
+            if source is not None:
+                return "kernel", *self._io(source, True).traffic(args)
+            account = getattr(fn, "traffic", None)  # fn.traffic(*args) -> (bytes read, bytes written)
+            return ("kernel", *account(*args)) if account is not None else ("kernel", 0, 0)
         if kind == "collective":
             return "collective", 0, 0
         return "marker", 0, 0  # event records: no work

@@ -6,7 +6,8 @@ inputs from device memory and writes its outputs back; what happens inside it st
   overwrites; an `out=` argument is only written; a scatter into a buffer, like the KV-cache
   `index_copy_`, writes only the values it scatters);
 - a compiled graph or a kernel is one unit: it reads each input it uses and each weight baked into it
-  (once per launch), and writes its outputs and what it updates in place; its intermediates are free;
+  (once per launch), and writes its outputs and what it updates in place; its intermediates are free; a
+  hand-written host kernel counts what it says it moves (`fn.traffic(*args)`), else nothing;
 - a CPU fallback reads its device inputs to the host and writes its results back (host transfers).
 A tensor counts its viewed bytes (`numel * element size`), not its whole storage. Python scalars and the
 device's cached scalar constants are immediates, not traffic.

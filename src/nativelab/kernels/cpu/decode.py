@@ -110,6 +110,23 @@ def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms
         else:  # the step and `sample`'s draw from its logits, in the one call
             plan.draw(tokens, pos, seed_state, logits, out, temperature, top_k, top_p)
 
+    # What one launch moves through device memory, for the profiler's traffic count (a hand-written kernel's own
+    # account; nativelab.profile.traffic): every weight and the whole KV cache read, the embedding and RoPE rows
+    # of the T tokens looked up; the cache rows of the T tokens, the logits and the drawn token written.
+    def size(ts):
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    weights = size([*input_norms, *wqs, *wks, *wvs, *wos, *post_norms, *gates, *ups, *downs, final_norm, lm_head])
+    caches = size([*k_caches, *v_caches])
+    per_token = (embed[0].numel() * embed.element_size() + 2 * rope_cos[0].numel() * rope_cos.element_size(),
+                 2 * sum(c.shape[1] * c.shape[3] for c in k_caches) * k_caches[0].element_size())
+
+    def traffic(tokens, pos, seed_state, temperature, top_k, top_p, logits, out):
+        t = tokens.shape[1]
+        read = weights + caches + t * per_token[0] + size([tokens, pos, seed_state])
+        return read, t * per_token[1] + size([logits, out, seed_state])
+
+    step.traffic = traffic
     return step
 
 
