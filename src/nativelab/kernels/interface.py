@@ -106,8 +106,8 @@ class Kernel:
         host = self._target("host")
         if host is not None and host.accepts(*args):  # hand-written host code for this signature
             if kind == DEVICE:
-                queue.launch("kernel", f"kernel:{self.name}", host, *args)
-                tracking.executed[f"kernel:{self.name}"] += 1
+                queue.launch("kernel", self._label, host, *args)
+                tracking.executed[self._label] += 1
             else:
                 host(*args)
             return None
@@ -125,10 +125,10 @@ class Kernel:
         live = [t for i, t in enumerate(tensors) if i not in frozen] if frozen else tensors
         if tensors and tensors[0].device.type == DEVICE:
             if compiled.random:  # drawn at the call, from the device's generator, as eager random ops
-                run_at_call("kernel", f"kernel:{self.name}", compiled, live, tensors[0].device.index or 0)
+                run_at_call("kernel", self._label, compiled, live, tensors[0].device.index or 0)
             else:
-                queue.launch("kernel", f"kernel:{self.name}", compiled, *live)
-            tracking.executed[f"kernel:{self.name}"] += 1
+                queue.launch("kernel", self._label, compiled, *live)
+            tracking.executed[self._label] += 1
         else:
             compiled(*live)
         return None
