@@ -17,7 +17,7 @@ import nativelab
 
 ROOT = pathlib.Path(nativelab.__file__).parent
 LAYERS = [
-    {"cpp_build", "files"},  # utilities any layer may use: building C++ extensions, atomic files
+    {"cpp_build", "files", "stand_ins"},  # utilities any layer may use: C++ extensions, atomic files, stand-ins
     {"device"},
     {"compiler", "distributed"},
     {"kernels"},

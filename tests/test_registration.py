@@ -59,12 +59,14 @@ def test_stands_aside_when_the_real_neuron_stack_is_installed(tmp_path):
         import torch, nativelab
         print(nativelab.device.is_registered(), nativelab.device.real_neuron_installed())
         print(torch._C._get_privateuse1_backend_name())
+        import torch_neuronx
+        print(torch_neuronx.REAL)
         """
     )
     env = {"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = run_python(code, env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["False", "True", "privateuseone"]
+    assert r.stdout.split() == ["False", "True", "privateuseone", "True"]
 
 
 CPU_ONLY_PROGRAM = textwrap.dedent("""

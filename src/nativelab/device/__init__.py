@@ -2,7 +2,9 @@
 device guard, streams, events, generators, pinned memory, the PrivateUse1 hooks) under Python policy.
 
 `register()` is what `import torch` runs through the `torch.backends` entry point. It does nothing when
-the real Neuron stack (`torch_neuronx`) is installed: then the real device serves `neuron`. It also stands
+the real Neuron stack (`torch_neuronx`) is installed: then the real device serves `neuron`. Otherwise it also
+serves `import torch_neuronx` (`torch_neuronx_api.py`, through `nativelab.stand_ins`), which is how accelerate
+and the Hugging Face Trainer find a Neuron device. It also stands
 aside when a CUDA GPU is present (NATIVELAB_EMULATE=1 registers anyway): PyTorch takes a registered
 PrivateUse1 backend as *the* accelerator, and from then on every CUDA backward fails inside the autograd
 engine (`opt_ready_stream && opt_parent_stream`, pytorch/pytorch#161129).
@@ -10,12 +12,12 @@ engine (`opt_ready_stream && opt_parent_stream`, pytorch/pytorch#161129).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 
 import torch
 
+from .. import stand_ins
 from . import (
     _private, autocast, config, conversion, dynamo_interface, guard, int32_targets, memory, module, ops, queue,
     rnn_cells, runtime, runtime_ops, tracking,
@@ -32,7 +34,8 @@ _libs: list = []  # torch.library registrations live as long as these objects
 
 
 def real_neuron_installed() -> bool:
-    return importlib.util.find_spec("torch_neuronx") is not None
+    """AWS's torch_neuronx is importable (nativelab's own stand-in for it does not count)."""
+    return stand_ins.real_spec("torch_neuronx") is not None
 
 
 def cuda_present() -> bool:
@@ -85,6 +88,7 @@ def register() -> bool:
     _private.patch_tensor_repr("neuron")
     _private.patch_dlpack_device("neuron")
     guard.set_index(0)  # also makes backward run in this thread (see _private)
+    stand_ins.install("torch_neuronx", "nativelab.device.torch_neuronx_api")  # accelerate, the Trainer, the guide
     _state["registered"] = True
     return True
 
