@@ -2,6 +2,7 @@
 
     nativelab profile -- run --model core --compile --greedy
     nativelab profile my_script.py --its-args
+    nativelab profile -m mypackage.train --its-args
     nativelab profile --compare base core experimental --compile --greedy --plot tiers.png
 """
 
@@ -50,15 +51,22 @@ def parse_args(argv):
     ap.add_argument("--top", type=int, default=15, help="rows in the device work table")
     ap.add_argument("target", nargs=argparse.REMAINDER,
                     help="after --: a nativelab command (run ...) or a Python script and its arguments")
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, module = running.split_module(argv, {o for a in ap._actions if a.nargs != 0 for o in a.option_strings})
+    args = ap.parse_args(own)
+    if module is not None:
+        args.target = module
     if args.target and args.target[0] == "--":
         args.target = args.target[1:]
     if bool(args.compare) == bool(args.target):
-        ap.error("give either --compare TIER... or a command to profile (-- run ... | script.py ...)")
-    if args.target and args.target[0] not in COMMANDS and not args.target[0].endswith(".py"):
-        ap.error(f"{args.target[0]!r} is neither a nativelab command ({', '.join(COMMANDS)}) nor a .py script")
-    if args.target and args.target[0].endswith(".py") and not os.path.isfile(args.target[0]):
-        ap.error(f"script {args.target[0]!r} not found")
+        ap.error("give either --compare TIER... or a command to profile (-- run ... | script.py ... | -m module ...)")
+    if args.target and args.target[0] not in COMMANDS:
+        if not running.is_program(args.target):
+            ap.error(f"{args.target[0]!r} is neither a nativelab command ({', '.join(COMMANDS)}) nor a .py script "
+                     f"or -m module")
+        problem = running.target_error(args.target)
+        if problem:
+            ap.error(problem)
     if args.tokens < 1:
         ap.error("--tokens must be at least 1")
     if args.out:

@@ -2,6 +2,7 @@
 or be slow on Trainium, with source lines, counts per step, fixes and a Trainium2 estimate.
 
     nativelab check train.py --epochs 1
+    nativelab check -m mypackage.train --epochs 1
     nativelab check --device-from cuda train_cuda.py
     nativelab check --json report.json --markdown report.md --fail-on fallback,sync train.py
     nativelab check -- run --model base --compile --greedy
@@ -14,7 +15,7 @@ import os
 import sys
 import traceback
 
-from ..profile.running import run_script
+from ..profile.running import is_program, run_script, split_module, target_error
 from . import findings as F
 from .api import Check
 from .hardware import Trainium2
@@ -49,17 +50,23 @@ def parse_args(argv):
                     help="report bf16 ops whose results drift from a float32 shadow computation (eager ops; slow)")
     ap.add_argument("--quiet", action="store_true", help="no terminal report (with --json / --markdown)")
     ap.add_argument("target", nargs=argparse.REMAINDER,
-                    help="a Python script and its arguments, or after --: a nativelab command (run ...)")
-    args = ap.parse_args(argv)
+                    help="a Python script and its arguments (or -m module ...), or after --: a nativelab command "
+                         "(run ...)")
+    own, module = split_module(list(argv), {o for a in ap._actions if a.nargs != 0 for o in a.option_strings})
+    args = ap.parse_args(own)
+    if module is not None:
+        args.target = module
     if args.target and args.target[0] == "--":
         args.target = args.target[1:]
     if not args.target:
-        ap.error("give a script to check (script.py [args...]) or a nativelab command after -- (-- run ...)")
+        ap.error("give a script to check (script.py [args...] or -m module [args...]) or a nativelab command "
+                 "after -- (-- run ...)")
     t0 = args.target[0]
-    if t0 not in COMMANDS and not t0.endswith(".py"):
-        ap.error(f"{t0!r} is neither a nativelab command ({', '.join(COMMANDS)}) nor a .py script")
-    if t0.endswith(".py") and not os.path.isfile(t0):
-        ap.error(f"script {t0!r} not found")
+    if t0 not in COMMANDS and not is_program(args.target):
+        ap.error(f"{t0!r} is neither a nativelab command ({', '.join(COMMANDS)}) nor a .py script or -m module")
+    problem = None if t0 in COMMANDS else target_error(args.target)
+    if problem:
+        ap.error(problem)
     args.fail_on = [x.strip() for x in args.fail_on.split(",") if x.strip()]
     bad = set(args.fail_on) - set(F.FAIL_ON)
     if bad:
