@@ -1,0 +1,60 @@
+"""The Hugging Face Trainer on the device: it chooses `neuron` (through the `torch_neuronx` stand-in) and trains
+as on the CPU: losses, evaluation, gradient accumulation, checkpoint resume, pinned batches, bf16 mixed
+precision. Each side runs tests/hf_trainer_worker.py in its own process (accelerate's state is per process)."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+WORKER = pathlib.Path(__file__).parent / "hf_trainer_worker.py"
+
+
+def _run(device: str, tmp_path: pathlib.Path) -> dict:
+    result = tmp_path / f"{device}.pt"
+    r = subprocess.run([sys.executable, str(WORKER), device, str(result), str(tmp_path / device), "bf16"],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(result)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hf_trainer")
+    return _run("neuron", tmp), _run("cpu", tmp)
+
+
+@pytest.mark.slow
+def test_the_trainer_chooses_neuron_and_pins_batches(runs):
+    neuron, cpu = runs
+    for run in neuron.values():
+        assert (run["args_device"], run["param_device"], run["pin_memory"]) == ("neuron:0", "neuron:0", True)
+    assert cpu["fp32"]["param_device"] == "cpu"
+    assert (neuron["bf16"]["mixed_precision"], neuron["fp32"]["mixed_precision"]) == ("bf16", "no")
+
+
+@pytest.mark.slow
+def test_losses_evaluation_and_weights_equal_the_cpus(runs):
+    neuron, cpu = runs
+    for kind in ("fp32", "resumed"):
+        assert list(neuron[kind]["loss"]) == [1, 2, 3, 4, 5, 6] and list(neuron[kind]["eval_loss"]) == [3, 6]
+        for key in ("loss", "eval_loss"):
+            torch.testing.assert_close(neuron[kind][key], cpu[kind][key], rtol=2e-6, atol=0)
+        torch.testing.assert_close(neuron[kind]["weights"], cpu[kind]["weights"])
+    # bf16 autocast rounds matmul inputs; the device and the CPU agree to well within bf16's resolution (2^-8)
+    for key in ("loss", "eval_loss"):
+        torch.testing.assert_close(neuron["bf16"][key], cpu["bf16"][key], rtol=1e-4, atol=0)
+    assert neuron["bf16"]["loss"] != neuron["fp32"]["loss"]  # the bf16 run really ran in bf16
+
+
+@pytest.mark.slow
+def test_resuming_from_a_checkpoint_continues_the_same_run(runs):
+    neuron, _ = runs
+    assert (neuron["fp32"]["steps_run"], neuron["resumed"]["steps_run"]) == ([1, 2, 3, 4, 5, 6], [4, 5, 6])
+    # steps 4-6 after resuming from checkpoint-3 are the uninterrupted run's, bit for bit (optimizer, scheduler
+    # and RNG state came back from the checkpoint)
+    assert neuron["resumed"]["loss"] == neuron["fp32"]["loss"]
+    assert neuron["resumed"]["eval_loss"] == neuron["fp32"]["eval_loss"]
+    torch.testing.assert_close(neuron["resumed"]["weights"], neuron["fp32"]["weights"], rtol=0, atol=0)
