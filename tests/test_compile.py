@@ -312,13 +312,17 @@ def test_bf16_tile_read_twice_in_one_kernel_matches_eager():
             assert torch.equal(g.cpu(), want)
 
 
-def test_large_bf16_products_run_as_fp32_gemms_small_ones_stay_bf16():
+def test_large_bf16_products_run_as_fp32_gemms_small_ones_stay_bf16(monkeypatch):
     """compiler/gemm.py: a large bf16 product becomes an fp32 GEMM of upcast operands (bf16 x bf16 products are
     exact in fp32, so only the summation order differs from a bf16 GEMM with fp32 accumulation); a decode-sized
-    one (1 row) stays bf16. The compiled result matches fp32 arithmetic rounded once to bf16."""
+    one (1 row) stays bf16. The compiled result matches fp32 arithmetic rounded once to bf16. The policy is the
+    AVX512_BF16 one (from 64 rows) whatever this host is: on an AMX host it upcasts nothing."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from nativelab.compiler import gemm
+    from nativelab.device import gemm_policy
+
+    monkeypatch.setattr(gemm_policy, "min_rows", lambda: 64)
 
     def f(x, v, w):
         return x @ w.t(), v @ w.t()
