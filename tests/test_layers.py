@@ -1,6 +1,6 @@
 """The package's layers and their one-way data flow, read from the source (ast: nothing is imported or run).
 
-    cpp_build, files  <-  device  <-  compiler, distributed  <-  kernels  <-  models  <-  profile, finetune, check  <-  apps  <-  cli
+    cpp_build, files, stand_ins  <-  device  <-  compiler, distributed  <-  nki  <-  kernels  <-  models  <-  profile, finetune, check  <-  apps  <-  cli
 
 A module may import from its own layer and the layers below it, never above; and no module imports itself back
 through others (no import cycle), counting imports inside functions too: a lazy import only hides a cycle.
@@ -20,6 +20,7 @@ LAYERS = [
     {"cpp_build", "files", "stand_ins"},  # utilities any layer may use: C++ extensions, atomic files, stand-ins
     {"device"},
     {"compiler", "distributed"},
+    {"nki"},
     {"kernels"},
     {"models"},
     {"profile", "finetune", "check"},

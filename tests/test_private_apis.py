@@ -209,6 +209,17 @@ def test_kernel_private_apis():
     assert k_private.is_fake(fake) and not k_private.is_fake(torch.ones(2))
 
 
+def test_nki_private_apis():
+    """The NKI layer's fake-tensor check (src/nativelab/nki/_private.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nativelab.nki import _private as nki_private
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.ones(2))
+    assert nki_private.is_fake(fake) and not nki_private.is_fake(torch.ones(2))
+
+
 def test_kernel_ops_bump_versions_without_fill_defaults(monkeypatch):
     """kernel_op replaces custom_op's version-bump kernel for a mutating op (src/nativelab/kernels/_private.py:
     lean_version_bump, which reaches CustomOpDef._lib, _opoverload and torch._C._after_ADInplaceOrView_keyset):

@@ -1,26 +1,34 @@
-"""Lab 1, Step 4: a kernel integrated with the @nki_op + wrap_nki pattern, called in eager and compiled mode.
+"""Lab 1, Step 4: an NKI kernel integrated with the @nki_op + wrap_nki pattern, called in eager and compiled mode.
 
     python labs/lab1/nki_integration.py
+
+The kernel is NKI code, as on Trainium: it loads its inputs from HBM into SBUF tiles, adds them, and stores
+the sum into an HBM tensor it returns. nativelab traces it once per shape and dtype, checks it against
+NeuronCore-v3's limits, and compiles it (cached on disk, the guide's NKI trace cache).
 """
 
 import torch
 
+from nativelab import nki
 from nativelab.kernels import nki_op, wrap_nki
+from nativelab.nki import language as nl
 
 
-def nki_add_kernel(a, b, out):
-    """The kernel: computes into the output it is given (on Trainium this would be NKI code)."""
-    torch.add(a, b, out=out)
+@nki.jit
+def nki_add_kernel(a, b):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)  # the result, in HBM
+    a_tile = nl.load(a)  # HBM -> SBUF (128 partitions)
+    b_tile = nl.load(b)
+    nl.store(out, nl.add(a_tile, b_tile))  # SBUF -> HBM
+    return out
 
 
-add_kernel = wrap_nki(nki_add_kernel)  # traced and compiled once per shape/dtype, cached on disk
+add_kernel = wrap_nki(nki_add_kernel)
 
 
 @nki_op("nki_lab::add", mutates_args=())
 def nki_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_like(a)
-    add_kernel(a, b, out)
-    return out
+    return add_kernel(a, b)
 
 
 device = torch.device("neuron")

@@ -33,6 +33,8 @@ from ..compiler.freezing import inputs_as_constants
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..compiler.random_ops import draws_random, run_at_call
 from ..device import memory, observe, queue, tracking
+from ..nki import JitKernel
+from ..nki import jit as nki_jit
 from ._private import is_fake, lean_version_bump, overload_of
 
 DEVICE = memory.DEVICE
@@ -342,6 +344,25 @@ def kernel_op(name: str, *, mutates_args=()):
     return register
 
 
-# The guide's names.
-wrap_nki = wrap_kernel
-nki_op = kernel_op
+def wrap_nki(fn: Callable | None = None, **options):
+    """The guide's `wrap_nki`: an NKI kernel (`@nki.jit`, or a function written with nki.language / nki.isa)
+    stays an NKI kernel, called with tensors and returning its outputs, traced and compiled per signature;
+    a PyTorch function that computes into the outputs it is given becomes a `wrap_kernel` kernel."""
+    if fn is None:
+        return lambda f: wrap_nki(f, **options)
+    if isinstance(fn, JitKernel):
+        return fn
+    if _written_in_nki(fn):
+        return nki_jit(fn)
+    return wrap_kernel(fn, **options)
+
+
+def _written_in_nki(fn) -> bool:
+    """`fn`'s module uses nki.language or nki.isa (AWS's names, nativelab's stand-in for them, or
+    nativelab.nki itself)."""
+    names = getattr(fn, "__globals__", {}).values()
+    return any(getattr(v, "__name__", "").split(".")[-2:] in (["nki", "language"], ["nki", "isa"])
+               for v in names if isinstance(v, type(importlib)))
+
+
+nki_op = kernel_op  # the guide's name

@@ -1,0 +1,24 @@
+"""NKI (AWS's Neuron Kernel Interface, the 0.5.0 API) on the emulated device: `@nki.jit` kernels written
+with `nki.language` and `nki.isa` run unmodified on `neuron` and CPU tensors, traced once per input
+signature into a graph of torch operations, compiled and cached like every nativelab kernel, and checked
+against NeuronCore-v3's limits as they trace.
+
+Where AWS's `nki` is not installed, `import nki`, `import nki.language as nl` and `import nki.isa as nisa`
+resolve here (nativelab's stand-in); where it is, AWS's package serves them and this one steps aside.
+"""
+
+from __future__ import annotations
+
+from . import isa, language
+from .jit import JitKernel, jit
+from .limits import NkiError, NkiWarning
+
+__version__ = "0.5.0+nativelab"
+__all__ = ["jit", "language", "isa", "JitKernel", "NkiError", "NkiWarning", "simulate"]
+
+
+def simulate(kernel):
+    """`nki.simulate(kernel)(*args)`, AWS's CPU simulator's entry point: the kernel interpreted instruction
+    by instruction on CPU tensors (same checks and results as the compiled run, no compile: for debugging)."""
+    fn = kernel.fn if isinstance(kernel, JitKernel) else kernel
+    return JitKernel(fn, kernel.grid if isinstance(kernel, JitKernel) else (), simulate=True)

@@ -1,0 +1,127 @@
+"""What nki.language and nki.isa share: dtypes, allocating tensors (on chip, and the kernel's HBM outputs and
+constants), the fp32 compute rule, and the record of issued instructions the cost model reads."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import torch
+
+from . import limits, trace
+from .tensor import Buffer, NkiTensor, Storage, hbm, read, sbuf
+from .tensor import buffer_of as _buffer_of
+
+PACKED_DTYPES: set = set()  # nl's packed MX dtypes (named by kernels, not computed in)
+DTYPES: dict = {}  # nl dtype names -> torch dtypes (filled by nki.language)
+
+
+def dtype_of(dtype):
+    if dtype is None:
+        return torch.float32
+    if dtype in PACKED_DTYPES:
+        raise limits.fail("nl.ndarray", f"{dtype!r} tensors are not emulated")
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) or isinstance(dtype, np.dtype) or isinstance(dtype, type):
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+        name = {"float8_e4m3": "float8_e4m3fn", "bool": "bool_"}.get(name, name)
+        return DTYPES[name]
+    raise limits.fail("nl.ndarray", f"unknown dtype {dtype!r}")
+
+
+
+
+def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored) -> NkiTensor:
+    """A new tensor in `buffer` (uninitialised: reading it before writing warns). On-chip tensors have the
+    partition dimension first (at most 128). HBM tensors a kernel allocates are its outputs."""
+    shape = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    dtype, buf = dtype_of(dtype), _buffer_of(buffer)
+    tr = trace.current()
+    if buf.on_chip:
+        limits.check_partitions("nl.ndarray", f"{buf} tensor {name or ''}".rstrip(), shape)
+        return NkiTensor(*_new(torch.empty(shape, dtype=dtype, device=trace.device()), buf, name))
+    return hbm_tensor(tr, shape, dtype, buf, name)
+
+
+def _new(t: torch.Tensor, buf: Buffer, name: str):
+    st = Storage(t, buf, name)
+    return t, st
+
+
+
+
+def on_chip(instruction: str, *ts) -> None:
+    for t in ts:
+        if isinstance(t, NkiTensor):
+            limits.check(t.buffer.on_chip, instruction,
+                         f"reads {t!r}, which is in HBM: compute engines read SBUF/PSUM; load it first "
+                         f"(nl.load or nisa.dma_copy)")
+
+
+def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flops: int | None = None) -> None:
+    tr = trace.active()
+    if tr is None:
+        return
+    shape = t.shape or (1,)
+    p = shape[0] if t.buffer.on_chip else 1
+    per = t.numel() // builtins.max(p, 1)
+    if engine == "dma":
+        per = t.numel() * t.data.element_size()
+    tr.instructions.append(trace.Instruction(name, engine, per, p,
+                                             flops if flops is not None else flops_per_element * t.numel(),
+                                             limits.kernel_line()))
+
+
+
+
+def value_of(x, instruction: str):
+    if isinstance(x, NkiTensor):
+        return read(x, instruction)
+    return x
+
+
+def compute(op, args, dtype=None):
+    """Broadcast numpy-style, compute in fp32 (integers stay integers for bitwise operators)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if op.integer:
+        vals = args
+    else:
+        vals = [a.float() if isinstance(a, torch.Tensor) and a.dtype != torch.float64 else float(a)
+                if isinstance(a, (bool, int, float, np.generic)) else a for a in args]
+    out = op.apply(*vals)
+    if not isinstance(out, torch.Tensor):
+        out = torch.tensor(out, device=trace.device())
+    if dtype is None:
+        dtype = torch.result_type(*tensors) if len(tensors) > 1 else tensors[0].dtype if tensors else out.dtype
+    return out, dtype
+
+
+
+
+def hbm_tensor(self, shape, dtype, buf, name):
+    """The kernel's j-th HBM allocation. Every program instance of an SPMD launch allocates the same shared
+    tensors, in the same order; the second trace pass hands the launch's preallocated outputs in."""
+    j = self.hbm_allocs_this_program
+    self.hbm_allocs_this_program += 1
+    if j < len(self.outputs):
+        st = self.outputs[j]
+        limits.check(tuple(st.tensor.shape) == tuple(shape) and st.tensor.dtype == dtype, "nl.ndarray",
+                     f"program {self.program} allocates HBM tensor #{j} as {tuple(shape)} {dtype}, but program "
+                     f"0 allocated {st.describe()}: every program instance allocates the same shared tensors")
+        return NkiTensor(st.tensor, st)
+    if self.output_examples is not None:
+        tensor = self.output_examples[j]
+    else:
+        tensor = torch.empty(shape, dtype=dtype, device=self.device)
+    st = Storage(tensor, buf, name)
+    self.outputs.append(st)
+    return NkiTensor(tensor, st)
+
+
+def constant(self, value):
+    value = value.to(self.device)
+    st = Storage(value, hbm, "constant", track=False)
+    self.constants.append(value)
+    return NkiTensor(value, st)
+

@@ -1,0 +1,474 @@
+"""nki.isa: NeuronCore-v3 instructions (the NKI 0.5.0 signatures: the destination first), each computed as
+torch operations on the tiles' views, with the checks AWS's API pages state for it: which memories it reads
+and writes, which engine may run it, tile-size limits. Engines compute in fp32 and round once to the
+destination's dtype; the Tensor Engine accumulates in fp32 in PSUM."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import limits, trace
+from .core import compute, ndarray, record
+from .ops import as_op
+from .tensor import NkiTensor, psum, read, sbuf, write, written
+
+
+class engine:  # noqa: N801 - NKI's names
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    activation = "scalar"
+    gpsimd = "gpsimd"
+    pool = "gpsimd"
+    sync = "sync"
+    unknown = "unknown"
+
+
+class reduce_cmd:  # noqa: N801
+    idle = "idle"
+    reset = "reset"
+    reduce = "reduce"
+    reset_reduce = "reset_reduce"
+
+
+class dge_mode:  # noqa: N801
+    unknown = 0
+    none = 0
+    swdge = 1
+    hwdge = 2
+
+
+class oob_mode:  # noqa: N801
+    error = "error"
+    skip = "skip"
+
+
+class matmul_perf_mode:  # noqa: N801
+    none = "none"
+    double_row = "double_row"
+
+
+class nc_version:  # noqa: N801
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+def get_nc_version():
+    """The emulated core is a NeuronCore-v3 (Trainium2)."""
+    return nc_version.gen3
+
+
+class constants:  # noqa: N801 - nki.isa.constants.<enum>
+    engine = engine
+    reduce_cmd = reduce_cmd
+    dge_mode = dge_mode
+    oob_mode = oob_mode
+
+
+_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _engine(instruction: str, chosen, allowed: tuple[str, ...]) -> str:
+    """The engine an instruction runs on: the one asked for, if it may run there, else the first allowed."""
+    if chosen is None or chosen == engine.unknown:
+        return allowed[0]
+    limits.check(chosen in allowed, instruction,
+                 f"cannot run on the {chosen} engine; it runs on {' or '.join(allowed)}")
+    return chosen
+
+
+def _tile(instruction: str, t, what: str, eng: str, memories=("sbuf", "psum")) -> None:
+    limits.check(isinstance(t, NkiTensor), instruction, f"{what} must be an NKI tile, got {type(t).__name__}")
+    limits.check(t.buffer.name in memories, instruction,
+                 f"{what} is in {t.buffer}; {instruction} on the {eng} engine accesses "
+                 f"{' or '.join('nl.' + m for m in memories)}")
+    limits.check_partitions(instruction, what, t.shape)
+
+
+def _memories(eng: str) -> tuple[str, ...]:
+    # GpSimd reaches SBUF only; Vector and Scalar read and write SBUF and PSUM (the architecture guides'
+    # engine / SRAM connectivity figures).
+    return ("sbuf",) if eng == "gpsimd" else ("sbuf", "psum")
+
+
+def _out(dst, shape, dtype, buffer=sbuf):
+    return dst if dst is not None else ndarray(shape, dtype, buffer)
+
+
+def _free(t: NkiTensor) -> int:
+    return t.numel() // (t.shape[0] if t.shape else 1)
+
+
+def _scalar_or_vector(instruction: str, x, data: NkiTensor, what: str):
+    """A scalar operand, or a [P, 1] vector broadcast along the free dimension."""
+    if isinstance(x, NkiTensor):
+        limits.check(x.shape[0] == data.shape[0] and _free(x) == 1, instruction,
+                     f"{what} must be a scalar or a vector of one element per partition ({data.shape[0]}, 1), "
+                     f"got {x.shape}")
+        v = read(x, instruction).float().reshape((data.shape[0],) + (1,) * (data.ndim - 1))
+        return v
+    return float(x)
+
+
+def _binary(op, x, y, reverse: bool):
+    """x <op> y, or y <op> x when reversed."""
+    f = as_op(op)
+    return f.apply(y, x) if reverse else f.apply(x, y)
+
+
+def _emit(ins: str, eng: str, dst, data: NkiTensor, out: torch.Tensor):
+    """The common tail of an elementwise instruction: its destination (a new tile of data's shape and dtype
+    if none was given), checked, the instruction recorded, the result written."""
+    dst = _out(dst, data.shape, data.dtype)
+    _tile(ins, dst, "dst", eng, _memories(eng))
+    record(ins, eng, data)
+    write(dst, out, ins)
+    return dst
+
+
+# --- data movement
+
+
+def dma_copy(dst: NkiTensor, src: NkiTensor, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None, **_kw):
+    """Copy src to dst through a DMA queue (HBM <-> SBUF, SBUF <-> SBUF, HBM <-> HBM); dst_rmw_op=nl.add
+    accumulates into dst. The element counts must match; PSUM is not reachable by DMA."""
+    for what, t in (("dst", dst), ("src", src)):
+        limits.check(isinstance(t, NkiTensor), "dma_copy", f"{what} must be an NKI tensor")
+        limits.check(t.buffer is not psum, "dma_copy",
+                     f"{what} is in PSUM; DMA moves data between HBM and SBUF: copy PSUM to SBUF with a compute "
+                     f"engine (nisa.tensor_copy) first")
+        if t.buffer.on_chip:
+            limits.check_partitions("dma_copy", what, t.shape)
+    limits.check(dst.numel() == src.numel(), "dma_copy",
+                 f"src {src.shape} and dst {dst.shape} must have the same number of elements "
+                 f"({src.numel()} vs {dst.numel()})")
+    v = read(src, "dma_copy")
+    record("dma_copy", "dma", dst)
+    if dst_rmw_op is not None:
+        op = as_op(dst_rmw_op)
+        v, _ = compute(op, [read(dst, "dma_copy"), v.reshape(dst.shape)])
+    write(dst, v.reshape(dst.shape), "dma_copy")
+    return dst
+
+
+def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, dge_mode=None, name=None, **_kw):
+    """A DMA that transposes: dst = src with its axes reversed (or permuted by `axes`); 2- and 4-byte types."""
+    limits.check(src.data.element_size() in (2, 4), "dma_transpose",
+                 f"transposes 2- and 4-byte types, got {src.dtype}")
+    perm = tuple(axes) if axes is not None else tuple(reversed(range(src.ndim)))
+    v = read(src, "dma_transpose").permute(perm)
+    dst = _out(dst, tuple(v.shape), src.dtype)
+    limits.check(dst.buffer is sbuf, "dma_transpose", f"writes SBUF, dst is in {dst.buffer}")
+    limits.check_partitions("dma_transpose", "dst", dst.shape)
+    record("dma_transpose", "dma", dst)
+    write(dst, v, "dma_transpose")
+    return dst
+
+
+# --- Tensor Engine
+
+
+def nc_matmul(dst, stationary: NkiTensor, moving: NkiTensor = None, is_stationary_onezero=False,
+              is_moving_onezero=False, is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
+              perf_mode=None, name=None, **_kw):
+    """dst[M, N] = stationary[K, M].T @ moving[K, N] on the Tensor Engine, accumulated in fp32 in PSUM.
+
+    K (the partition dimension of both) <= 128, M (stationary's free size) <= 128, N (moving's) <= 512.
+    accumulate=True adds into dst, False overwrites it; None (the default) adds into what earlier matmuls
+    wrote there and overwrites a region not yet written: a loop over K tiles into one PSUM tile sums them."""
+    if moving is None and isinstance(dst, NkiTensor) and isinstance(stationary, NkiTensor) and dst.buffer is not psum:
+        dst, stationary, moving = None, dst, stationary  # nc_matmul(stationary, moving): the result is returned
+    ins = "nc_matmul"
+    for what, t in (("stationary", stationary), ("moving", moving)):
+        _tile(ins, t, what, "tensor", ("sbuf",))
+        limits.check(t.dtype in _FLOAT_INPUTS, ins,
+                     f"{what} is {t.dtype}; the Tensor Engine takes bf16, fp16, tf32/fp32 and fp8 inputs")
+    k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    limits.check(moving.shape[0] == k, ins,
+                 f"stationary and moving must share the contraction (partition) size: {k} vs {moving.shape[0]}")
+    limits.check(m <= limits.GEMM_STATIONARY_FMAX, ins,
+                 f"stationary free size {m} (shape {stationary.shape}) exceeds {limits.GEMM_STATIONARY_FMAX} "
+                 f"(nl.tile_size.gemm_stationary_fmax: the Tensor Engine's 128 PE columns)")
+    limits.check(n <= limits.GEMM_MOVING_FMAX, ins,
+                 f"moving free size {n} (shape {moving.shape}) exceeds {limits.GEMM_MOVING_FMAX} "
+                 f"(nl.tile_size.gemm_moving_fmax: one PSUM bank of 512 fp32 per partition)")
+    dst = _out(dst, (m, n), torch.float32, psum)
+    limits.check(dst.buffer is psum, ins, f"writes its result to PSUM; dst is in {dst.buffer}")
+    limits.check(dst.numel() == m * n and dst.shape[0] == m, ins,
+                 f"dst has shape {dst.shape}; stationary {stationary.shape} x moving {moving.shape} gives ({m}, {n})")
+    s = read(stationary, ins).reshape(k, m).float()
+    mv = read(moving, ins).reshape(k, n).float()
+    out = (s.t() @ mv).reshape(dst.shape)
+    add = bool(accumulate) if accumulate is not None else (not is_transpose and written(dst))
+    record(ins, "tensor", moving, flops=2 * k * m * n)
+    write(dst, out, ins, accumulate=add)
+    return dst
+
+
+def nc_transpose(dst, data: NkiTensor = None, engine=None, name=None, **_kw):
+    """dst = data.T (partition and free dimension swapped): on the Tensor Engine (the default; into PSUM,
+    up to 128 x 128) or the Vector Engine (up to 32 x 32, SBUF or PSUM)."""
+    if data is None:
+        dst, data = None, dst
+    eng = _engine("nc_transpose", engine, ("tensor", "vector"))
+    _tile("nc_transpose", data, "data", eng, ("sbuf",) if eng == "tensor" else ("sbuf", "psum"))
+    limits.check(data.ndim == 2, "nc_transpose", f"transposes 2-D tiles, got {data.shape}")
+    lim = limits.TENSOR_TRANSPOSE_MAX if eng == "tensor" else limits.VECTOR_TRANSPOSE_MAX
+    limits.check(data.shape[0] <= lim and data.shape[1] <= lim, "nc_transpose",
+                 f"a {data.shape} tile exceeds the {eng} engine's {lim} x {lim} transpose")
+    dst = _out(dst, (data.shape[1], data.shape[0]), data.dtype, psum if eng == "tensor" else sbuf)
+    if eng == "tensor":
+        limits.check(dst.buffer is psum, "nc_transpose", f"on the Tensor Engine writes PSUM; dst is in {dst.buffer}")
+    record("nc_transpose", eng, data)
+    write(dst, read(data, "nc_transpose").t(), "nc_transpose")
+    return dst
+
+
+# --- Scalar Engine
+
+_regs: dict = {}  # the Scalar Engine's per-partition reduce registers, per trace
+
+
+def activation(dst, op, data: NkiTensor, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=reduce_cmd.idle, name=None, **_kw):
+    """dst = op(data * scale + bias) on the Scalar Engine (scale: scalar or [P, 1]; bias: [P, 1] vector or
+    scalar). With reduce_res, also the sum along the free dimension of the result (reduce_op must be nl.add);
+    reduce_cmd drives the reduce registers (reset, reduce onto them, reset_reduce); passing reduce_res with
+    the default idle command stores this instruction's own sum."""
+    ins = "activation"
+    _tile(ins, data, "data", "scalar")
+    f = as_op(op)
+    x = read(data, ins).float()
+    x = x * _scalar_or_vector(ins, scale, data, "scale") if not (isinstance(scale, (int, float)) and scale == 1.0) else x
+    if bias is not None:
+        x = x + _scalar_or_vector(ins, bias, data, "bias")
+    y = f.apply(x)
+    dst = _out(dst, data.shape, data.dtype)
+    _tile(ins, dst, "dst", "scalar")
+    record(ins, "scalar", data)
+    write(dst, y, ins)
+    if reduce_res is not None or reduce_cmd != "idle":
+        if reduce_op is not None:
+            limits.check(as_op(reduce_op).name == "add", ins,
+                         f"reduce_op must be nl.add (the Scalar Engine's registers only sum), got {reduce_op!r}")
+        key = id(trace.active())
+        p = data.shape[0]
+        rowsum = y.reshape(p, -1).sum(dim=1, keepdim=True)
+        regs = _regs.get(key)
+        if reduce_cmd == "reset":
+            regs = torch.zeros(p, 1, device=data.data.device)
+        elif reduce_cmd == "reduce":
+            regs = rowsum if regs is None else regs[:p] + rowsum
+        elif reduce_cmd == "reset_reduce" or reduce_res is not None:
+            regs = rowsum
+        _regs[key] = regs
+        if reduce_res is not None:
+            _tile(ins, reduce_res, "reduce_res", "scalar")
+            limits.check(reduce_res.shape[0] == p and _free(reduce_res) == 1, ins,
+                         f"reduce_res must hold one value per partition ({p}, 1), got {reduce_res.shape}")
+            write(reduce_res, regs, ins)
+    return dst
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **_kw):
+    """activation with reduce_cmd=reset_reduce: dst = op(data * scale + bias), reduce_res = its row sums."""
+    return activation(dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd.reset_reduce)
+
+
+# --- Vector / GpSimd / Scalar elementwise
+
+
+def tensor_tensor(dst, data1: NkiTensor, data2: NkiTensor, op, engine=None, name=None, **_kw):
+    """dst = data1 <op> data2, elementwise (same shape), on the Vector (default) or GpSimd engine."""
+    ins = "tensor_tensor"
+    eng = _engine(ins, engine, ("vector", "gpsimd"))
+    for what, t in (("data1", data1), ("data2", data2)):
+        _tile(ins, t, what, eng, _memories(eng))
+    limits.check(data1.shape == data2.shape or data1.numel() == data2.numel(), ins,
+                 f"data1 {data1.shape} and data2 {data2.shape} must have the same shape")
+    limits.check(not (data1.buffer is psum and data2.buffer is psum), ins,
+                 "at most one of data1 and data2 may be in PSUM")
+    out, dtype = compute(as_op(op), [read(data1, ins), read(data2, ins).reshape(data1.shape)])
+    dst = _out(dst, data1.shape, dtype)
+    _tile(ins, dst, "dst", eng, _memories(eng))
+    record(ins, eng, data1)
+    write(dst, out, ins)
+    return dst
+
+
+def tensor_scalar(dst, data: NkiTensor, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  engine=None, name=None, **_kw):
+    """dst = (data <op0> operand0) <op1> operand1, each operand a scalar or a [P, 1] vector broadcast along
+    the free dimension; reverseN swaps the operands of opN. Vector (default), Scalar or GpSimd engine."""
+    ins = "tensor_scalar"
+    eng = _engine(ins, engine, ("vector", "scalar", "gpsimd"))
+    _tile(ins, data, "data", eng, _memories(eng))
+    x = read(data, ins)
+    x = x if as_op(op0).integer else x.float()
+    out = _binary(op0, x, _scalar_or_vector(ins, operand0, data, "operand0"), reverse0)
+    if op1 is not None:
+        out = _binary(op1, out, _scalar_or_vector(ins, operand1, data, "operand1"), reverse1)
+    return _emit(ins, eng, dst, data, out)
+
+
+def scalar_tensor_tensor(dst, data: NkiTensor, op0, operand0, op1, operand1: NkiTensor, reverse0=False,
+                         reverse1=False, engine=None, name=None, **_kw):
+    """dst = (data <op0> operand0) <op1> operand1: operand0 a scalar or [P, 1] vector, operand1 a tile of
+    data's shape. Vector Engine (GpSimd also accepted)."""
+    ins = "scalar_tensor_tensor"
+    eng = _engine(ins, engine, ("vector", "gpsimd"))
+    _tile(ins, data, "data", eng, _memories(eng))
+    _tile(ins, operand1, "operand1", eng, _memories(eng))
+    x = read(data, ins).float()
+    out = _binary(op0, x, _scalar_or_vector(ins, operand0, data, "operand0"), reverse0)
+    out = _binary(op1, out, read(operand1, ins).float().reshape(data.shape), reverse1)
+    return _emit(ins, eng, dst, data, out)
+
+
+def tensor_copy(dst, src: NkiTensor = None, engine=None, name=None, **_kw):
+    """dst = src, converting to dst's dtype (Vector default, Scalar or GpSimd)."""
+    if src is None:
+        dst, src = None, dst
+    ins = "tensor_copy"
+    eng = _engine(ins, engine, ("vector", "scalar", "gpsimd"))
+    _tile(ins, src, "src", eng, _memories(eng))
+    dst = _out(dst, src.shape, src.dtype)
+    _tile(ins, dst, "dst", eng, _memories(eng))
+    limits.check(dst.numel() == src.numel(), ins, f"src {src.shape} and dst {dst.shape} differ in size")
+    record(ins, eng, src)
+    write(dst, read(src, ins), ins)
+    return dst
+
+
+def tensor_copy_predicated(dst: NkiTensor, src, predicate: NkiTensor, reverse_pred=False, name=None, **_kw):
+    """dst = src where predicate is non-zero (zero, with reverse_pred), else dst unchanged (Vector Engine)."""
+    ins = "tensor_copy_predicated"
+    _tile(ins, dst, "dst", "vector")
+    _tile(ins, predicate, "predicate", "vector")
+    keep = read(predicate, ins).reshape(dst.shape) != 0
+    if reverse_pred:
+        keep = ~keep
+    s = read(src, ins).reshape(dst.shape) if isinstance(src, NkiTensor) else torch.full(dst.shape, float(src), device=dst.data.device)
+    record(ins, "vector", dst)
+    write(dst, torch.where(keep, s.to(dst.dtype), read(dst, ins)), ins)
+    return dst
+
+
+def reciprocal(dst, data: NkiTensor = None, engine=None, name=None, **_kw):
+    """dst = 1 / data, elementwise (Vector Engine)."""
+    if data is None:
+        dst, data = None, dst
+    ins = "reciprocal"
+    eng = _engine(ins, engine, ("vector", "gpsimd"))
+    _tile(ins, data, "data", eng, _memories(eng))
+    dst = _out(dst, data.shape, data.dtype)
+    record(ins, eng, data)
+    write(dst, torch.reciprocal(read(data, ins).float()), ins)
+    return dst
+
+
+def exponential(dst, data: NkiTensor, max_value=0.0, reduce_res=None, name=None, **_kw):
+    """dst = exp(data - max_value) (max_value a scalar or [P, 1] vector); with reduce_res, also its row sums
+    (the softmax numerator and denominator in one Scalar Engine pass)."""
+    ins = "exponential"
+    _tile(ins, data, "data", "scalar")
+    y = torch.exp(read(data, ins).float() - _scalar_or_vector(ins, max_value, data, "max_value"))
+    dst = _out(dst, data.shape, data.dtype)
+    record(ins, "scalar", data)
+    write(dst, y, ins)
+    if reduce_res is not None:
+        write(reduce_res, y.reshape(data.shape[0], -1).sum(dim=1, keepdim=True), ins)
+    return dst
+
+
+def tensor_reduce(dst, data: NkiTensor, op, axis, negate=False, keepdims=False, name=None, **_kw):
+    """dst = reduce(op, data, free axes `axis`) (negated if asked), on the Vector Engine."""
+    ins = "tensor_reduce"
+    _tile(ins, data, "data", "vector")
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = tuple(a % data.ndim for a in axes)
+    limits.check(0 not in axes, ins, "reduces along free axes; axis 0 is the partition dimension")
+    f = as_op(op)
+    limits.check(f.reduce_fn is not None or f.integer, ins, f"{f!r} is not a reduction operator")
+    x = read(data, ins)
+    x = x if f.integer else x.float()
+    if f.reduce_fn in (torch.amax, torch.amin, torch.sum):
+        out = f.reduce_fn(x, dim=axes, keepdim=keepdims)
+    else:
+        out = x
+        for a in sorted(axes, reverse=True):
+            out = _fold(f, out, a, keepdims)
+    if negate:
+        out = -out
+    dst = _out(dst, tuple(out.shape), data.dtype)
+    _tile(ins, dst, "dst", "vector")
+    record(ins, "vector", data)
+    write(dst, out, ins)
+    return dst
+
+
+def _fold(f, x, dim, keepdims):
+    if f.reduce_fn is torch.prod:
+        return torch.prod(x, dim=dim, keepdim=keepdims)
+    parts = x.unbind(dim)
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = f.apply(acc, p)
+    return acc.unsqueeze(dim) if keepdims else acc
+
+
+def tensor_partition_reduce(dst, op, data: NkiTensor, name=None, **_kw):
+    """dst[1, ...] = reduce(op, data) across partitions, on the GpSimd engine."""
+    ins = "tensor_partition_reduce"
+    _tile(ins, data, "data", "gpsimd", ("sbuf",))
+    f = as_op(op)
+    x = read(data, ins)
+    x = x if f.integer else x.float()
+    out = f.reduce_fn(x, dim=0, keepdim=True) if f.reduce_fn is not None else _fold(f, x, 0, True)
+    dst = _out(dst, tuple(out.shape), data.dtype)
+    record(ins, "gpsimd", data)
+    write(dst, out, ins)
+    return dst
+
+
+def memset(dst: NkiTensor, value, engine=None, name=None, **_kw):
+    """Fill dst with a constant (Vector default, GpSimd)."""
+    ins = "memset"
+    eng = _engine(ins, engine, ("vector", "gpsimd", "scalar"))
+    _tile(ins, dst, "dst", eng, _memories(eng))
+    record(ins, eng, dst)
+    write(dst, torch.full(dst.shape, value, dtype=dst.dtype, device=dst.data.device), ins)
+    return dst
+
+
+def iota(dst, expr=None, offset=0, channel_multiplier=0, pattern=None, dtype=None, name=None, **_kw):
+    """dst[p, i0, i1, ...] = offset + p * channel_multiplier + sum(i_k * step_k) for pattern [[step, num], ...]
+    over the free dimensions (GpSimd engine). A pattern of None counts 0, 1, 2, ... along the free axes."""
+    ins = "iota"
+    if isinstance(dst, NkiTensor):
+        shape = dst.shape
+    else:
+        limits.check(expr is not None, ins, "needs a destination tile")
+        raise limits.fail(ins, "the expression form of iota (nl.arange expressions) is not emulated; pass dst=")
+    _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
+    p = shape[0]
+    free = shape[1:]
+    if pattern is None:
+        steps, nums = [math.prod(free[i + 1:]) for i in range(len(free))], list(free)
+    else:
+        steps, nums = [int(s) for s, _ in pattern], [int(n) for _, n in pattern]
+        limits.check(math.prod(nums) == math.prod(free), ins,
+                     f"pattern {pattern} covers {math.prod(nums)} elements per partition; dst has {math.prod(free)}")
+    dev = dst.data.device
+    v = torch.arange(p, dtype=torch.float64, device=dev) * channel_multiplier + float(offset)
+    v = v.reshape((p,) + (1,) * len(nums))
+    for k, (s, n) in enumerate(zip(steps, nums)):
+        shape_k = [1] * (len(nums) + 1)
+        shape_k[k + 1] = n
+        v = v + (torch.arange(n, dtype=torch.float64, device=dev) * s).reshape(shape_k)
+    record(ins, "gpsimd", dst)
+    write(dst, v.reshape(dst.shape), ins)
+    return dst

@@ -1,0 +1,284 @@
+"""@nki.jit: an NKI kernel traced once per input signature into a graph of torch operations over its tiles,
+compiled by Inductor through the compiled-graph cache on disk (the guide's NKI trace cache), and launched on
+the emulated device like any kernel. A launch runs the compiled code; no Python interprets instructions.
+
+Tracing runs the kernel's Python twice per signature: first on meta tensors, where every limit is checked
+(one NkiError naming the instruction, the kernel's line, the value and the limit) and the outputs' shapes are
+learnt; then under make_fx with the outputs as inputs, which records the graph that is compiled."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import itertools
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..compiler import metrics
+from ..compiler.lowering import COMPILER_VERSION, compile_cached
+from ..device import memory, observe, queue, tracking
+from . import limits, trace
+from ._private import is_fake
+from .tensor import NkiTensor, Storage, hbm
+
+NKI_VERSION = "nativelab-nki 1"  # bump when tracing changes the graphs it records
+DEVICE = memory.DEVICE
+
+
+class _Signature:
+    """What a trace depends on: the grid, each tensor argument's shape and dtype, every other value."""
+
+    def __init__(self, fn, grid, args, kwargs):
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        self.names = list(bound.arguments)
+        self.values = list(bound.arguments.values())
+        self.kinds = {name: p.kind for name, p in inspect.signature(fn).parameters.items()}
+        self.tensor_pos = [i for i, v in enumerate(self.values) if isinstance(v, torch.Tensor)]
+        self.tensors = [self.values[i] for i in self.tensor_pos]
+        statics = tuple((n, repr(v)) for i, (n, v) in enumerate(zip(self.names, self.values))
+                        if i not in self.tensor_pos)
+        self.key = (tuple(grid), tuple((tuple(t.shape), t.dtype) for t in self.tensors), statics)
+
+    def call(self, fn, hbm_inputs):
+        """fn(*arguments) with the tensor arguments replaced by `hbm_inputs`."""
+        values = list(self.values)
+        for i, t in zip(self.tensor_pos, hbm_inputs):
+            values[i] = t
+        args, kwargs = [], {}
+        for name, v in zip(self.names, values):
+            kind = self.kinds[name]
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                args.extend(v)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(v)
+            elif kind is inspect.Parameter.KEYWORD_ONLY:
+                kwargs[name] = v
+            else:
+                args.append(v)
+        return fn(*args, **kwargs)
+
+
+class _Traced:
+    """One signature's compiled kernel: output specs, which arguments it writes, how to build the result."""
+
+    def __init__(self, out_specs, written_inputs, result_spec, instructions, peak):
+        self.out_specs = out_specs  # [(shape, dtype)] of the kernel's HBM allocations
+        self.written_inputs = written_inputs  # positions (among tensor arguments) the kernel writes
+        self.result_spec = result_spec
+        self.instructions = instructions
+        self.peak = peak  # peak live SBUF / PSUM bytes per partition
+        self.launch = None
+        self.source = None
+
+
+def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
+    """Run every program instance of the grid (SPMD, one after another) inside trace `tr`."""
+    inputs = [NkiTensor(t, Storage(t, hbm, sig.names[i], input_index=k))
+              for k, (i, t) in enumerate(zip(sig.tensor_pos, tensors))]
+    result = None
+    trace._current.append(tr)
+    try:
+        programs = itertools.product(*(range(g) for g in tr.grid)) if tr.grid else [()]
+        for pid in programs:
+            tr.program, tr.hbm_allocs_this_program = tuple(pid), 0
+            r = sig.call(fn, inputs)
+            if result is None:
+                result = r
+    finally:
+        trace._current.pop()
+    return result, inputs
+
+
+def _result_spec(result, tr: trace.Trace, inputs):
+    """How the kernel's return value maps to its HBM allocations (("out", j)) or arguments (("in", k))."""
+    if result is None:
+        return None
+    if isinstance(result, (tuple, list)):
+        return type(result).__name__, [_result_spec(r, tr, inputs) for r in result]
+    if isinstance(result, dict):
+        return "dict", {k: _result_spec(v, tr, inputs) for k, v in result.items()}
+    if isinstance(result, NkiTensor):
+        for j, st in enumerate(tr.outputs):
+            if result.storage is st:
+                limits.check(not result.indexed and result.shape == tuple(st.tensor.shape), "return",
+                             f"the kernel returns a view {result!r} of its output {st.describe()}: return "
+                             f"the tensor it allocated")
+                return "out", j
+        for k, t in enumerate(inputs):
+            if result.storage is t.storage:
+                return "in", k
+        raise limits.NkiError(f"nki: the kernel returns {result!r}, which is not in HBM: store it into an "
+                              f"nl.shared_hbm tensor and return that")
+    return "value", result
+
+
+def _build_result(spec, outs, ins):
+    if spec is None:
+        return None
+    kind, v = spec
+    if kind == "out":
+        return outs[v]
+    if kind == "in":
+        return ins[v]
+    if kind == "value":
+        return v
+    if kind == "dict":
+        return {k: _build_result(s, outs, ins) for k, s in v.items()}
+    seq = [_build_result(s, outs, ins) for s in v]
+    return tuple(seq) if kind == "tuple" else seq
+
+
+class JitKernel:
+    """An @nki.jit kernel; `kernel[grid]` launches it over an SPMD grid (`nl.program_id(axis)`)."""
+
+    def __init__(self, fn, grid=(), traces=None, **options):
+        self.fn = fn
+        self.grid = grid
+        self.options = options
+        self.name = getattr(fn, "__qualname__", repr(fn))
+        self._traces = traces if traces is not None else {}
+        self._label = f"kernel:{self.name}"
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid) -> "JitKernel":
+        grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
+        for g in grid:
+            if g < 1:
+                raise ValueError(f"nki: kernel {self.name}: grid sizes must be >= 1, got {grid}")
+        return JitKernel(self.fn, grid, self._traces, **self.options)
+
+    @torch.compiler.disable  # Dynamo does not trace into a kernel: it is one opaque call (use @nki_op)
+    def __call__(self, *args, **kwargs):
+        numpy_mode = any(isinstance(a, np.ndarray) for a in list(args) + list(kwargs.values()))
+        if numpy_mode:  # standalone NKI: NumPy arrays in and out, run on the CPU
+            args = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
+            kwargs = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                      for k, v in kwargs.items()}
+        sig = _Signature(self.fn, self.grid, args, kwargs)
+        tensors = sig.tensors
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(f"nki: kernel {self.name}: all tensors must be on one device, got "
+                             f"{sorted(map(str, devices))}")
+        device = next(iter(devices)) if devices else torch.device("cpu")
+        traced = self._traces.get(sig.key)
+        if traced is None:
+            traced = self._traces[sig.key] = self._trace(sig)
+        if any(is_fake(t) for t in tensors) or device.type == "meta":
+            outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
+            return _result(traced, outs, tensors, numpy_mode)
+        if device.type not in (DEVICE, "cpu"):
+            raise NotImplementedError(f"nki: kernel {self.name} runs on {DEVICE} and CPU tensors, got {device}")
+        for k in traced.written_inputs:
+            if not tensors[k].is_contiguous():
+                raise ValueError(f"nki: kernel {self.name} writes argument {sig.names[sig.tensor_pos[k]]!r}, "
+                                 f"which is not contiguous: pass a contiguous tensor")
+        tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        if self.options.get("simulate"):
+            return _result(traced, self._simulate(sig, tensors), tensors, numpy_mode)
+        if traced.launch is None:
+            self._compile(sig, traced)
+        outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
+        if device.type == DEVICE:
+            queue.launch("kernel", self._label, traced.launch, *tensors, *outs)
+            tracking.executed[self._label] += 1
+        else:
+            traced.launch(*tensors, *outs)
+        return _result(traced, outs, tensors, numpy_mode)
+
+    def _trace(self, sig: _Signature) -> _Traced:
+        """Pass 1, on meta tensors: check the kernel against the hardware's limits, learn its outputs."""
+        metas = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in sig.tensors]
+        tr = trace.Trace(self.name, self.grid, device="meta")
+        result, inputs = _run(self.fn, sig, metas, tr)
+        spec = _result_spec(result, tr, inputs)
+        out_specs = [(tuple(st.tensor.shape), st.tensor.dtype) for st in tr.outputs]
+        return _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes))
+
+    def _simulate(self, sig: _Signature, tensors):
+        """Interpret the kernel instruction by instruction on CPU copies (nki.simulate: for debugging and
+        tests; no trace, no compile). Written arguments are copied back."""
+        host = [t.cpu() if t.device.type != "cpu" else t for t in tensors]
+        tr = trace.Trace(self.name, self.grid, quiet=True, device="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", limits.NkiWarning)
+            _run(self.fn, sig, host, tr)
+        for k, (t, h) in enumerate(zip(tensors, host)):
+            if h is not t:
+                t.copy_(h)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return [st.tensor.to(device) for st in tr.outputs]
+
+    def _compile(self, sig: _Signature, traced: _Traced) -> None:
+        """Pass 2, under make_fx: record the graph (outputs as arguments) and compile it through the cache."""
+        n_in = len(sig.tensors)
+        examples = [torch.empty(t.shape, dtype=t.dtype) for t in sig.tensors]
+        examples += [torch.empty(s, dtype=d) for s, d in traced.out_specs]
+        written = list(traced.written_inputs) + [n_in + j for j in range(len(traced.out_specs))]
+        constants = []
+
+        def body(*ts):
+            tr = trace.Trace(self.name, self.grid, output_examples=list(ts[n_in:]), quiet=True, device="cpu")
+            _run(self.fn, sig, ts[:n_in], tr)
+            constants.extend(tr.constants)
+            return tuple(ts[i] for i in written)
+
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", limits.NkiWarning)  # pass 1 warned already
+            gm = make_fx(body, tracing_mode="fake")(*examples)
+        t_trace = time.perf_counter() - t0
+        artifact, how = compile_cached(gm, examples, self._key(gm, examples, constants))
+        metrics.log.info("nki kernel %s: traced in %.2fs, %s for %s in %.2fs", self.name, t_trace, how,
+                         [tuple(t.shape) for t in examples], time.perf_counter() - t0 - t_trace)
+        name = self.name
+
+        def launch(*ts):
+            if observe.kernel_run is not None:
+                observe.kernel_run(name, gm)
+            for i, r in zip(written, artifact(*ts)):
+                t = ts[i]
+                if r.data_ptr() != t.data_ptr():
+                    t.copy_(r)
+
+        launch.source = gm
+        traced.launch, traced.source = launch, gm
+
+    def _key(self, gm, examples, constants) -> str:
+        h = hashlib.sha256()
+        for part in (NKI_VERSION, COMPILER_VERSION, torch.__version__, self.name, repr(self.grid), gm.code):
+            h.update(part.encode())
+        h.update(repr([(tuple(t.shape), t.dtype) for t in examples]).encode())
+        for c in constants:  # baked-in values (nl.shared_constant) are not in the code
+            h.update(c.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+
+def _result(traced: _Traced, outs, tensors, numpy_mode: bool):
+    r = _build_result(traced.result_spec, outs, tensors)
+    if numpy_mode:
+        return _to_numpy(r)
+    return r
+
+
+def _to_numpy(r):
+    if isinstance(r, torch.Tensor):
+        return r.numpy()
+    if isinstance(r, (tuple, list)):
+        return type(r)(_to_numpy(x) for x in r)
+    if isinstance(r, dict):
+        return {k: _to_numpy(v) for k, v in r.items()}
+    return r
+
+
+def jit(fn=None, **options):
+    """@nki.jit / @nki.jit(...): make `fn` an NKI kernel. Options AWS's compiler takes (mode=, platform
+    target, debug flags) are accepted and ignored."""
+    if fn is None:
+        return lambda f: jit(f, **options)
+    return fn if isinstance(fn, JitKernel) else JitKernel(fn, **options)

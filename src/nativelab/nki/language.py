@@ -1,0 +1,347 @@
+"""nki.language: NKI's tensors, memories, dtypes, loops and tile sizes, and its higher-level operations
+(load/store, elementwise math, matmul, transpose, reductions, softmax, rms_norm), for kernels traced by
+@nki.jit. The API follows AWS's NKI 0.5.0 reference (Neuron SDK 2.31); each function says where it differs."""
+
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+import torch
+
+from . import core, isa, limits, ops, tensor, trace
+from .core import compute, dtype_of, ndarray, on_chip, record, value_of
+from .ops import ALL as _OPS
+from .ops import Op
+from .tensor import (  # noqa: F401 - re-exported as nl.*
+    Buffer, NkiTensor, ds, hbm, private_hbm, psum, read, sbuf, shared_hbm, write,
+)
+
+# --- dtypes (torch dtypes: a kernel's tiles are torch tensors)
+float32 = torch.float32
+float16 = torch.float16
+bfloat16 = torch.bfloat16
+tfloat32 = torch.float32  # TF32 is a Tensor Engine input format; its tiles are stored as fp32
+float8_e4m3 = torch.float8_e4m3fn
+float8_e4m3fn = torch.float8_e4m3fn
+float8_e5m2 = torch.float8_e5m2
+int8, int16, int32, int64 = torch.int8, torch.int16, torch.int32, torch.int64
+uint8, uint16, uint32, uint64 = torch.uint8, torch.uint16, torch.uint32, torch.uint64
+bool_ = torch.bool
+
+
+class PackedDtype:  # noqa: D101
+    """A packed MX type (four values per element); kernels may name it, the emulator does not compute in it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+float8_e4m3fn_x4 = PackedDtype("float8_e4m3fn_x4")
+float8_e5m2_x4 = PackedDtype("float8_e5m2_x4")
+float4_e2m1fn_x4 = PackedDtype("float4_e2m1fn_x4")
+core.PACKED_DTYPES.update({float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4})
+core.DTYPES.update({name: v for name, v in dict(globals()).items() if isinstance(v, torch.dtype)})
+
+
+class tile_size:  # noqa: N801 - NKI's name
+    """Hardware tile sizes of NeuronCore-v3 (see nativelab.nki.limits for the sources)."""
+    pmax = limits.PMAX
+    psum_fmax = limits.PSUM_BANK_FP32
+    psum_bank_fmax = limits.PSUM_BANK_FP32
+    psum_fmax_bytes = limits.PSUM_BANK_BYTES
+    psum_bank_fmax_bytes = limits.PSUM_BANK_BYTES
+    psum_num_banks = limits.PSUM_BANKS
+    gemm_stationary_fmax = limits.GEMM_STATIONARY_FMAX
+    gemm_moving_fmax = limits.GEMM_MOVING_FMAX
+    sbuf_size_bytes = limits.SBUF_PARTITION_BYTES * limits.PMAX
+    sbuf_fmax_bytes = limits.SBUF_PARTITION_BYTES
+    sbuf_fmax = limits.SBUF_PARTITION_BYTES // 4
+    total_available_sbuf_size = limits.SBUF_PARTITION_BYTES
+
+
+class NKIObject:
+    """Base class nkilib uses for its configuration objects (plain Python objects here)."""
+
+
+# --- allocation
+
+
+def zeros(shape, dtype=float32, buffer=sbuf, name: str = "", **kw) -> NkiTensor:
+    return full(shape, 0, dtype, buffer, name, **kw)
+
+
+def ones(shape, dtype=float32, buffer=sbuf, name: str = "", **kw) -> NkiTensor:
+    return full(shape, 1, dtype, buffer, name, **kw)
+
+
+def full(shape, fill_value, dtype=float32, buffer=sbuf, name: str = "", **kw) -> NkiTensor:
+    t = ndarray(shape, dtype, buffer, name, **kw)
+    record("memset", "vector" if t.buffer.on_chip else "dma", t)
+    write(t, torch.full(t.shape, fill_value, dtype=t.dtype, device=t.data.device), "memset")
+    return t
+
+
+def empty_like(a: NkiTensor, dtype=None, buffer=None, name: str = "", **kw) -> NkiTensor:
+    return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name, **kw)
+
+
+def zeros_like(a: NkiTensor, dtype=None, buffer=None, name: str = "", **kw) -> NkiTensor:
+    return zeros(a.shape, dtype or a.dtype, buffer or a.buffer, name, **kw)
+
+
+def ones_like(a: NkiTensor, dtype=None, buffer=None, name: str = "", **kw) -> NkiTensor:
+    return ones(a.shape, dtype or a.dtype, buffer or a.buffer, name, **kw)
+
+
+def full_like(a: NkiTensor, fill_value, dtype=None, buffer=None, name: str = "", **kw) -> NkiTensor:
+    return full(a.shape, fill_value, dtype or a.dtype, buffer or a.buffer, name, **kw)
+
+
+def shared_constant(constant, dtype=None, **_ignored) -> NkiTensor:
+    """A constant HBM tensor with the given values (a NumPy array or a torch tensor), baked into the trace."""
+    value = torch.as_tensor(np.asarray(constant) if not isinstance(constant, torch.Tensor) else constant)
+    value = value.to(dtype_of(dtype) if dtype is not None else value.dtype)
+    return core.constant(trace.current(), value)
+
+
+def shared_identity_matrix(n: int, dtype=bfloat16, **_ignored) -> NkiTensor:
+    """An n x n identity matrix in HBM (what nc_transpose on the Tensor Engine multiplies by)."""
+    return core.constant(trace.current(), torch.eye(int(n), dtype=dtype_of(dtype), device=trace.device()))
+
+
+# --- loops and programs (a trace unrolls loops: Python runs their bodies with plain ints)
+
+
+def affine_range(start, stop=None, step=1, **_hints):
+    """Iterations without loop-carried dependencies (the compiler may reorder or pipeline them)."""
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+def sequential_range(start, stop=None, step=1, **_hints):
+    """Iterations that depend on each other, run in order."""
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+def static_range(start, stop=None, step=1, **_hints):
+    """Fully unrolled at trace time."""
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+def program_id(axis: int = 0) -> int:
+    tr = trace.current()
+    limits.check(0 <= axis < builtins.max(len(tr.grid), 1), "nl.program_id",
+                 f"axis {axis} is outside the launch grid {tr.grid or '(1,)'}")
+    return tr.program[axis] if tr.program else 0
+
+
+def num_programs(axis: int | None = None) -> int:
+    tr = trace.current()
+    grid = tr.grid or (1,)
+    if axis is None:
+        return math.prod(grid)
+    limits.check(0 <= axis < len(grid), "nl.num_programs", f"axis {axis} is outside the launch grid {grid}")
+    return grid[axis]
+
+
+def program_ndim() -> int:
+    return len(trace.current().grid)
+
+
+def device_print(prefix: str, x, **_kw) -> None:
+    """Values are not known while a kernel is traced; says so once instead of printing."""
+    trace.current().warn_once(("device_print", limits.kernel_line()), "nl.device_print",
+                              "device_print prints nothing in a traced kernel (it runs compiled)")
+
+
+# --- data movement
+
+
+def load(src: NkiTensor, dtype=None, **_kw) -> NkiTensor:
+    """Copy an HBM view into a new SBUF tile of the same shape (the first dimension becomes partitions)."""
+    limits.check_partitions("nl.load", f"the loaded tile {src.shape}", src.shape)
+    dst = ndarray(src.shape, dtype or src.dtype, sbuf)
+    record("nl.load", "dma", dst)
+    write(dst, read(src, "nl.load"), "nl.load")
+    return dst
+
+
+def store(dst: NkiTensor, value, **_kw) -> None:
+    """Copy an on-chip tile (or a scalar) into an HBM view."""
+    v = read(value, "nl.store") if isinstance(value, NkiTensor) else torch.full(dst.shape, value, device=dst.data.device)
+    if tuple(v.shape) != dst.shape and v.numel() != dst.numel():
+        v = v.expand(dst.shape)
+    record("nl.store", "dma", dst)
+    write(dst, v, "nl.store")
+
+
+def copy_into(dst: NkiTensor, value) -> None:
+    """`dst[...] = value`: an on-chip copy, a load (HBM -> on chip) or a store (on chip -> HBM)."""
+    if isinstance(value, NkiTensor):
+        v = read(value, "assignment")
+        if v.shape != dst.data.shape and v.numel() != dst.numel():
+            v = v.expand(dst.shape)
+        record("tensor_copy" if dst.buffer.on_chip and value.buffer.on_chip else "dma_copy",
+                "vector" if dst.buffer.on_chip and value.buffer.on_chip else "dma", dst)
+        write(dst, v, "assignment")
+    else:
+        write(dst, torch.full(dst.shape, value, dtype=dst.dtype, device=dst.data.device), "assignment")
+
+
+# --- elementwise math
+
+
+def apply_op(op: Op, *args, dtype=None, **_kw) -> NkiTensor:
+    """nl.<op>(x[, y], dtype=None): a new SBUF tile of the broadcast shape."""
+    name = f"nl.{op.name}"
+    if len(args) != op.arity:
+        raise limits.fail(name, f"takes {op.arity} operand(s), got {len(args)}")
+    on_chip(name, *args)
+    out, dtype = compute(op, [value_of(a, name) for a in args], None if dtype is None else dtype_of(dtype))
+    limits.check_partitions(name, "the result", tuple(out.shape))
+    t = ndarray(tuple(out.shape), dtype, sbuf)
+    record(name, "scalar" if op.arity == 1 else "vector", t)
+    write(t, out, name)
+    return t
+
+
+globals().update({name: op for name, op in _OPS.items() if name not in ("max", "min", "mult")})
+
+
+# --- reductions
+
+
+def _axes(x: NkiTensor, axis, instruction: str):
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = tuple(a % x.ndim for a in axes)
+    if x.buffer.on_chip:
+        limits.check(0 not in axes, instruction,
+                     "reduces along the partition dimension (axis 0); engines reduce along free axes "
+                     "(use nisa.tensor_partition_reduce or a matmul against ones)")
+    return axes
+
+
+def _reduce(op_name: str, x: NkiTensor, axis, dtype=None, keepdims: bool = False, **_kw) -> NkiTensor:
+    name = f"nl.{op_name}"
+    on_chip(name, x)
+    axes = _axes(x, axis, name)
+    v = read(x, name).float()
+    fns = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "mean": torch.mean, "prod": torch.prod,
+           "all": lambda t, dim, keepdim: torch.all(t != 0, dim=dim, keepdim=keepdim).float(),
+           "any": lambda t, dim, keepdim: torch.any(t != 0, dim=dim, keepdim=keepdim).float()}
+    if op_name == "prod":
+        out = v
+        for a in sorted(axes, reverse=True):
+            out = torch.prod(out, dim=a, keepdim=keepdims)
+    else:
+        out = fns[op_name](v, dim=axes, keepdim=keepdims)
+    t = ndarray(tuple(out.shape), dtype_of(dtype) if dtype is not None else x.dtype, sbuf)
+    record(name, "vector", x)
+    write(t, out, name)
+    return t
+
+
+def sum(x, axis, dtype=None, keepdims=False, **kw):  # noqa: A001 - NKI's name
+    return _reduce("sum", x, axis, dtype, keepdims)
+
+
+def max(x, axis, dtype=None, keepdims=False, **kw):  # noqa: A001
+    return _reduce("max", x, axis, dtype, keepdims)
+
+
+def min(x, axis, dtype=None, keepdims=False, **kw):  # noqa: A001
+    return _reduce("min", x, axis, dtype, keepdims)
+
+
+def mean(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduce("mean", x, axis, dtype, keepdims)
+
+
+def prod(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduce("prod", x, axis, dtype, keepdims)
+
+
+def all(x, axis, dtype=None, keepdims=False, **kw):  # noqa: A001
+    return _reduce("all", x, axis, dtype, keepdims)
+
+
+def any(x, axis, dtype=None, keepdims=False, **kw):  # noqa: A001
+    return _reduce("any", x, axis, dtype, keepdims)
+
+
+# --- matmul, transpose, softmax, norms
+
+
+def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, **_kw) -> NkiTensor:
+    """x @ y on the Tensor Engine, as nc_matmul: with transpose_x, x is already [K, M] (the stationary
+    operand); otherwise x is [M, K] and is transposed first. The result is an fp32 PSUM tile [M, N]."""
+    stationary = x if transpose_x else transpose(x)
+    out = ndarray((stationary.shape[1], y.shape[1]), float32, psum)
+    isa.nc_matmul(out, stationary, y)
+    return out
+
+
+def transpose(x: NkiTensor, dtype=None, **_kw) -> NkiTensor:
+    """Swap the partition and free dimension of a 2-D tile (on the Tensor Engine)."""
+    on_chip("nl.transpose", x)
+    limits.check(x.ndim == 2, "nl.transpose", f"transposes 2-D tiles, got shape {x.shape}")
+    limits.check_partitions("nl.transpose", "the result", (x.shape[1], x.shape[0]))
+    t = ndarray((x.shape[1], x.shape[0]), dtype or x.dtype, sbuf)
+    record("nl.transpose", "tensor", x)
+    write(t, read(x, "nl.transpose").t(), "nl.transpose")
+    return t
+
+
+def softmax(x: NkiTensor, axis, dtype=None, **_kw) -> NkiTensor:
+    on_chip("nl.softmax", x)
+    axes = _axes(x, axis, "nl.softmax")
+    v = read(x, "nl.softmax").float()
+    m = torch.amax(v, dim=axes, keepdim=True)
+    e = torch.exp(v - m)
+    out = e / torch.sum(e, dim=axes, keepdim=True)
+    t = ndarray(x.shape, dtype or x.dtype, sbuf)
+    record("nl.softmax", "scalar", x, 4)
+    write(t, out, "nl.softmax")
+    return t
+
+
+def rms_norm(x: NkiTensor, w: NkiTensor, axis, n, epsilon: float = 1e-6, dtype=None, **_kw) -> NkiTensor:
+    """x * rsqrt(sum(x^2, axis) / n + epsilon) * w."""
+    on_chip("nl.rms_norm", x, w)
+    axes = _axes(x, axis, "nl.rms_norm")
+    v = read(x, "nl.rms_norm").float()
+    out = v * torch.rsqrt(torch.sum(v * v, dim=axes, keepdim=True) / n + epsilon) * read(w, "nl.rms_norm").float()
+    t = ndarray(x.shape, dtype or x.dtype, sbuf)
+    record("nl.rms_norm", "vector", x, 4)
+    write(t, out, "nl.rms_norm")
+    return t
+
+
+def where(condition: NkiTensor, x, y, dtype=None, **_kw) -> NkiTensor:
+    on_chip("nl.where", condition, x, y)
+    c = read(condition, "nl.where") != 0
+    xv, yv = value_of(x, "nl.where"), value_of(y, "nl.where")
+    ref = xv if isinstance(xv, torch.Tensor) else yv if isinstance(yv, torch.Tensor) else c.float()
+    out = torch.where(c, xv if isinstance(xv, torch.Tensor) else float(xv),
+                      yv if isinstance(yv, torch.Tensor) else float(yv))
+    t = ndarray(tuple(out.shape), dtype or ref.dtype, sbuf)
+    record("nl.where", "vector", t)
+    write(t, out, "nl.where")
+    return t
+
+
+def broadcast_to(x: NkiTensor, shape) -> NkiTensor:
+    return x.broadcast_to(shape)
+
+
+def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
+    return x.expand_dims(axis)
+
+
+# what tensor views and operators call (bound here: tensor.py and ops.py sit below this module)
+tensor.bind_language(copy_into=copy_into, transpose=transpose, ops=globals())
+ops.bind_call(apply_op)

@@ -1,0 +1,68 @@
+"""NeuronCore-v3 (Trainium2) limits that the NKI compiler checks, and the one error a violation raises.
+
+Every figure is AWS's, from the pages named beside it (Neuron SDK docs, the aws-neuron/aws-neuron-sdk sources):
+  [trn2]  "Trainium2 Architecture Guide for NKI" (nki/about/trainium2_arch.rst)
+  [trn1]  "Trainium/Inferentia2 Architecture Guide for NKI" (nki/about/trainium_inferentia2_arch.rst), for
+          what the Trainium2 guide says is unchanged
+  [mm]    the nki.isa.nc_matmul API page (v2.31)
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+
+PMAX = 128  # partitions of SBUF and PSUM [trn1: "two-dimensional memories with 128 partitions each"]
+SBUF_PARTITION_BYTES = 224 * 1024  # [trn2: "SBUF capacity is 28MiB (or, 128 partitions of 224KiB)"]
+PSUM_PARTITION_BYTES = 16 * 1024  # [trn2: "PSUM capacity remains the same at 2MiB"; trn1: 16KB per partition]
+PSUM_BANKS = 8  # [trn1: "Each partition is further divided into 8 PSUM banks, with each bank holding up to
+PSUM_BANK_FP32 = 512  #  512 32-bit values"]
+PSUM_BANK_BYTES = PSUM_BANK_FP32 * 4
+GEMM_STATIONARY_FMAX = 128  # [mm, trn1 "Tile Size": stationary free size <= 128, the PE columns]
+GEMM_MOVING_FMAX = 512  # [mm, trn1: moving free size <= 512, one PSUM bank of fp32 per partition]
+TENSOR_TRANSPOSE_MAX = 128  # nc_transpose on the Tensor Engine: a matmul against identity, so <= 128 x 128
+VECTOR_TRANSPOSE_MAX = 32  # nc_transpose on the Vector Engine: 32 x 32 blocks (nki.isa.nc_transpose page)
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class NkiError(ValueError):
+    """A kernel broke a rule of the NKI language or a limit of the hardware (raised where the kernel does it)."""
+
+
+def kernel_line() -> str:
+    """`file:line` of the innermost frame outside this package: the kernel source line being traced."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_HERE + os.sep):
+            return f"{os.path.relpath(path) if not path.startswith('..') else path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def fail(instruction: str, problem: str) -> NkiError:
+    """The error for `instruction` at the kernel's current line (raise it)."""
+    return NkiError(f"{instruction} at {kernel_line()}: {problem}")
+
+
+def check(ok: bool, instruction: str, problem: str) -> None:
+    if not ok:
+        raise fail(instruction, problem)
+
+
+def check_partitions(instruction: str, what: str, shape) -> None:
+    """An on-chip tile's first dimension is its partition dimension: at most 128."""
+    p = shape[0] if len(shape) else 1
+    check(p <= PMAX, instruction,
+          f"{what} has {p} partitions (shape {tuple(shape)}); the partition dimension is at most {PMAX} "
+          f"(nl.tile_size.pmax)")
+
+
+def warn(instruction: str, problem: str) -> None:
+    warnings.warn(f"nki: {instruction} at {kernel_line()}: {problem}", NkiWarning, stacklevel=2)
+
+
+class NkiWarning(UserWarning):
+    """Something a kernel does that is legal but almost certainly a bug (reading memory never written)."""

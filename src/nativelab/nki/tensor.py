@@ -1,0 +1,322 @@
+"""NKI tensors: an allocation in a memory (HBM, SBUF, PSUM) and views of it (slices, reshapes, access
+patterns, broadcasts), each backed by a torch view of the allocation's tensor, so an instruction on a view is
+a torch operation on that view; a kernel trace records those operations as a graph."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+import torch
+
+from . import limits, trace
+
+
+_language: dict = {}  # nki.language's functions views call (assignment, .T, operators): see bind_language
+
+
+def bind_language(**functions) -> None:
+    _language.update(functions)
+
+
+class Buffer:
+    """A memory an NKI tensor lives in: nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, nl.private_hbm."""
+
+    def __init__(self, name: str, on_chip: bool):
+        self.name, self.on_chip = name, on_chip
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+sbuf = Buffer("sbuf", True)
+psum = Buffer("psum", True)
+hbm = Buffer("hbm", False)
+shared_hbm = Buffer("shared_hbm", False)
+private_hbm = Buffer("private_hbm", False)
+
+
+def buffer_of(b) -> Buffer:
+    if isinstance(b, Buffer):
+        return b
+    if b is Ellipsis or b is None:  # NKI's default buffer for nl.ndarray is SBUF
+        return sbuf
+    if isinstance(b, str) and b.split(".")[-1] in ("sbuf", "psum", "hbm", "shared_hbm", "private_hbm"):
+        return globals()[b.split(".")[-1]]
+    raise limits.NkiError(f"nki: buffer must be nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm or nl.private_hbm, "
+                          f"got {b!r}")
+
+
+class Storage:
+    """One allocation: its contiguous torch tensor, where it lives, what of it has been written (on-chip
+    tensors and the kernel's own HBM tensors), and its share of on-chip capacity while live."""
+
+    def __init__(self, tensor: torch.Tensor, buffer: Buffer, name: str = "", input_index: int | None = None,
+                 track: bool = True):
+        self.tensor = tensor
+        self.flat = tensor.view(-1)
+        self.buffer = buffer
+        self.name = name
+        self.input_index = input_index  # a kernel argument (already initialised) or None
+        self.site = limits.kernel_line()
+        self.written = np.zeros(tensor.numel(), dtype=bool) if track and input_index is None else None
+        p = tensor.shape[0] if tensor.dim() else 1
+        self.bytes_per_partition = (tensor.numel() // max(p, 1)) * tensor.element_size()
+        self.accounted = False
+        self.banks = 0
+        self.release = None
+
+    def describe(self) -> str:
+        return f"{self.name + ' ' if self.name else ''}{tuple(self.tensor.shape)} {_dtype_name(self.tensor.dtype)}"
+
+    def __del__(self):
+        if self.release is not None:
+            self.release(self.buffer.name, self.bytes_per_partition, self.banks)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+class ds:
+    """nl.ds(start, size): a dynamic slice, start:start + size."""
+
+    __slots__ = ("start", "size", "step")
+
+    def __init__(self, start, size, step: int = 1):
+        self.start, self.size, self.step = int(start), int(size), int(step)
+
+    def slice(self) -> slice:
+        return slice(self.start, self.start + self.size * self.step, self.step)
+
+
+class NkiTensor:
+    """A view of an allocation. `data` is the torch view; instructions read and write through it."""
+
+    __slots__ = ("data", "storage", "indexed", "__weakref__")
+
+    def __init__(self, data: torch.Tensor, storage: Storage, indexed: bool = False):
+        self.data, self.storage, self.indexed = data, storage, indexed
+
+    # --- what it is
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.storage.buffer
+
+    @property
+    def ndim(self) -> int:
+        return self.data.dim()
+
+    def numel(self) -> int:
+        return self.data.numel()
+
+    @property
+    def name(self) -> str:
+        return self.storage.name
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        return f"NkiTensor({self.shape}, {_dtype_name(self.dtype)}, {self.buffer})"
+
+    # --- views
+    def __getitem__(self, index) -> "NkiTensor":
+        index = index if isinstance(index, tuple) else (index,)
+        out, dim = [], 0
+        n_explicit = sum(1 for i in index if i is not None and i is not Ellipsis)
+        for i in index:
+            if i is Ellipsis:
+                for _ in range(self.ndim - n_explicit):
+                    out.append(slice(None))
+                    dim += 1
+                continue
+            if i is None:
+                out.append(None)
+                continue
+            size = self.shape[dim] if dim < self.ndim else 0
+            if dim >= self.ndim:
+                raise limits.fail("indexing", f"too many indices for {self!r}")
+            if isinstance(i, ds):
+                i = i.slice()
+            if isinstance(i, slice):
+                start, stop, step = i.start, i.stop, i.step
+                start = 0 if start is None else operator.index(start)
+                stop = size if stop is None else operator.index(stop)
+                step = 1 if step is None else operator.index(step)
+                limits.check(0 <= start <= size and 0 <= stop <= size and step > 0, "indexing",
+                             f"slice {start}:{stop}{':' + str(step) if step != 1 else ''} is out of bounds for "
+                             f"dimension {dim} of size {size} of {self.storage.describe()} ({self.buffer})")
+                out.append(slice(start, stop, step))
+            else:
+                try:
+                    k = operator.index(i)
+                except TypeError:
+                    raise limits.fail("indexing", f"index {i!r} is not an integer, slice or nl.ds") from None
+                limits.check(0 <= k < size, "indexing",
+                             f"index {k} is out of bounds for dimension {dim} of size {size} of "
+                             f"{self.storage.describe()} ({self.buffer})")
+                out.append(k)
+            dim += 1
+        return NkiTensor(self.data[tuple(out)], self.storage, True)
+
+    def __setitem__(self, index, value) -> None:
+        _language["copy_into"](self[index], value)
+
+    def reshape(self, *shape) -> "NkiTensor":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        shape = tuple(int(s) for s in shape)
+        limits.check(math.prod(shape) == self.numel() or -1 in shape, "reshape",
+                     f"cannot reshape {self.shape} ({self.numel()} elements) into {shape}")
+        try:
+            view = self.data.view(shape)
+        except RuntimeError:
+            raise limits.fail("reshape", f"{self!r} is not contiguous: a reshape of it is not a view") from None
+        return NkiTensor(view, self.storage, self.indexed)
+
+    def ap(self, pattern, offset: int = 0, dtype=None, **unsupported) -> "NkiTensor":
+        """The hardware access pattern [[step, num], ...] (outermost first) from `offset`, in elements of the
+        flattened allocation: element [i0, i1, ...] is flat[offset + sum(i_k * step_k)]."""
+        if unsupported.get("scalar_offset") is not None or unsupported.get("vector_offset") is not None:
+            raise limits.fail("ap", "indirect access patterns (scalar_offset / vector_offset) are not emulated")
+        base = self.storage
+        flat = base.flat
+        if dtype is not None and dtype != flat.dtype:
+            flat = flat.view(dtype)
+        steps = [int(p[0]) for p in pattern]
+        nums = [int(p[1]) for p in pattern]
+        offset = int(offset) + (self.data.storage_offset() - base.tensor.storage_offset()
+                                if dtype is None else 0)
+        last = offset + sum((n - 1) * s for s, n in zip(steps, nums) if n > 0)
+        first = offset + sum((n - 1) * s for s, n in zip(steps, nums) if n > 0 and s < 0)
+        limits.check(first >= 0 and last < flat.numel(), "ap",
+                     f"access pattern {[[s, n] for s, n in zip(steps, nums)]} from offset {offset} reaches "
+                     f"element {last if last >= flat.numel() else first} of {base.describe()} ({base.buffer}), "
+                     f"which has {flat.numel()} elements")
+        if base.buffer.on_chip and len(steps) > 1:
+            per_partition = base.tensor.numel() // base.tensor.shape[0]
+            limits.check(steps[0] == per_partition, "ap",
+                         f"the partition step of an {base.buffer} access pattern must be the tensor's free size "
+                         f"{per_partition} (partitions are read contiguously), got {steps[0]}")
+        view = torch.as_strided(flat, nums, steps, flat.storage_offset() + offset)
+        return NkiTensor(view, base, True)
+
+    def view(self, dtype) -> "NkiTensor":
+        return NkiTensor(self.data.view(dtype), self.storage, self.indexed)
+
+    bitcast = view
+
+    def broadcast_to(self, shape) -> "NkiTensor":
+        return NkiTensor(self.data.expand(tuple(shape)), self.storage, True)
+
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        shape = list(self.shape)
+        shape[dim] = size
+        return self.broadcast_to(shape)
+
+    def expand_dims(self, dim: int) -> "NkiTensor":
+        return NkiTensor(self.data.unsqueeze(dim), self.storage, self.indexed)
+
+    expand_dim = expand_dims
+
+    def permute(self, *dims) -> "NkiTensor":
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        if self.buffer.on_chip:
+            limits.check(dims[0] == 0, "permute", "the partition dimension of an on-chip tensor stays first")
+        return NkiTensor(self.data.permute(dims), self.storage, True)
+
+    def flatten_dims(self, start: int, end: int) -> "NkiTensor":
+        return NkiTensor(self.data.flatten(start, end), self.storage, self.indexed)
+
+    def get_pattern(self):
+        return [[s, n] for s, n in zip(self.data.stride(), self.data.shape)]
+
+    def is_contiguous(self) -> bool:
+        return self.data.is_contiguous()
+
+    @property
+    def T(self):
+        return _language["transpose"](self)
+
+    # --- arithmetic (nl ops, new SBUF tiles)
+    def _op(name, reverse=False):  # noqa: N805 - builds methods
+        def method(self, other):
+            fn = _language["ops"][name]
+            return fn(other, self) if reverse else fn(self, other)
+
+        return method
+
+    __add__, __radd__ = _op("add"), _op("add", True)
+    __sub__, __rsub__ = _op("subtract"), _op("subtract", True)
+    __mul__, __rmul__ = _op("multiply"), _op("multiply", True)
+    __truediv__, __rtruediv__ = _op("divide"), _op("divide", True)
+    __pow__ = _op("power")
+    __lt__, __le__ = _op("less"), _op("less_equal")
+    __gt__, __ge__ = _op("greater"), _op("greater_equal")
+    __and__, __or__, __xor__ = _op("bitwise_and"), _op("bitwise_or"), _op("bitwise_xor")
+    __eq__ = _op("equal")
+    __ne__ = _op("not_equal")
+    __hash__ = object.__hash__
+    del _op
+
+    def __neg__(self):
+        return _language["ops"]["negative"](self)
+
+
+# --- reading and writing through views (every instruction goes through these)
+
+
+def _flat_indices(t: NkiTensor) -> np.ndarray:
+    base = t.storage.tensor
+    idx = np.asarray(t.data.storage_offset() - base.storage_offset(), dtype=np.int64)
+    for size, stride in zip(t.data.shape, t.data.stride()):
+        idx = idx[..., None] + np.arange(size, dtype=np.int64) * stride
+    return idx.reshape(-1)
+
+
+def read(t: NkiTensor, instruction: str) -> torch.Tensor:
+    """The torch view an instruction reads; warns (once per allocation and line) if part of it was never
+    written."""
+    st = t.storage
+    tr = trace.active()
+    if tr is not None:
+        tr.account(st)
+        if st.written is not None and not st.written[_flat_indices(t)].all():
+            tr.warn_once((id(st), limits.kernel_line()), instruction,
+                         f"reads {st.describe()} ({st.buffer}, allocated at {st.site}) where it was never "
+                         f"written: those values are undefined on the device")
+    return t.data
+
+
+def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool = False) -> None:
+    """Write `value` (cast to the destination's dtype) through the view `t`."""
+    st = t.storage
+    tr = trace.active()
+    if tr is not None:
+        tr.account(st)
+        if st.input_index is not None:
+            tr.written_inputs.add(st.input_index)
+    if tuple(value.shape) != t.shape:
+        limits.check(value.numel() == t.numel(), instruction,
+                     f"the result has shape {tuple(value.shape)} but the destination {t!r} has shape {t.shape}")
+        value = value.reshape(t.shape)
+    if accumulate:
+        value = t.data.float() + value.float()
+    t.data.copy_(value.to(t.dtype))
+    if st.written is not None:
+        st.written[_flat_indices(t)] = True
+
+
+def written(t: NkiTensor) -> bool:
+    """Every element of the view has been written (inputs count as written)."""
+    st = t.storage
+    return st.written is None or bool(st.written[_flat_indices(t)].all())

@@ -1,0 +1,93 @@
+"""The state of one kernel trace: which program instance runs, what is allocated and live on chip, what has
+been written, which HBM tensors the kernel returns or writes, and the instructions it issued (for the cost
+model). A kernel is traced once per input signature; nothing here runs at a launch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import limits
+
+_current: list = []  # the trace being run (one at a time: tracing is single-threaded)
+
+
+def current() -> "Trace":
+    if not _current:
+        raise limits.NkiError("nki: this call is only valid inside an @nki.jit kernel while it runs")
+    return _current[-1]
+
+
+def active() -> "Trace | None":
+    return _current[-1] if _current else None
+
+
+def device() -> str:
+    """Where new tensors of the running trace go (constants and fills must sit beside its tiles)."""
+    return _current[-1].device if _current else "cpu"
+
+
+@dataclass
+class Instruction:
+    """One issued instruction, as the cost model sees it."""
+    name: str
+    engine: str
+    elements: int  # elements per partition streamed (compute engines) or bytes moved (DMA)
+    partitions: int
+    flops: int = 0
+    line: str = ""
+
+
+@dataclass
+class Trace:
+    name: str
+    grid: tuple[int, ...] = ()
+    program: tuple[int, ...] = ()
+    output_examples: list | None = None  # pass 2: the j-th shared_hbm allocation is output_examples[j]
+    outputs: list = field(default_factory=list)  # storages of the kernel's HBM allocations, in order
+    hbm_allocs_this_program: int = 0
+    written_inputs: set = field(default_factory=set)  # indices of input tensors the kernel writes
+    live_bytes: dict = field(default_factory=lambda: {"sbuf": 0, "psum": 0})
+    live_banks: int = 0
+    peak_bytes: dict = field(default_factory=lambda: {"sbuf": 0, "psum": 0})
+    warned: set = field(default_factory=set)
+    instructions: list = field(default_factory=list)
+    constants: list = field(default_factory=list)  # tensors baked into the trace (part of its cache key)
+    quiet: bool = False  # the second pass: the first has warned already
+    device: str = "cpu"  # where the trace's tensors are: "meta" (checking pass) or "cpu" (recording pass)
+
+    def account(self, storage) -> None:
+        """Count an on-chip allocation as live from its first use (so a tile re-allocated in each loop
+        iteration is not counted twice while the name still holds the previous one), until it is dropped."""
+        if storage.accounted or storage.buffer.name not in ("sbuf", "psum"):
+            return
+        storage.accounted = True
+        kind = storage.buffer.name
+        per_partition = storage.bytes_per_partition
+        if kind == "sbuf":
+            limit = limits.SBUF_PARTITION_BYTES
+            limits.check(self.live_bytes[kind] + per_partition <= limit, storage.site,
+                         f"SBUF tile {storage.describe()} needs {per_partition} B per partition with "
+                         f"{self.live_bytes[kind]} B already live; SBUF has {limit} B per partition "
+                         f"(28 MiB = 128 x 224 KiB)")
+        else:
+            banks = math.ceil(per_partition / limits.PSUM_BANK_BYTES)
+            limits.check(self.live_banks + banks <= limits.PSUM_BANKS, storage.site,
+                         f"PSUM tile {storage.describe()} needs {banks} bank(s) of {limits.PSUM_BANK_BYTES} B "
+                         f"with {self.live_banks} live; PSUM has {limits.PSUM_BANKS} banks per partition "
+                         f"(16 KiB)")
+            self.live_banks += banks
+            storage.banks = banks
+        self.live_bytes[kind] += per_partition
+        self.peak_bytes[kind] = max(self.peak_bytes[kind], self.live_bytes[kind])
+        storage.release = self._release
+
+    def _release(self, kind: str, per_partition: int, banks: int) -> None:
+        self.live_bytes[kind] -= per_partition
+        self.live_banks -= banks
+
+    def warn_once(self, key, instruction: str, problem: str) -> None:
+        if not self.quiet and key not in self.warned:
+            self.warned.add(key)
+            limits.warn(instruction, problem)
+

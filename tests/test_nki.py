@@ -1,0 +1,401 @@
+"""NKI on the emulated device: each instruction against a NumPy/PyTorch reference of its documented
+semantics, each NeuronCore-v3 limit as the one error it raises, and kernels traced, compiled and launched
+on neuron and CPU tensors (eagerly, through @nki_op, and under torch.compile)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from nativelab import nki
+from nativelab.nki import isa as nisa
+from nativelab.nki import language as nl
+
+sim = nki.simulate  # interpreted: the instruction tests need no compile
+
+
+def _bf16(t):
+    return t.to(torch.bfloat16)
+
+
+# --- instructions (interpreted, CPU tensors)
+
+
+@nki.jit
+def _matmul_tile(s, m):
+    out = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    st = nl.ndarray(s.shape, dtype=s.dtype, buffer=nl.sbuf)
+    mv = nl.ndarray(m.shape, dtype=m.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=st, src=s)
+    nisa.dma_copy(dst=mv, src=m)
+    acc = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=st, moving=mv)
+    res = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_nc_matmul_is_stationary_transposed_times_moving_in_fp32():
+    torch.manual_seed(0)
+    s, m = _bf16(torch.randn(128, 96)), _bf16(torch.randn(128, 512))
+    got = sim(_matmul_tile)(s, m)
+    assert got.dtype == torch.float32
+    # bf16 x bf16 products are exact in fp32; the reference sums them in float64
+    torch.testing.assert_close(got, (s.double().T @ m.double()).float(), rtol=1e-5, atol=1e-4)
+
+
+@nki.jit
+def _matmul_accumulate(s, m, mode):
+    """Two matmuls into one PSUM tile: K split in two halves; mode picks `accumulate` for the second."""
+    k = s.shape[0] // 2
+    out = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    for i in nl.affine_range(2):
+        st = nl.load(s[i * k:(i + 1) * k, :])
+        mv = nl.load(m[i * k:(i + 1) * k, :])
+        if i == 0 or mode == "default":
+            nisa.nc_matmul(dst=acc, stationary=st, moving=mv)
+        else:
+            nisa.nc_matmul(dst=acc, stationary=st, moving=mv, accumulate=(mode == "true"))
+    nl.store(out, nl.copy(acc))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["default", "true", "false"])
+def test_nc_matmul_accumulates_over_the_contraction_in_psum(mode):
+    torch.manual_seed(0)
+    s, m = torch.randn(256, 64), torch.randn(256, 128)
+    got = sim(_matmul_accumulate)(s, m, mode)
+    top, bottom = s[:128].T @ m[:128], s[128:].T @ m[128:]
+    ref = bottom if mode == "false" else top + bottom
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@nki.jit
+def _activation(x, bias, sums):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    b = nl.load(bias)
+    y = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    r = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=y, op=nl.exp, data=t, scale=0.5, bias=b, reduce_op=nl.add, reduce_res=r)
+    nl.store(out, y)
+    nl.store(sums, r)
+    return out
+
+
+def test_activation_scale_bias_and_row_sum():
+    torch.manual_seed(0)
+    x, bias, sums = torch.randn(64, 40), torch.randn(64, 1), torch.zeros(64, 1)
+    got = sim(_activation)(x, bias, sums)
+    ref = torch.exp(x * 0.5 + bias)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(sums, ref.sum(1, keepdim=True), rtol=1e-5, atol=1e-5)
+
+
+@nki.jit
+def _elementwise(a, b, v):
+    out = nl.ndarray((4,) + a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    x, y, col = nl.load(a), nl.load(b), nl.load(v)
+    t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=t, data1=x, data2=y, op=nl.maximum)
+    nl.store(out[0], t)
+    nisa.tensor_scalar(dst=t, data=x, op0=nl.multiply, operand0=col, op1=nl.subtract, operand1=2.0, reverse1=True)
+    nl.store(out[1], t)
+    nisa.scalar_tensor_tensor(dst=t, data=x, op0=nl.add, operand0=1.0, op1=nl.multiply, operand1=y)
+    nl.store(out[2], t)
+    nisa.reciprocal(dst=t, data=y)
+    nl.store(out[3], t)
+    return out
+
+
+def test_vector_engine_elementwise_instructions():
+    torch.manual_seed(0)
+    a, b, v = torch.randn(32, 16), torch.rand(32, 16) + 0.5, torch.randn(32, 1)
+    got = sim(_elementwise)(a, b, v)
+    torch.testing.assert_close(got[0], torch.maximum(a, b))
+    torch.testing.assert_close(got[1], 2.0 - a * v)  # reverse1: operand1 - (data * operand0)
+    torch.testing.assert_close(got[2], (a + 1.0) * b)
+    torch.testing.assert_close(got[3], 1.0 / b)
+
+
+@nki.jit
+def _reduce_copy(x):
+    out_max = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    out_sum = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    out_bf16 = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    r = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=r, data=t, op=nl.max, axis=1, keepdims=True)
+    nl.store(out_max, r)
+    nisa.tensor_reduce(dst=r, data=t, op=nl.add, axis=1, negate=True, keepdims=True)
+    nl.store(out_sum, r)
+    c = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=c, src=t, engine=nisa.engine.scalar)
+    nl.store(out_bf16, c)
+    return out_max, out_sum, out_bf16
+
+
+def test_tensor_reduce_negate_and_copy_rounds_to_bf16():
+    torch.manual_seed(0)
+    x = torch.randn(16, 48)
+    mx, sm, c = sim(_reduce_copy)(x)
+    torch.testing.assert_close(mx, x.amax(1, keepdim=True))
+    torch.testing.assert_close(sm, -x.sum(1, keepdim=True))
+    assert c.dtype == torch.bfloat16 and torch.equal(c, x.to(torch.bfloat16))
+
+
+@nki.jit
+def _fill(shape_p):
+    out = nl.ndarray((2, shape_p, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((shape_p, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=3.5)
+    nl.store(out[0], t)
+    nisa.iota(dst=t, offset=10, channel_multiplier=100, pattern=[[2, 8]])
+    nl.store(out[1], t)
+    return out
+
+
+def test_memset_and_iota():
+    got = sim(_fill)(4)
+    assert torch.equal(got[0], torch.full((4, 8), 3.5))
+    ref = 10 + 100 * torch.arange(4.0)[:, None] + 2 * torch.arange(8.0)[None, :]
+    assert torch.equal(got[1], ref)
+
+
+@nki.jit
+def _transpose_and_ap(x):
+    out = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    sub = nl.ndarray((x.shape[0], x.shape[1] // 2), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    p = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.psum)
+    nisa.nc_transpose(dst=p, data=t)
+    nl.store(out, nl.copy(p))
+    # every other column, through an access pattern: [[partition step, P], [2, F/2]]
+    s = nl.ndarray(sub.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=s, src=t.ap(pattern=[[x.shape[1], x.shape[0]], [2, x.shape[1] // 2]], offset=1))
+    nl.store(sub, s)
+    return out, sub
+
+
+def test_nc_transpose_and_access_pattern():
+    x = torch.randn(32, 64)
+    t, sub = sim(_transpose_and_ap)(x)
+    assert torch.equal(t, x.T)
+    assert torch.equal(sub, x[:, 1::2])
+
+
+@nki.jit
+def _nl_ops(a, b):
+    out = nl.ndarray((3,) + a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    x, y = nl.load(a), nl.load(b)
+    nl.store(out[0], nl.softmax(x, axis=1))
+    nl.store(out[1], nl.exp(x) * y - 1.0)
+    nl.store(out[2], nl.rms_norm(x, y, axis=1, n=a.shape[1], epsilon=1e-5))
+    return out
+
+
+def test_language_softmax_math_rmsnorm():
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 32), torch.randn(8, 32)
+    got = sim(_nl_ops)(a, b)
+    torch.testing.assert_close(got[0], torch.softmax(a, 1))
+    torch.testing.assert_close(got[1], torch.exp(a) * b - 1.0)
+    torch.testing.assert_close(got[2], a * torch.rsqrt(a.pow(2).mean(1, keepdim=True) + 1e-5) * b)
+
+
+@nki.jit
+def _program_ids(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    i = nl.program_id(0)
+    rows = x.shape[0] // nl.num_programs(0)
+    t = nl.load(x[i * rows:(i + 1) * rows, :])
+    nl.store(out[i * rows:(i + 1) * rows, :], t + float(i))
+    return out
+
+
+def test_spmd_grid_program_ids():
+    x = torch.randn(8, 4)
+    got = sim(_program_ids)[4](x)
+    torch.testing.assert_close(got, x + torch.arange(4.0).repeat_interleave(2)[:, None])
+
+
+def test_numpy_arrays_in_and_out():
+    a, b = np.random.rand(4, 8).astype(np.float32), np.random.rand(4, 8).astype(np.float32)
+    got = sim(_add)(a, b)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_allclose(got, a + b, rtol=1e-6)
+
+
+# --- limits: one error each, naming the instruction, the kernel's line, the value and the limit
+
+
+def _line_of(fn, text):
+    import inspect
+
+    lines, start = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+@nki.jit
+def _too_many_partitions(x):
+    t = nl.ndarray((256, 4), dtype=nl.float32, buffer=nl.sbuf)  # LIMIT
+    nisa.dma_copy(dst=t, src=x)
+    return x
+
+
+@nki.jit
+def _wide_stationary(s, m):
+    st, mv = nl.load(s), nl.load(m)
+    nisa.nc_matmul(st, mv)  # LIMIT
+    return s
+
+
+@nki.jit
+def _matmul_into(s, m, buffer):
+    st, mv = nl.load(s), nl.load(m)
+    acc = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=buffer)
+    nisa.nc_matmul(dst=acc, stationary=st, moving=mv)  # LIMIT
+    return s
+
+
+@nki.jit
+def _psum_banks(x):
+    tiles = []
+    for i in nl.static_range(9):
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.memset(dst=p, value=0.0)  # LIMIT
+        tiles.append(p)
+    return x
+
+
+@nki.jit
+def _sbuf_capacity(x):
+    a = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # 160 KiB per partition
+    nisa.memset(dst=a, value=0.0)
+    b = nl.ndarray((128, 20 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # 80 KiB more: over 224 KiB
+    nisa.memset(dst=b, value=0.0)  # LIMIT
+    return x
+
+
+@nki.jit
+def _out_of_bounds(x):
+    t = nl.load(x[0:128, 0:64])  # LIMIT
+    return x
+
+
+@pytest.mark.parametrize("kernel, args, expected", [
+    (_too_many_partitions, (torch.zeros(256, 4),), ["nl.ndarray", "256 partitions", "at most 128"]),
+    (_wide_stationary, (torch.zeros(64, 256), torch.zeros(64, 64)),
+     ["nc_matmul", "stationary free size 256", "exceeds 128"]),
+    (_matmul_into, (torch.zeros(64, 64), torch.zeros(64, 1024), nl.psum),
+     ["nc_matmul", "moving free size 1024", "exceeds 512"]),
+    (_matmul_into, (torch.zeros(64, 64), torch.zeros(64, 64), nl.sbuf),
+     ["nc_matmul", "writes its result to PSUM", "nl.sbuf"]),
+    (_psum_banks, (torch.zeros(1),), ["needs 1 bank", "with 8 live", "8 banks"]),
+    (_sbuf_capacity, (torch.zeros(1),), ["81920 B per partition", "163840 B already live", "229376 B"]),
+    (_out_of_bounds, (torch.zeros(64, 64),), ["indexing", "slice 0:128", "dimension 0 of size 64"]),
+], ids=["partitions", "stationary", "moving", "psum-output", "psum-banks", "sbuf-capacity", "hbm-bounds"])
+def test_limit_violation_is_one_error_at_the_kernel_line(kernel, args, expected):
+    with pytest.raises(nki.NkiError) as e:
+        kernel(*args)
+    msg = str(e.value)
+    assert f"test_nki.py:{_line_of(kernel, '# LIMIT')}" in msg, msg
+    for part in expected:
+        assert part in msg, msg
+
+
+@nki.jit
+def _reads_unwritten(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, 0:2], src=x[:, 0:2])
+    nisa.dma_copy(dst=out, src=t)  # LIMIT
+    return out
+
+
+def test_reading_an_unwritten_tile_warns_at_the_line():
+    with pytest.warns(nki.NkiWarning, match=f"test_nki.py:{_line_of(_reads_unwritten, '# LIMIT')}.*never written"):
+        sim(_reads_unwritten)(torch.zeros(4, 4))
+
+
+# --- compiled kernels: eager on neuron and CPU, through @nki_op, and under torch.compile
+
+
+@nki.jit
+def _add(a, b):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.add(nl.load(a), nl.load(b)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["neuron", "cpu"])
+def test_compiled_kernel_on_device_and_cpu(device, tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    a, b = torch.randn(128, 32), torch.randn(128, 32)
+    got = _add(a.to(device), b.to(device))
+    assert got.device.type == device
+    torch.testing.assert_close(got.cpu(), a + b)
+    got = _matmul_tile(_bf16(a[:, :16]).to(device), _bf16(b).to(device))  # a second signature
+    torch.testing.assert_close(got.cpu(), _bf16(a[:, :16]).float().T @ _bf16(b).float(), rtol=1e-5, atol=1e-4)
+
+
+@nki.jit
+def _rmsnorm_kernel(x, w, eps):
+    """Rows of x (tokens) on partitions, 128 at a time; the hidden size along the free dimension."""
+    n, d = x.shape
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    wt = nl.load(w.reshape((1, d)).broadcast_to((128, d)))
+    for i in nl.affine_range((n + 127) // 128):
+        rows = min(128, n - i * 128)
+        t = nl.load(x[i * 128:i * 128 + rows, :])
+        sq = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.sbuf)
+        ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=sq, op=nl.square, data=t, reduce_op=nl.add, reduce_res=ss)
+        r = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=r, data=ss, op0=nl.multiply, operand0=1.0 / d, op1=nl.add, operand1=eps)
+        nisa.activation(dst=r, op=nl.rsqrt, data=r)
+        y = nl.ndarray((rows, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=t, op0=nl.multiply, operand0=r)
+        nisa.tensor_tensor(dst=y, data1=y, data2=wt[0:rows, :], op=nl.multiply)
+        nl.store(out[i * 128:i * 128 + rows, :], y)
+    return out
+
+
+@pytest.mark.slow
+def test_nki_op_eager_and_compiled(tmp_path, monkeypatch):
+    """An NKI kernel behind wrap_nki + @nki_op: eager on the device, and inside torch.compile(backend="neuron")."""
+    from nativelab.kernels import nki_op, wrap_nki
+    from nativelab.kernels.ops import reference_rmsnorm
+
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    kernel = wrap_nki(_rmsnorm_kernel)
+    assert kernel is _rmsnorm_kernel
+
+    @nki_op("nki_test::rmsnorm", mutates_args=())
+    def rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return kernel(x, w, 1e-5)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(200, 64), torch.randn(64)
+    ref = reference_rmsnorm(x, w, 1e-5)
+    xd, wd = x.to("neuron"), w.to("neuron")
+    torch.testing.assert_close(rmsnorm(xd, wd).cpu(), ref, rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(lambda x, w: rmsnorm(x, w) * 2.0, backend="neuron")
+    torch.testing.assert_close(compiled(xd, wd).cpu(), ref * 2.0, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_lab1_step4_prints_the_guides_two_lines():
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).parent.parent / "labs" / "lab1" / "nki_integration.py"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Eager mode - NKI add result shape: torch.Size([128]), device: neuron:0" in r.stdout
+    assert "Compiled mode - NKI add result shape: torch.Size([128]), device: neuron:0" in r.stdout
