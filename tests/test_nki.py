@@ -399,3 +399,31 @@ def test_lab1_step4_prints_the_guides_two_lines():
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Eager mode - NKI add result shape: torch.Size([128]), device: neuron:0" in r.stdout
     assert "Compiled mode - NKI add result shape: torch.Size([128]), device: neuron:0" in r.stdout
+
+
+def test_import_nki_is_nativelabs_stand_in():
+    """`import nki`, `nki.language`, `nki.isa` resolve to nativelab.nki where AWS's nki is absent."""
+    import nki as stand_in
+    import nki.isa as stand_in_isa
+    import nki.language as stand_in_nl
+
+    from nativelab import stand_ins
+
+    assert stand_ins.is_stand_in(stand_in) and stand_in.jit is nki.jit
+    assert stand_in_nl.ndarray is nl.ndarray and stand_in_nl.tile_size.pmax == 128
+    assert stand_in_isa.nc_matmul is nisa.nc_matmul
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(stand_in.simulate(_add)(x, x), 2 * x)
+
+
+def test_aws_nki_wins_where_installed(tmp_path):
+    from conftest import run_python
+
+    (tmp_path / "nki").mkdir()
+    (tmp_path / "nki" / "__init__.py").write_text("REAL = True\n")
+    import os
+
+    env = {"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = run_python("import torch, nativelab, nki\nprint(nki.REAL)", env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True"]

@@ -7,11 +7,11 @@ the sum into an HBM tensor it returns. nativelab traces it once per shape and dt
 NeuronCore-v3's limits, and compiles it (cached on disk, the guide's NKI trace cache).
 """
 
-import torch
+import torch  # first: importing torch registers the emulated device, and with it `import nki`
 
-from nativelab import nki
-from nativelab.kernels import nki_op, wrap_nki
-from nativelab.nki import language as nl
+import nki  # noqa: E402 - AWS's nki where installed, else nativelab's stand-in (nativelab.nki)
+import nki.language as nl  # noqa: E402
+from nativelab.kernels import nki_op, wrap_nki  # noqa: E402
 
 
 @nki.jit

@@ -4,7 +4,7 @@ device guard, streams, events, generators, pinned memory, the PrivateUse1 hooks)
 `register()` is what `import torch` runs through the `torch.backends` entry point. It does nothing when
 the real Neuron stack (`torch_neuronx`) is installed: then the real device serves `neuron`. Otherwise it also
 serves `import torch_neuronx` (`torch_neuronx_api.py`, through `nativelab.stand_ins`), which is how accelerate
-and the Hugging Face Trainer find a Neuron device. It also stands
+and the Hugging Face Trainer find a Neuron device, and `import nki` (`nativelab.nki`) for NKI kernels. It also stands
 aside when a CUDA GPU is present (NATIVELAB_EMULATE=1 registers anyway): PyTorch takes a registered
 PrivateUse1 backend as *the* accelerator, and from then on every CUDA backward fails inside the autograd
 engine (`opt_ready_stream && opt_parent_stream`, pytorch/pytorch#161129).
@@ -89,6 +89,7 @@ def register() -> bool:
     _private.patch_dlpack_device("neuron")
     guard.set_index(0)  # also makes backward run in this thread (see _private)
     stand_ins.install("torch_neuronx", "nativelab.device.torch_neuronx_api")  # accelerate, the Trainer, the guide
+    stand_ins.install("nki", "nativelab.nki")  # `import nki`, `nki.language`, `nki.isa`: kernels run as written
     _state["registered"] = True
     return True
 
