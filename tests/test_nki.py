@@ -229,6 +229,37 @@ def test_numpy_arrays_in_and_out():
     np.testing.assert_allclose(got, a + b, rtol=1e-6)
 
 
+@nki.jit
+def _copies_are_snapshots(x):
+    """A copy of a tile is a snapshot: writing the source afterwards (in place, partly) leaves it alone."""
+    out = nl.ndarray((3,) + x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    s = nl.load(x)  # SBUF copy of the input
+    u = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=u, src=s)  # a copy of the copy
+    nisa.memset(dst=s[:, 0:2], value=7.0)  # partial write of s
+    nisa.dma_copy(dst=x[:, 0:1], src=s[:, 0:1])  # and of the input itself
+    nl.store(out[0], u)
+    nl.store(out[1], s)
+    nl.store(out[2], nl.load(x))
+    return out
+
+
+@pytest.mark.parametrize("run", ["simulate", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_copies_are_snapshots_when_the_source_is_written(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    x = torch.randn(8, 4)
+    arg = x.clone()
+    got = (sim(_copies_are_snapshots) if run == "simulate" else _copies_are_snapshots)(arg)
+    s = x.clone()
+    s[:, 0:2] = 7.0
+    x_after = x.clone()
+    x_after[:, 0:1] = 7.0
+    torch.testing.assert_close(got[0], x)
+    torch.testing.assert_close(got[1], s)
+    torch.testing.assert_close(got[2], x_after)
+    torch.testing.assert_close(arg, x_after)  # the kernel wrote its argument
+
+
 # --- limits: one error each, naming the instruction, the kernel's line, the value and the limit
 
 

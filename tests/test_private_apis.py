@@ -210,7 +210,7 @@ def test_kernel_private_apis():
 
 
 def test_nki_private_apis():
-    """The NKI layer's fake-tensor check (src/nativelab/nki/_private.py)."""
+    """The NKI layer's fake-tensor and view checks (src/nativelab/nki/_private.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from nativelab.nki import _private as nki_private
@@ -218,6 +218,8 @@ def test_nki_private_apis():
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.ones(2))
     assert nki_private.is_fake(fake) and not nki_private.is_fake(torch.ones(2))
+    t = torch.ones(4)
+    assert nki_private.is_view(t[1:]) and not nki_private.is_view(t) and not nki_private.is_view(t + 1)
 
 
 def test_kernel_ops_bump_versions_without_fill_defaults(monkeypatch):

@@ -45,8 +45,7 @@ def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored)
 
 
 def _new(t: torch.Tensor, buf: Buffer, name: str):
-    st = Storage(t, buf, name)
-    return t, st
+    return (Storage(t, buf, name),)
 
 
 
@@ -109,19 +108,19 @@ def hbm_tensor(self, shape, dtype, buf, name):
         limits.check(tuple(st.tensor.shape) == tuple(shape) and st.tensor.dtype == dtype, "nl.ndarray",
                      f"program {self.program} allocates HBM tensor #{j} as {tuple(shape)} {dtype}, but program "
                      f"0 allocated {st.describe()}: every program instance allocates the same shared tensors")
-        return NkiTensor(st.tensor, st)
+        return NkiTensor(st)
     if self.output_examples is not None:
         tensor = self.output_examples[j]
     else:
         tensor = torch.empty(shape, dtype=dtype, device=self.device)
-    st = Storage(tensor, buf, name)
+    st = Storage(tensor, buf, name, pinned=True)
     self.outputs.append(st)
-    return NkiTensor(tensor, st)
+    return NkiTensor(st)
 
 
 def constant(self, value):
     value = value.to(self.device)
-    st = Storage(value, hbm, "constant", track=False)
+    st = Storage(value, hbm, "constant", track=False, pinned=True)
     self.constants.append(value)
-    return NkiTensor(value, st)
+    return NkiTensor(st)
 

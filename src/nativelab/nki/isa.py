@@ -150,7 +150,9 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, dst_rmw_op=None, oob_mode=None, dge
     if dst_rmw_op is not None:
         op = as_op(dst_rmw_op)
         v, _ = compute(op, [read(dst, "dma_copy"), v.reshape(dst.shape)])
-    write(dst, v.reshape(dst.shape), "dma_copy")
+        write(dst, v, "dma_copy")
+    else:
+        write(dst, v.reshape(dst.shape), "dma_copy", source=src)
     return dst
 
 
@@ -164,7 +166,7 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, dge_mode=None, name
     limits.check(dst.buffer is sbuf, "dma_transpose", f"writes SBUF, dst is in {dst.buffer}")
     limits.check_partitions("dma_transpose", "dst", dst.shape)
     record("dma_transpose", "dma", dst)
-    write(dst, v, "dma_transpose")
+    write(dst, v, "dma_transpose", source=src)
     return dst
 
 
@@ -223,7 +225,7 @@ def nc_transpose(dst, data: NkiTensor = None, engine=None, name=None, **_kw):
     if eng == "tensor":
         limits.check(dst.buffer is psum, "nc_transpose", f"on the Tensor Engine writes PSUM; dst is in {dst.buffer}")
     record("nc_transpose", eng, data)
-    write(dst, read(data, "nc_transpose").t(), "nc_transpose")
+    write(dst, read(data, "nc_transpose").t(), "nc_transpose", source=data)
     return dst
 
 
@@ -339,7 +341,7 @@ def tensor_copy(dst, src: NkiTensor = None, engine=None, name=None, **_kw):
     _tile(ins, dst, "dst", eng, _memories(eng))
     limits.check(dst.numel() == src.numel(), ins, f"src {src.shape} and dst {dst.shape} differ in size")
     record(ins, eng, src)
-    write(dst, read(src, ins), ins)
+    write(dst, read(src, ins), ins, source=src)
     return dst
 
 

@@ -24,7 +24,7 @@ from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
 from . import limits, trace
 from ._private import is_fake
-from .tensor import NkiTensor, Storage, hbm
+from .tensor import NkiTensor, Storage, hbm, new_trace
 
 NKI_VERSION = "nativelab-nki 1"  # bump when tracing changes the graphs it records
 DEVICE = memory.DEVICE
@@ -78,7 +78,8 @@ class _Traced:
 
 def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
     """Run every program instance of the grid (SPMD, one after another) inside trace `tr`."""
-    inputs = [NkiTensor(t, Storage(t, hbm, sig.names[i], input_index=k))
+    new_trace()
+    inputs = [NkiTensor(Storage(t, hbm, sig.names[i], input_index=k))
               for k, (i, t) in enumerate(zip(sig.tensor_pos, tensors))]
     result = None
     trace._current.append(tr)
@@ -105,7 +106,7 @@ def _result_spec(result, tr: trace.Trace, inputs):
     if isinstance(result, NkiTensor):
         for j, st in enumerate(tr.outputs):
             if result.storage is st:
-                limits.check(not result.indexed and result.shape == tuple(st.tensor.shape), "return",
+                limits.check(not result.indexed and result.shape == st.shape, "return",
                              f"the kernel returns a view {result!r} of its output {st.describe()}: return "
                              f"the tensor it allocated")
                 return "out", j
@@ -197,7 +198,7 @@ class JitKernel:
         tr = trace.Trace(self.name, self.grid, device="meta")
         result, inputs = _run(self.fn, sig, metas, tr)
         spec = _result_spec(result, tr, inputs)
-        out_specs = [(tuple(st.tensor.shape), st.tensor.dtype) for st in tr.outputs]
+        out_specs = [(st.shape, st.dtype) for st in tr.outputs]
         return _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes))
 
     def _simulate(self, sig: _Signature, tensors):

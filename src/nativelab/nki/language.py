@@ -166,7 +166,7 @@ def load(src: NkiTensor, dtype=None, **_kw) -> NkiTensor:
     limits.check_partitions("nl.load", f"the loaded tile {src.shape}", src.shape)
     dst = ndarray(src.shape, dtype or src.dtype, sbuf)
     record("nl.load", "dma", dst)
-    write(dst, read(src, "nl.load"), "nl.load")
+    write(dst, read(src, "nl.load"), "nl.load", source=src)
     return dst
 
 
@@ -176,7 +176,7 @@ def store(dst: NkiTensor, value, **_kw) -> None:
     if tuple(v.shape) != dst.shape and v.numel() != dst.numel():
         v = v.expand(dst.shape)
     record("nl.store", "dma", dst)
-    write(dst, v, "nl.store")
+    write(dst, v, "nl.store", source=value if isinstance(value, NkiTensor) else None)
 
 
 def copy_into(dst: NkiTensor, value) -> None:
@@ -187,7 +187,7 @@ def copy_into(dst: NkiTensor, value) -> None:
             v = v.expand(dst.shape)
         record("tensor_copy" if dst.buffer.on_chip and value.buffer.on_chip else "dma_copy",
                 "vector" if dst.buffer.on_chip and value.buffer.on_chip else "dma", dst)
-        write(dst, v, "assignment")
+        write(dst, v, "assignment", source=value)
     else:
         write(dst, torch.full(dst.shape, value, dtype=dst.dtype, device=dst.data.device), "assignment")
 
@@ -292,7 +292,7 @@ def transpose(x: NkiTensor, dtype=None, **_kw) -> NkiTensor:
     limits.check_partitions("nl.transpose", "the result", (x.shape[1], x.shape[0]))
     t = ndarray((x.shape[1], x.shape[0]), dtype or x.dtype, sbuf)
     record("nl.transpose", "tensor", x)
-    write(t, read(x, "nl.transpose").t(), "nl.transpose")
+    write(t, read(x, "nl.transpose").t(), "nl.transpose", source=x)
     return t
 
 

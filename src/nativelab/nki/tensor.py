@@ -10,7 +10,26 @@ import operator
 import numpy as np
 import torch
 
+import weakref
+
 from . import limits, trace
+from ._private import is_view
+
+_bound: dict = {}  # id -> weakref of every tensor that is (or was) some storage's value (cleared per trace)
+
+
+def _bind(t: torch.Tensor) -> None:
+    _bound[id(t)] = weakref.ref(t)
+
+
+def new_trace() -> None:
+    """A trace starts: forget the values of the previous one."""
+    _bound.clear()
+
+
+def _is_bound(t: torch.Tensor) -> bool:
+    r = _bound.get(id(t))
+    return r is not None and r() is t
 
 
 _language: dict = {}  # nki.language's functions views call (assignment, .T, operators): see bind_language
@@ -49,16 +68,29 @@ def buffer_of(b) -> Buffer:
 
 
 class Storage:
-    """One allocation: its contiguous torch tensor, where it lives, what of it has been written (on-chip
-    tensors and the kernel's own HBM tensors), and its share of on-chip capacity while live."""
+    """One allocation: its current value (a torch tensor of the allocation's shape), where it lives, what of
+    it has been written (on-chip tensors and the kernel's own HBM tensors), its share of on-chip capacity
+    while live.
+
+    The value is an SSA value as far as possible: an instruction that writes the whole allocation rebinds it
+    to its result (no copy; a copy instruction's result may be a view of its source: then this storage
+    *borrows* the source's memory), and only a partial write updates it in place (copying a borrowed value
+    first, and first giving every borrower of this memory its own copy). Kernel arguments and outputs are
+    `pinned`: always written in place (the compiled graph mutates them)."""
 
     def __init__(self, tensor: torch.Tensor, buffer: Buffer, name: str = "", input_index: int | None = None,
-                 track: bool = True):
+                 track: bool = True, pinned: bool = False):
         self.tensor = tensor
-        self.flat = tensor.view(-1)
+        _bind(tensor)
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+        self.meta = torch.empty(self.shape, dtype=self.dtype, device="meta")  # the layout views are taken of
         self.buffer = buffer
         self.name = name
         self.input_index = input_index  # a kernel argument (already initialised) or None
+        self.pinned = pinned or input_index is not None
+        self.owned = True  # the value is this storage's own memory (in-place writes are safe)
+        self.lender = None  # the storage whose memory the value borrows
+        self.borrowers: list = []  # (storage, the value it borrowed) pairs of storages borrowing our memory
         self.site = limits.kernel_line()
         self.written = np.zeros(tensor.numel(), dtype=bool) if track and input_index is None else None
         p = tensor.shape[0] if tensor.dim() else 1
@@ -68,7 +100,30 @@ class Storage:
         self.release = None
 
     def describe(self) -> str:
-        return f"{self.name + ' ' if self.name else ''}{tuple(self.tensor.shape)} {_dtype_name(self.tensor.dtype)}"
+        return f"{self.name + ' ' if self.name else ''}{self.shape} {_dtype_name(self.dtype)}"
+
+    def lend(self, borrower: "Storage") -> None:
+        if borrower is self:  # a view of our own previous value: copy it before writing it in place
+            self.owned, self.lender = False, None
+            return
+        root = self
+        while root.lender is not None:
+            root = root.lender
+        borrower.lender, borrower.owned = root, False
+        root.borrowers.append((borrower, borrower.tensor))
+
+    def before_in_place_write(self) -> None:
+        """Make an in-place write safe: own the value, and give borrowers of it their own copies first."""
+        if not self.owned and not self.pinned:
+            self.tensor = self.tensor.clone()
+            _bind(self.tensor)
+            self.owned, self.lender = True, None
+        for b, value in self.borrowers:
+            if b.tensor is value:  # still borrowing this memory
+                b.tensor = value.clone()
+                _bind(b.tensor)
+                b.owned, b.lender = True, None
+        self.borrowers = []
 
     def __del__(self):
         if self.release is not None:
@@ -92,21 +147,39 @@ class ds:
 
 
 class NkiTensor:
-    """A view of an allocation. `data` is the torch view; instructions read and write through it."""
+    """A view of an allocation: the storage and the chain of view operations from its value to this view.
+    `data` is the torch view of the storage's current value; instructions read and write through it."""
 
-    __slots__ = ("data", "storage", "indexed", "__weakref__")
+    __slots__ = ("storage", "chain", "indexed", "_cache", "__weakref__")
 
-    def __init__(self, data: torch.Tensor, storage: Storage, indexed: bool = False):
-        self.data, self.storage, self.indexed = data, storage, indexed
+    def __init__(self, storage: Storage, chain: tuple = (), indexed: bool = False):
+        self.storage, self.chain, self.indexed, self._cache = storage, chain, indexed, None
+
+    @property
+    def data(self) -> torch.Tensor:
+        value = self.storage.tensor
+        c = self._cache
+        if c is not None and c[0] is value:
+            return c[1]
+        view = _apply(value, self.chain) if self.chain else value
+        self._cache = (value, view)
+        return view
+
+    def layout(self) -> torch.Tensor:
+        """This view taken of a contiguous tensor of the allocation's shape (meta: sizes, strides, offset)."""
+        return _apply(self.storage.meta, self.chain) if self.chain else self.storage.meta
+
+    def _derive(self, *op) -> "NkiTensor":
+        return NkiTensor(self.storage, self.chain + (op,), True)
 
     # --- what it is
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+        return tuple(self.layout().shape)
 
     @property
     def dtype(self):
-        return self.data.dtype
+        return self.layout().dtype
 
     @property
     def buffer(self) -> Buffer:
@@ -114,10 +187,10 @@ class NkiTensor:
 
     @property
     def ndim(self) -> int:
-        return self.data.dim()
+        return len(self.shape)
 
     def numel(self) -> int:
-        return self.data.numel()
+        return self.layout().numel()
 
     @property
     def name(self) -> str:
@@ -167,7 +240,7 @@ class NkiTensor:
                              f"{self.storage.describe()} ({self.buffer})")
                 out.append(k)
             dim += 1
-        return NkiTensor(self.data[tuple(out)], self.storage, True)
+        return self._derive("index", tuple(out))
 
     def __setitem__(self, index, value) -> None:
         _language["copy_into"](self[index], value)
@@ -178,10 +251,10 @@ class NkiTensor:
         limits.check(math.prod(shape) == self.numel() or -1 in shape, "reshape",
                      f"cannot reshape {self.shape} ({self.numel()} elements) into {shape}")
         try:
-            view = self.data.view(shape)
+            self.layout().view(shape)
         except RuntimeError:
             raise limits.fail("reshape", f"{self!r} is not contiguous: a reshape of it is not a view") from None
-        return NkiTensor(view, self.storage, self.indexed)
+        return NkiTensor(self.storage, self.chain + (("view", shape),), self.indexed)
 
     def ap(self, pattern, offset: int = 0, dtype=None, **unsupported) -> "NkiTensor":
         """The hardware access pattern [[step, num], ...] (outermost first) from `offset`, in elements of the
@@ -189,34 +262,31 @@ class NkiTensor:
         if unsupported.get("scalar_offset") is not None or unsupported.get("vector_offset") is not None:
             raise limits.fail("ap", "indirect access patterns (scalar_offset / vector_offset) are not emulated")
         base = self.storage
-        flat = base.flat
-        if dtype is not None and dtype != flat.dtype:
-            flat = flat.view(dtype)
+        numel = math.prod(base.shape) * base.meta.element_size() // (
+            torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size())
         steps = [int(p[0]) for p in pattern]
         nums = [int(p[1]) for p in pattern]
-        offset = int(offset) + (self.data.storage_offset() - base.tensor.storage_offset()
-                                if dtype is None else 0)
-        last = offset + sum((n - 1) * s for s, n in zip(steps, nums) if n > 0)
+        offset = int(offset) + (self.layout().storage_offset() if dtype is None else 0)
+        last = offset + sum((n - 1) * s for s, n in zip(steps, nums) if n > 0 and s > 0)
         first = offset + sum((n - 1) * s for s, n in zip(steps, nums) if n > 0 and s < 0)
-        limits.check(first >= 0 and last < flat.numel(), "ap",
+        limits.check(first >= 0 and last < numel, "ap",
                      f"access pattern {[[s, n] for s, n in zip(steps, nums)]} from offset {offset} reaches "
-                     f"element {last if last >= flat.numel() else first} of {base.describe()} ({base.buffer}), "
-                     f"which has {flat.numel()} elements")
+                     f"element {last if last >= numel else first} of {base.describe()} ({base.buffer}), "
+                     f"which has {numel} elements")
         if base.buffer.on_chip and len(steps) > 1:
-            per_partition = base.tensor.numel() // base.tensor.shape[0]
+            per_partition = math.prod(base.shape) // base.shape[0]
             limits.check(steps[0] == per_partition, "ap",
                          f"the partition step of an {base.buffer} access pattern must be the tensor's free size "
                          f"{per_partition} (partitions are read contiguously), got {steps[0]}")
-        view = torch.as_strided(flat, nums, steps, flat.storage_offset() + offset)
-        return NkiTensor(view, base, True)
+        return NkiTensor(base, (("ap", tuple(nums), tuple(steps), offset, dtype),), True)
 
     def view(self, dtype) -> "NkiTensor":
-        return NkiTensor(self.data.view(dtype), self.storage, self.indexed)
+        return NkiTensor(self.storage, self.chain + (("dtype", dtype),), self.indexed)
 
     bitcast = view
 
     def broadcast_to(self, shape) -> "NkiTensor":
-        return NkiTensor(self.data.expand(tuple(shape)), self.storage, True)
+        return self._derive("expand", tuple(int(s) for s in shape))
 
     def broadcast(self, dim: int, size: int) -> "NkiTensor":
         shape = list(self.shape)
@@ -224,7 +294,7 @@ class NkiTensor:
         return self.broadcast_to(shape)
 
     def expand_dims(self, dim: int) -> "NkiTensor":
-        return NkiTensor(self.data.unsqueeze(dim), self.storage, self.indexed)
+        return NkiTensor(self.storage, self.chain + (("unsqueeze", dim),), self.indexed)
 
     expand_dim = expand_dims
 
@@ -232,16 +302,17 @@ class NkiTensor:
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
         if self.buffer.on_chip:
             limits.check(dims[0] == 0, "permute", "the partition dimension of an on-chip tensor stays first")
-        return NkiTensor(self.data.permute(dims), self.storage, True)
+        return self._derive("permute", tuple(dims))
 
     def flatten_dims(self, start: int, end: int) -> "NkiTensor":
-        return NkiTensor(self.data.flatten(start, end), self.storage, self.indexed)
+        return NkiTensor(self.storage, self.chain + (("flatten", start, end),), self.indexed)
 
     def get_pattern(self):
-        return [[s, n] for s, n in zip(self.data.stride(), self.data.shape)]
+        v = self.layout()
+        return [[s, n] for s, n in zip(v.stride(), v.shape)]
 
     def is_contiguous(self) -> bool:
-        return self.data.is_contiguous()
+        return self.layout().is_contiguous()
 
     @property
     def T(self):
@@ -275,12 +346,49 @@ class NkiTensor:
 # --- reading and writing through views (every instruction goes through these)
 
 
-def _flat_indices(t: NkiTensor) -> np.ndarray:
-    base = t.storage.tensor
-    idx = np.asarray(t.data.storage_offset() - base.storage_offset(), dtype=np.int64)
-    for size, stride in zip(t.data.shape, t.data.stride()):
+def _apply(t: torch.Tensor, chain) -> torch.Tensor:
+    """The view `chain` describes, taken of `t` (the storage's value, or its meta layout)."""
+    for op in chain:
+        kind = op[0]
+        if kind == "index":
+            t = t[op[1]]
+        elif kind == "view":
+            t = t.reshape(op[1]) if not t.is_contiguous() else t.view(op[1])
+        elif kind == "ap":
+            _, nums, steps, offset, dtype = op
+            flat = t.contiguous().view(-1)
+            if dtype is not None and dtype != flat.dtype:
+                flat = flat.view(dtype)
+            t = torch.as_strided(flat, nums, steps, flat.storage_offset() + offset)
+        elif kind == "dtype":
+            t = t.view(op[1])
+        elif kind == "expand":
+            t = t.expand(op[1])
+        elif kind == "unsqueeze":
+            t = t.unsqueeze(op[1])
+        elif kind == "permute":
+            t = t.permute(op[1])
+        elif kind == "flatten":
+            t = t.flatten(op[1], op[2])
+    return t
+
+
+def _flat_indices(t: NkiTensor) -> np.ndarray | None:
+    """The allocation's elements (row-major) the view covers; None when its dtype was reinterpreted."""
+    if any(op[0] == "dtype" or (op[0] == "ap" and op[4] is not None) for op in t.chain):
+        return None
+    v = t.layout()
+    idx = np.asarray(v.storage_offset(), dtype=np.int64)
+    for size, stride in zip(v.shape, v.stride()):
         idx = idx[..., None] + np.arange(size, dtype=np.int64) * stride
     return idx.reshape(-1)
+
+
+def _covers_all(t: NkiTensor) -> bool:
+    if not t.chain:
+        return True
+    v = t.layout()
+    return v.storage_offset() == 0 and v.numel() == t.storage.meta.numel() and v.is_contiguous()
 
 
 def read(t: NkiTensor, instruction: str) -> torch.Tensor:
@@ -290,33 +398,58 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
     tr = trace.active()
     if tr is not None:
         tr.account(st)
-        if st.written is not None and not st.written[_flat_indices(t)].all():
-            tr.warn_once((id(st), limits.kernel_line()), instruction,
-                         f"reads {st.describe()} ({st.buffer}, allocated at {st.site}) where it was never "
-                         f"written: those values are undefined on the device")
+        if st.written is not None:
+            idx = _flat_indices(t)
+            if idx is not None and not st.written[idx].all():
+                tr.warn_once((id(st), limits.kernel_line()), instruction,
+                             f"reads {st.describe()} ({st.buffer}, allocated at {st.site}) where it was never "
+                             f"written: those values are undefined on the device")
     return t.data
 
 
-def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool = False) -> None:
-    """Write `value` (cast to the destination's dtype) through the view `t`."""
+def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool = False,
+          source: NkiTensor | None = None) -> None:
+    """Write `value` (rounded to the destination's dtype) through the view `t`. `source`: the value is a view
+    of that tensor (a copy instruction), not a fresh result."""
     st = t.storage
     tr = trace.active()
     if tr is not None:
         tr.account(st)
         if st.input_index is not None:
             tr.written_inputs.add(st.input_index)
-    if tuple(value.shape) != t.shape:
-        limits.check(value.numel() == t.numel(), instruction,
-                     f"the result has shape {tuple(value.shape)} but the destination {t!r} has shape {t.shape}")
-        value = value.reshape(t.shape)
+    shape = t.shape
+    if tuple(value.shape) != shape:
+        limits.check(value.numel() == math.prod(shape), instruction,
+                     f"the result has shape {tuple(value.shape)} but the destination {t!r} has shape {shape}")
+        value = value.reshape(shape)
     if accumulate:
-        value = t.data.float() + value.float()
-    t.data.copy_(value.to(t.dtype))
+        value, source = t.data.float() + value.float(), None
+    if value.dtype != st.dtype:
+        value, source = value.to(st.dtype), None
+    limits.check(not any(op[0] == "expand" for op in t.chain), instruction,
+                 f"writes through a broadcast view of {st.describe()}")
+    fresh = source is None and not is_view(value) and not _is_bound(value)
+    if not st.pinned and _covers_all(t) and (fresh or source is not None):
+        st.tensor = value.reshape(st.shape)  # a new SSA value: no copy
+        _bind(st.tensor)
+        st.owned, st.lender = True, None
+        if source is not None:
+            source.storage.lend(st)
+    else:
+        st.before_in_place_write()
+        t.data.copy_(value)
     if st.written is not None:
-        st.written[_flat_indices(t)] = True
+        idx = _flat_indices(t)
+        if idx is None:
+            st.written[:] = True
+        else:
+            st.written[idx] = True
 
 
 def written(t: NkiTensor) -> bool:
     """Every element of the view has been written (inputs count as written)."""
     st = t.storage
-    return st.written is None or bool(st.written[_flat_indices(t)].all())
+    if st.written is None:
+        return True
+    idx = _flat_indices(t)
+    return bool(st.written.all() if idx is None else st.written[idx].all())
