@@ -4,6 +4,7 @@ constants), the fp32 compute rule, and the record of issued instructions the cos
 from __future__ import annotations
 
 import builtins
+import functools
 
 import numpy as np
 import torch
@@ -58,7 +59,34 @@ def on_chip(instruction: str, *ts) -> None:
                          f"(nl.load or nisa.dma_copy)")
 
 
-def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flops: int | None = None) -> None:
+def instruction(fn):
+    """Decorates an nki.isa / nki.language call: the regions it reads and writes become the dependencies
+    of the instruction(s) it records (the first gets the reads, the last the writes)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        tr = trace.active()
+        if tr is None or tr.depth or tr.quiet:
+            return fn(*args, **kwargs)
+        tr.depth += 1
+        first = len(tr.instructions)
+        tr.pending_reads, tr.pending_writes = [], []
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            tr.depth -= 1
+            issued = tr.instructions[first:]
+            if issued:
+                issued[0].reads.extend(tr.pending_reads)
+                issued[-1].writes.extend(tr.pending_writes)
+            tr.pending_reads, tr.pending_writes = [], []
+
+    return call
+
+
+def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flops: int | None = None,
+           inputs: int = 1) -> None:
+    """Log an issued instruction for the cost model: its engine and size (`t`: the tile it streams)."""
     tr = trace.active()
     if tr is None:
         return
@@ -69,7 +97,7 @@ def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flo
         per = t.numel() * t.data.element_size()
     tr.instructions.append(trace.Instruction(name, engine, per, p,
                                              flops if flops is not None else flops_per_element * t.numel(),
-                                             limits.kernel_line()))
+                                             limits.kernel_line(), t.dtype, inputs))
 
 
 

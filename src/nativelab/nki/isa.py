@@ -10,7 +10,7 @@ import math
 import torch
 
 from . import limits, trace
-from .core import compute, ndarray, record
+from .core import compute, instruction, ndarray, record
 from .ops import as_op
 from .tensor import NkiTensor, psum, read, sbuf, write, written
 
@@ -119,12 +119,12 @@ def _binary(op, x, y, reverse: bool):
     return f.apply(y, x) if reverse else f.apply(x, y)
 
 
-def _emit(ins: str, eng: str, dst, data: NkiTensor, out: torch.Tensor):
+def _emit(ins: str, eng: str, dst, data: NkiTensor, out: torch.Tensor, inputs: int = 1):
     """The common tail of an elementwise instruction: its destination (a new tile of data's shape and dtype
     if none was given), checked, the instruction recorded, the result written."""
     dst = _out(dst, data.shape, data.dtype)
     _tile(ins, dst, "dst", eng, _memories(eng))
-    record(ins, eng, data)
+    record(ins, eng, data, inputs=inputs)
     write(dst, out, ins)
     return dst
 
@@ -296,7 +296,7 @@ def tensor_tensor(dst, data1: NkiTensor, data2: NkiTensor, op, engine=None, name
     out, dtype = compute(as_op(op), [read(data1, ins), read(data2, ins).reshape(data1.shape)])
     dst = _out(dst, data1.shape, dtype)
     _tile(ins, dst, "dst", eng, _memories(eng))
-    record(ins, eng, data1)
+    record(ins, eng, data1, inputs=2)
     write(dst, out, ins)
     return dst
 
@@ -327,7 +327,7 @@ def scalar_tensor_tensor(dst, data: NkiTensor, op0, operand0, op1, operand1: Nki
     x = read(data, ins).float()
     out = _binary(op0, x, _scalar_or_vector(ins, operand0, data, "operand0"), reverse0)
     out = _binary(op1, out, read(operand1, ins).float().reshape(data.shape), reverse1)
-    return _emit(ins, eng, dst, data, out)
+    return _emit(ins, eng, dst, data, out, inputs=2)
 
 
 def tensor_copy(dst, src: NkiTensor = None, engine=None, name=None, **_kw):
@@ -474,3 +474,10 @@ def iota(dst, expr=None, offset=0, channel_multiplier=0, pattern=None, dtype=Non
     record(ins, "gpsimd", dst)
     write(dst, v.reshape(dst.shape), ins)
     return dst
+
+
+for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activation", "activation_reduce",
+              "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_copy", "tensor_copy_predicated",
+              "reciprocal", "exponential", "tensor_reduce", "tensor_partition_reduce", "memset", "iota"):
+    globals()[_name] = instruction(globals()[_name])
+del _name

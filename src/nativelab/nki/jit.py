@@ -12,6 +12,8 @@ import functools
 import hashlib
 import inspect
 import itertools
+import os
+import sys
 import time
 import warnings
 
@@ -22,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..compiler import metrics
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
-from . import limits, trace
+from . import cost, limits, trace
 from ._private import is_fake
 from .tensor import NkiTensor, Storage, hbm, new_trace
 
@@ -74,6 +76,12 @@ class _Traced:
         self.peak = peak  # peak live SBUF / PSUM bytes per partition
         self.launch = None
         self.source = None
+        self._estimate = None
+
+    def estimate(self, name: str) -> cost.Estimate:
+        if self._estimate is None:
+            self._estimate = cost.estimate(name, self.instructions)
+        return self._estimate
 
 
 def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
@@ -144,6 +152,7 @@ class JitKernel:
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._traces = traces if traces is not None else {}
         self._label = f"kernel:{self.name}"
+        self.last_estimate = None  # the latest launch's estimate, once computed (NATIVELAB_NKI_PROFILE=1, estimate())
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid) -> "JitKernel":
@@ -184,6 +193,9 @@ class JitKernel:
             return _result(traced, self._simulate(sig, tensors), tensors, numpy_mode)
         if traced.launch is None:
             self._compile(sig, traced)
+            if os.environ.get("NATIVELAB_NKI_PROFILE", "0") not in ("", "0"):
+                print(traced.estimate(self.name).summary(), file=sys.stderr)
+        self.last_estimate = traced.estimate(self.name) if traced._estimate is not None else None
         outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
         if device.type == DEVICE:
             queue.launch("kernel", self._label, traced.launch, *tensors, *outs)
@@ -191,6 +203,15 @@ class JitKernel:
         else:
             traced.launch(*tensors, *outs)
         return _result(traced, outs, tensors, numpy_mode)
+
+    def estimate(self, *args, **kwargs) -> cost.Estimate:
+        """The estimated NeuronCore-v3 time and engine timeline of a launch with these arguments (traced,
+        not run): `.summary()`, `.busy`, `.bound`, `.save_trace(path)` (Chrome / Perfetto)."""
+        sig = _Signature(self.fn, self.grid, args, kwargs)
+        traced = self._traces.get(sig.key)
+        if traced is None:
+            traced = self._traces[sig.key] = self._trace(sig)
+        return traced.estimate(self.name)
 
     def _trace(self, sig: _Signature) -> _Traced:
         """Pass 1, on meta tensors: check the kernel against the hardware's limits, learn its outputs."""

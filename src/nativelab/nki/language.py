@@ -342,6 +342,11 @@ def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
     return x.expand_dims(axis)
 
 
+for _name in ("full", "load", "store", "copy_into", "apply_op", "_reduce", "matmul", "transpose", "softmax",
+              "rms_norm", "where"):
+    globals()[_name] = core.instruction(globals()[_name])
+del _name
+
 # what tensor views and operators call (bound here: tensor.py and ops.py sit below this module)
 tensor.bind_language(copy_into=copy_into, transpose=transpose, ops=globals())
 ops.bind_call(apply_op)

@@ -110,7 +110,7 @@ class Storage:
         while root.lender is not None:
             root = root.lender
         borrower.lender, borrower.owned = root, False
-        root.borrowers.append((borrower, borrower.tensor))
+        root.borrowers.append((weakref.ref(borrower), borrower.tensor))  # weak: a dropped tile frees its SBUF
 
     def before_in_place_write(self) -> None:
         """Make an in-place write safe: own the value, and give borrowers of it their own copies first."""
@@ -118,8 +118,9 @@ class Storage:
             self.tensor = self.tensor.clone()
             _bind(self.tensor)
             self.owned, self.lender = True, None
-        for b, value in self.borrowers:
-            if b.tensor is value:  # still borrowing this memory
+        for ref, value in self.borrowers:
+            b = ref()
+            if b is not None and b.tensor is value:  # still borrowing this memory
                 b.tensor = value.clone()
                 _bind(b.tensor)
                 b.owned, b.lender = True, None
@@ -391,6 +392,14 @@ def _covers_all(t: NkiTensor) -> bool:
     return v.storage_offset() == 0 and v.numel() == t.storage.meta.numel() and v.is_contiguous()
 
 
+def _region(t: NkiTensor):
+    """(storage, first element, last element) of the view, for the cost model's dependencies."""
+    v = t.layout()
+    lo = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s < 0 and n > 0)
+    hi = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s > 0 and n > 0)
+    return id(t.storage), lo, hi
+
+
 def read(t: NkiTensor, instruction: str) -> torch.Tensor:
     """The torch view an instruction reads; warns (once per allocation and line) if part of it was never
     written."""
@@ -398,6 +407,8 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
     tr = trace.active()
     if tr is not None:
         tr.account(st)
+        if not tr.quiet:
+            tr.pending_reads.append(_region(t))
         if st.written is not None:
             idx = _flat_indices(t)
             if idx is not None and not st.written[idx].all():
@@ -417,6 +428,8 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
         tr.account(st)
         if st.input_index is not None:
             tr.written_inputs.add(st.input_index)
+        if not tr.quiet:
+            tr.pending_writes.append(_region(t))
     shape = t.shape
     if tuple(value.shape) != shape:
         limits.check(value.numel() == math.prod(shape), instruction,

@@ -36,6 +36,10 @@ class Instruction:
     partitions: int
     flops: int = 0
     line: str = ""
+    dtype: object = None  # the streamed operand's dtype (Tensor Engine fp32 is 4x slower; Vector perf mode)
+    inputs: int = 1  # tiles streamed in (Vector: two inputs take twice the cycles)
+    reads: list = field(default_factory=list)  # (storage id, first, last element) regions read
+    writes: list = field(default_factory=list)  # ... and written
 
 
 @dataclass
@@ -52,6 +56,9 @@ class Trace:
     peak_bytes: dict = field(default_factory=lambda: {"sbuf": 0, "psum": 0})
     warned: set = field(default_factory=set)
     instructions: list = field(default_factory=list)
+    pending_reads: list = field(default_factory=list)  # regions the running instruction call read ...
+    pending_writes: list = field(default_factory=list)  # ... and wrote
+    depth: int = 0  # nesting of instruction calls (nl.matmul issues a transpose and an nc_matmul)
     constants: list = field(default_factory=list)  # tensors baked into the trace (part of its cache key)
     quiet: bool = False  # the second pass: the first has warned already
     device: str = "cpu"  # where the trace's tensors are: "meta" (checking pass) or "cpu" (recording pass)
@@ -66,14 +73,14 @@ class Trace:
         per_partition = storage.bytes_per_partition
         if kind == "sbuf":
             limit = limits.SBUF_PARTITION_BYTES
-            limits.check(self.live_bytes[kind] + per_partition <= limit, storage.site,
-                         f"SBUF tile {storage.describe()} needs {per_partition} B per partition with "
+            limits.check(self.live_bytes[kind] + per_partition <= limit, "SBUF allocation",
+                         f"the tile {storage.describe()} allocated at {storage.site} needs {per_partition} B per partition with "
                          f"{self.live_bytes[kind]} B already live; SBUF has {limit} B per partition "
                          f"(28 MiB = 128 x 224 KiB)")
         else:
             banks = math.ceil(per_partition / limits.PSUM_BANK_BYTES)
-            limits.check(self.live_banks + banks <= limits.PSUM_BANKS, storage.site,
-                         f"PSUM tile {storage.describe()} needs {banks} bank(s) of {limits.PSUM_BANK_BYTES} B "
+            limits.check(self.live_banks + banks <= limits.PSUM_BANKS, "PSUM allocation",
+                         f"the tile {storage.describe()} allocated at {storage.site} needs {banks} bank(s) of {limits.PSUM_BANK_BYTES} B "
                          f"with {self.live_banks} live; PSUM has {limits.PSUM_BANKS} banks per partition "
                          f"(16 KiB)")
             self.live_banks += banks

@@ -1,0 +1,134 @@
+"""An estimate of a kernel's time on one NeuronCore-v3 (Trainium2) and its engine timeline, from the
+instructions its trace issued. Every constant is AWS's and cited once, here:
+
+  [trn2]  "Trainium2 Architecture Guide for NKI" (aws-neuron-sdk nki/about/trainium2_arch.rst; the current
+          page, nki/arch/trainium2_arch, gives HBM as 2.9 TB/s, as the lab guide does)
+  [trn1]  "Trainium/Inferentia2 Architecture Guide for NKI" (nki/about/trainium_inferentia2_arch.rst): the
+          per-engine cost rules, stated for NeuronCore-v2 and applied here to v3's clocks
+  [act]   the nki.isa.activation_reduce API page (MIN_II)
+
+The model: each engine (Tensor, Vector, Scalar, GpSimd, and the DMA queues as one lane sharing the core's
+HBM bandwidth) runs its instructions in program order; an instruction starts when its engine is free and
+the instructions it depends on (read-after-write, write-after-read and write-after-write on overlapping
+regions of the same tensor) have finished; independent work on different engines overlaps.
+What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank conflicts, DMA descriptor
+and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
+LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and
+the other seven cores' demand beyond their equal share of HBM. No constant is fitted."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..files import write_atomic
+
+TENSOR_GHZ = 2.4  # [trn2] engine frequencies
+VECTOR_GHZ = 0.96
+SCALAR_GHZ = 1.2
+GPSIMD_GHZ = 1.2
+MM_INIT_CYCLES = 64  # [trn1] a MultiplyMoving's initiation interval is max(N, 64) TensorE cycles ...
+MM_FP32_FACTOR = 4  # [trn1] ... and about 4x that for fp32 inputs ([trn2]: 79 BF16 vs 20 FP32 TFLOPS)
+MIN_II_CYCLES = 64  # [act] minimum initiation interval of a Scalar Engine instruction (roughly 64 cycles)
+READ_ACCUMULATOR_CYCLES = 64  # [trn1] ActReadAccumulator (activation's reduce_res) costs roughly 64 cycles
+VECTOR_SMALL_OVERHEAD = 100  # [trn1] static overhead of a Vector instruction with N << 128
+VECTOR_BF16_COPY_SPEEDUP = 4  # [trn2] Vector perf mode: tensor_copy / tensor_scalar with bf16/fp16 in SBUF
+VECTOR_BF16_TT_SPEEDUP = 2  # [trn2] ... tensor_tensor with bf16/fp16 inputs in SBUF
+HBM_BYTES_PER_S = 2.9e12  # [trn2] per Trainium2 chip ...
+CORES_PER_CHIP = 8  # [trn2] ... shared by its 8 NeuronCore-v3
+DMA_FIXED_S = 600e-9  # [trn2] "Each DGE-based DMA instruction takes about 600 ns to execute"
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def instruction_seconds(ins) -> tuple[float, float]:
+    """(time the instruction occupies its engine, extra latency before its result is ready)."""
+    n = ins.elements
+    if ins.engine == "tensor":
+        if ins.name == "nc_matmul":
+            cycles = max(n, MM_INIT_CYCLES) * (MM_FP32_FACTOR if ins.dtype == torch.float32 else 1)
+        else:  # a transpose is a matmul against identity (fp32 transposes are 2x faster in transpose mode)
+            cycles = max(n, MM_INIT_CYCLES) * (2 if ins.dtype == torch.float32 else 1)
+        return cycles / (TENSOR_GHZ * 1e9), 0.0
+    if ins.engine == "vector":
+        speed = 1
+        if ins.dtype in _HALF:
+            speed = VECTOR_BF16_TT_SPEEDUP if ins.inputs > 1 else VECTOR_BF16_COPY_SPEEDUP
+        cycles = max(ins.inputs * n / speed, MIN_II_CYCLES) + (VECTOR_SMALL_OVERHEAD if n < 128 else 0)
+        return cycles / (VECTOR_GHZ * 1e9), 0.0
+    if ins.engine == "scalar":
+        cycles = max(n, MIN_II_CYCLES) + (READ_ACCUMULATOR_CYCLES if ins.name == "activation_reduce" else 0)
+        return cycles / (SCALAR_GHZ * 1e9), 0.0
+    if ins.engine == "gpsimd":  # no rule of thumb [trn1]; 128 lanes of 32 bits (8 cores x 16 fp32) at 1.2 GHz
+        return max(n, MIN_II_CYCLES) / (GPSIMD_GHZ * 1e9), 0.0
+    if ins.engine == "dma":
+        return n / (HBM_BYTES_PER_S / CORES_PER_CHIP), DMA_FIXED_S
+    return 0.0, 0.0
+
+
+@dataclass
+class Estimate:
+    """A launch's estimated NeuronCore-v3 time: total, busy time per engine, the bounding engine, and the
+    timeline (one event per instruction: name, engine, start and end in seconds, kernel line)."""
+    kernel: str
+    seconds: float
+    busy: dict
+    events: list = field(repr=False, default_factory=list)
+
+    @property
+    def bound(self) -> str:
+        return max(self.busy, key=self.busy.get) if self.busy else "none"
+
+    def summary(self) -> str:
+        busy = ", ".join(f"{e} {self.busy[e] * 1e6:.2f}" for e in ENGINES if self.busy.get(e))
+        return (f"nki {self.kernel}: est. trn2 {self.seconds * 1e6:.2f} us on one NeuronCore-v3, "
+                f"{self.bound}-bound (busy us: {busy}; {len(self.events)} instructions)")
+
+    def chrome_trace(self) -> dict:
+        """The timeline as a Chrome / Perfetto trace: one lane (thread) per engine."""
+        lanes = {e: i for i, e in enumerate(ENGINES)}
+        events = [{"ph": "M", "pid": 0, "tid": i, "name": "thread_name", "args": {"name": e}}
+                  for e, i in lanes.items()]
+        events.append({"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"NeuronCore-v3 {self.kernel}"}})
+        for name, engine, start, end, line in self.events:
+            events.append({"ph": "X", "pid": 0, "tid": lanes[engine], "name": name, "ts": start * 1e6,
+                           "dur": max(end - start, 0.0) * 1e6, "args": {"line": line}})
+        return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+    def save_trace(self, path) -> None:
+        write_atomic(Path(path), json.dumps(self.chrome_trace()).encode())
+
+
+def estimate(kernel: str, instructions) -> Estimate:
+    """Schedule the instructions on their engines (see the module docstring) and time them."""
+    free = dict.fromkeys(ENGINES, 0.0)
+    busy = dict.fromkeys(ENGINES, 0.0)
+    reads: dict = {}  # storage id -> [(lo, hi, end time)] of the reads so far
+    writes: dict = {}  # ... of the writes
+    events = []
+    for ins in instructions:
+        occupy, latency = instruction_seconds(ins)
+        ready = free[ins.engine]
+        for sid, lo, hi in ins.reads:  # read after write
+            for a_lo, a_hi, end in writes.get(sid, ()):
+                if lo <= a_hi and a_lo <= hi and end > ready:
+                    ready = end
+        for sid, lo, hi in ins.writes:  # write after read or write
+            for table in (reads, writes):
+                for a_lo, a_hi, end in table.get(sid, ()):
+                    if lo <= a_hi and a_lo <= hi and end > ready:
+                        ready = end
+        start = ready
+        end = start + occupy + latency
+        free[ins.engine] = start + occupy
+        busy[ins.engine] += occupy
+        for regions, table in ((ins.reads, reads), (ins.writes, writes)):
+            for sid, lo, hi in regions:
+                table.setdefault(sid, []).append((lo, hi, end))
+        events.append((ins.name, ins.engine, start, end, ins.line))
+    total = max((e[3] for e in events), default=0.0)
+    return Estimate(kernel, total, {e: b for e, b in busy.items() if b}, events)
