@@ -10,6 +10,8 @@ from nativelab.device import queue
 
 def test_ops_return_before_they_run_and_reads_wait():
     x = torch.ones(100, 100, device="neuron")
+    x @ x  # a call signature's first call runs at once (CPU's checks raise at the call); later ones queue
+    torch.neuron.synchronize()
     y = x @ x
     assert not queue.idle()  # launched, not run
     assert y.sum().item() == 100 * 100 * 100  # reading drains
@@ -30,6 +32,7 @@ def test_program_order_is_kept_across_writes_and_host_copies():
 def test_a_failing_queued_op_raises_at_the_sync_point_with_its_name():
     x = torch.randn(4, 3, device="neuron")
     bad = torch.tensor([[0, 1, 2], [3, 4, 9]], dtype=torch.int64).to("neuron")  # 9 is out of range
+    torch.gather(x, 0, torch.zeros_like(bad)) * 2  # each signature's first call runs at once (these pass)
     g = torch.gather(x, 0, bad)  # shapes are fine, so the launch succeeds
     after = g * 2  # queued behind the failing op
     with pytest.raises(RuntimeError, match=r"queued op aten::gather failed.*out of bounds"):
@@ -42,6 +45,20 @@ def test_a_failing_queued_op_raises_at_the_sync_point_with_its_name():
 def test_shape_errors_raise_at_the_call_like_cuda():
     with pytest.raises(RuntimeError, match="broadcast|size of tensor"):
         torch.ones(3, device="neuron") + torch.ones(4, device="neuron")
+
+
+def test_checks_that_only_cpu_kernels_make_raise_at_the_call_every_time():
+    """Meta kernels miss some of CPU's shape and dtype checks; the first call of a signature runs at once, so
+    they raise at the call, and a failing signature keeps raising there (it is never queued)."""
+    for _ in range(2):
+        a = torch.zeros(3, 3, device="neuron")
+        with pytest.raises(IndexError, match="shape mismatch"):
+            a[[0, 1], [0, 1, 2]] = 0
+        with pytest.raises(RuntimeError, match="all only supports bool tensor for result"):
+            torch.all(a, 0, out=torch.empty(3, dtype=torch.float64, device="neuron"))
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            torch.sin(a, out=torch.empty(3, 3, dtype=torch.int32, device="neuron"))
+        torch.neuron.synchronize()  # nothing failing was queued
 
 
 def test_sync_mode_raises_at_the_op():
@@ -70,16 +87,18 @@ def test_queue_is_bounded():
 
 def test_cpu_operands_are_read_when_the_op_is_called_not_when_it_runs():
     # CUDA copies a CPU operand at launch; a queued op must not see later host writes to it.
-    x = torch.ones(3, device="neuron")
-    s = torch.tensor(2.0)
-    r = x * s  # a 0-d CPU tensor operand
-    x.add_(s)  # in place, same operand
-    idx = torch.tensor([0, 2])
-    v = torch.zeros(3, device="neuron")
-    v[idx] = 5.0  # CPU indices (allowed, as on CUDA)
-    w = v[idx]
-    s.fill_(100.0)
-    idx.fill_(1)
+    for _ in range(2):  # the first round runs each signature's first call at once; the second is queued
+        torch.neuron.synchronize()
+        x = torch.ones(3, device="neuron")
+        s = torch.tensor(2.0)
+        r = x * s  # a 0-d CPU tensor operand
+        x.add_(s)  # in place, same operand
+        idx = torch.tensor([0, 2])
+        v = torch.zeros(3, device="neuron")
+        v[idx] = 5.0  # CPU indices (allowed, as on CUDA)
+        w = v[idx]
+        s.fill_(100.0)
+        idx.fill_(1)
     assert not queue.idle()  # the work above was still queued when the host wrote s and idx
     cpu_x, cpu_s, cpu_idx = torch.ones(3), torch.tensor(2.0), torch.tensor([0, 2])
     cpu_r = cpu_x * cpu_s

@@ -51,8 +51,9 @@ def test_program_matches_cpu_on_both_paths(path):
 
 
 def test_cpp_path_runs_without_python_and_counts_its_ops():
-    nativelab.clear_op_tracking()
     x = torch.randn(16, 16, device=DEV)
+    x * 2 + 1  # a signature's first call runs at once through Python (ops._first_call)
+    nativelab.clear_op_tracking()
     calls = []
     orig = ops._device_kernel
     ops._device_kernel = lambda *a, **k: calls.append(a[0]) or orig(*a, **k)
@@ -62,7 +63,7 @@ def test_cpp_path_runs_without_python_and_counts_its_ops():
         assert not queue.idle()  # queued, not run
     finally:
         ops._device_kernel = orig
-    assert calls == []  # no Python kernel at all (its first call asked Python for the output spec only)
+    assert calls == []  # no Python kernel at all (the C++ kernel asked Python for the output spec only)
     torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
     counts = nativelab.get_op_counts()["device"]
     assert counts["aten::mul.Tensor"] == 3 and counts["aten::add.Tensor"] == 3
@@ -119,6 +120,9 @@ def test_cpp_path_out_of_memory_is_torch_oom_and_leaves_nothing():
 def test_cpp_queued_failure_surfaces_at_sync_naming_the_op():
     y = torch.randn(4, 4, device=DEV)
     bad = torch.tensor([[0, 9]], device=DEV)  # out of range: only the CPU kernel finds out
+    for _ in range(2):  # each signature's first call runs at once (ops._first_call), the second reaches C++
+        torch.gather(y, 1, torch.zeros_like(bad)), y + 1
+    torch.neuron.synchronize()
     r = torch.gather(y, 1, bad)  # queued: no error yet
     after = y + 1
     with pytest.raises(queue.DeviceError, match=r"aten::gather.*failed.*(1 ops queued after it were dropped)"):

@@ -84,6 +84,9 @@ def register() -> bool:
     # math-bit fallback cloning the source, which re-enters `_copy_from` forever for a device.
     for key in ("Conjugate", "Negative"):
         aten_lib.impl("aten::_copy_from", torch.library.fallthrough_kernel, key)
+    # Quantized tensors have no device form (memory.quantized_message): one clear error for every op that
+    # reaches the quantized device key (`.to('neuron')` of a quantized tensor), not the dispatcher's text.
+    lib.fallback(_no_quantized, "QuantizedPrivateUse1")
     _libs.extend((lib, aten_lib))
     _private.patch_tensor_repr("neuron")
     _private.patch_dlpack_device("neuron")
@@ -92,6 +95,12 @@ def register() -> bool:
     stand_ins.install("nki", "nativelab.nki")  # `import nki`, `nki.language`, `nki.isa`: kernels run as written
     _state["registered"] = True
     return True
+
+
+def _no_quantized(op, *args, **kwargs):
+    dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_quantized), None)
+    dtype = dtype or kwargs.get("dtype") or "quantized"
+    raise NotImplementedError(f"{memory.quantized_message(dtype)} (in {op})")
 
 
 def _device_module(cfg: config.Config) -> types.ModuleType:

@@ -103,12 +103,19 @@ def alloc_storage(nbytes: int, index: int) -> torch.UntypedStorage:
     return st if observe.alloc is None else _observed(st, index)
 
 
-def host_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
+def host_storage(st: torch.UntypedStorage, resizable: bool = False) -> torch.UntypedStorage:
     """The CPU storage over a device storage's memory. It keeps that storage alive: work queued on it may
-    outlive the device tensors."""
+    outlive the device tensors. A `resizable` one may be grown by a CPU kernel (an out= argument it resizes):
+    it then moves to new CPU memory, which the caller copies back into the grown device storage."""
     if st.device.type != DEVICE or (st.data_ptr() == 0 and st.nbytes() != 0):
         raise RuntimeError("neuron: this storage was not allocated by the nativelab device")
-    return _rt.mem_host_storage(st)
+    return _rt.mem_host_storage(st, resizable)
+
+
+def resizable_host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over a device tensor's memory that a CPU kernel may resize (grow) as it resizes its own."""
+    host = host_storage(t.untyped_storage(), resizable=True)
+    return torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
 
 
 def _template(index: int, dtype: torch.dtype, inference: bool = False) -> torch.Tensor:
@@ -117,9 +124,22 @@ def _template(index: int, dtype: torch.dtype, inference: bool = False) -> torch.
     key = (index, dtype, inference)
     t = _templates.get(key)
     if t is None:
+        if dtype in QUANTIZED_DTYPES:
+            raise NotImplementedError(quantized_message(dtype))
         with torch.inference_mode(inference):
             t = _templates[key] = _private.empty_on_index(index, dtype)
     return t
+
+
+QUANTIZED_DTYPES = frozenset((torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4))
+
+
+def quantized_message(dtype) -> str:
+    return (
+        f"neuron: quantized tensors ({dtype}) are not supported on the device (it holds strided tensors of "
+        "float, integer and bool dtypes); run torch.ao quantized tensors and their ops on the CPU, or "
+        "dequantize() before moving the values to the device"
+    )
 
 
 def wrap(storage, index: int, dtype, size, stride, offset: int = 0, inference: bool | None = None) -> torch.Tensor:

@@ -372,34 +372,89 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
     if rec.random:  # the generator is read at the call, not when the queue runs (see rng.py)
         return run_on_host(rec.name, rec, args, index, fallback=False)
     spec = rec.meta_cache.get(key, _MISSING)
-    if spec is _MISSING:
+    first = spec is _MISSING
+    if first:
         try:
             spec = _meta_spec(rec, args)
         except Exception:  # noqa: BLE001 - no usable meta kernel; the host run reports real errors
-            spec = None
-        rec.meta_cache[key] = spec
+            spec = rec.meta_cache[key] = None
     if spec is None:  # output metadata unknown without running: run it now, still "on the device"
         return run_on_host(rec.name, rec, args, index, fallback=False)
     kind, outs_spec, resizes, policy = spec
     for i, shape in resizes:  # out= arguments the op resizes
         t = args[i]
         if t.shape != shape:
+            _warn_resized(t, shape)
             resize_(t, shape)
     if kind == "mutating":
-        queue.launch("op", rec.name, _run_mutating, rec, args)
+        if first:
+            _first_call(rec, key, spec, _run_mutating, args)
+        else:
+            queue.launch("op", rec.name, _run_mutating, rec, args)
         tracking.executed[rec.name] += 1
         return _alias_returns(rec, args)
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
     run = _run_functional_policy if policy else _run_functional
     if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, args):
         run = _run_upcast_gemm
-    queue.launch("op", rec.name, run, rec, args, outs)
+    if first:
+        _first_call(rec, key, spec, run, args, outs)
+    else:
+        queue.launch("op", rec.name, run, rec, args, outs)
     tracking.executed[rec.name] += 1
     if kind == "tensor":
         return outs[0]
     if kind == "list":
         return outs
     return tuple(outs)
+
+
+def _first_call(rec: OpRecord, key: tuple, spec: tuple, run, args: list, outs: list | None = None) -> None:
+    """The first call of a call signature runs at once (after the queue drains), so that the checks CPU's kernel
+    makes of shapes, dtypes and out= arguments, which meta kernels do not all make (an index_put_ whose indices
+    do not broadcast, `all(out=float64)`), raise at the call as on CPU and CUDA; later calls of a signature that
+    passed are queued, and only value errors (an index out of range) wait for the sync, as on CUDA. A failing
+    signature is not cached: every call of it runs at once and raises.
+
+    The run also learns the output strides CPU's kernel really writes: an out= kernel that restrides its output
+    (reflection_pad2d.out makes a channels_last input's output channels_last where the meta kernel says
+    contiguous) would write that layout into memory the device tensor reads in another. The device tensor takes
+    CPU's strides, and so do the outputs of every later call."""
+    try:
+        if outs is None:
+            queue.run_now("op", rec.name, run, rec, args)
+            rec.meta_cache[key] = spec
+            return
+        # (rec, host args, host outs) as the queue passes them, which the profiler reads
+        strides = queue.run_now("op", rec.name, lambda r, h, o: _run_reporting_strides(run, r, h, o), rec, args, outs)
+    except Exception as e:
+        if queue.sync_mode:  # NATIVELAB_SYNC=1 names the op in every failure, as its launches do
+            raise queue.DeviceError(f"neuron: queued op {rec.name} failed: {type(e).__name__}: {e}") from e
+        raise
+    kind, outs_spec, resizes, policy = spec
+    if any(tuple(st) != tuple(o[1]) for st, o in zip(strides, outs_spec)):
+        for out, st in zip(outs, strides):
+            if tuple(st) != out.stride():
+                memory.set_storage(out, out.untyped_storage(), out.storage_offset(), out.shape, st)
+        outs_spec = tuple((shape, tuple(st), dtype) for (shape, _, dtype), st in zip(outs_spec, strides))
+        spec = (kind, outs_spec, resizes, policy)
+    rec.meta_cache[key] = spec
+
+
+def _run_reporting_strides(run, rec, hargs, houts):
+    run(rec, hargs, houts)
+    return [h.stride() for h in houts]
+
+
+def _warn_resized(t: torch.Tensor, shape) -> None:
+    """CPU's warning (at::native::resize_output) for an out= argument with elements that the op resizes."""
+    if t.numel() != 0:
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape {list(t.shape)}, which does not "
+            f"match the required output shape {list(shape)}. This behavior is deprecated, and in a future PyTorch "
+            "release outputs will not be resized unless they have zero elements. You can explicitly reuse an out "
+            "tensor t by resizing it, inplace, to zero elements with t.resize_(0).", UserWarning, stacklevel=5,
+        )
 
 
 def _finish_policy(rec: OpRecord, hargs: list) -> bool:
@@ -516,7 +571,10 @@ def _meta_spec(rec: OpRecord, args: list):
     """(kind, output (shape, stride, dtype)s, out= resizes, whether the dtype policy has work) for a call
     signature: everything about a launch that does not depend on values, worked out once."""
     margs = [_to_meta(a) for a in args]
-    res = _call(rec, margs)
+    with warnings.catch_warnings():
+        # the out= meta kernels' own resize warning (its text is not CPU's): _native gives CPU's when it resizes
+        warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
+        res = _call(rec, margs)
     policy = _policy_applies(rec, args)
     if rec.name in _CPU_OUTPUT_DTYPES:
         res = _CPU_OUTPUT_DTYPES[rec.name](args, res)
@@ -580,10 +638,10 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
     if rec.gen_pos is not None:  # the CPU generator holding the device generator's state (default or given)
         args[rec.gen_pos] = guard.host_generator(args[rec.gen_pos], index)
     hargs = [_to_host(a) for a in args]
-    for i in rec.mutable:  # an empty out= argument is for the CPU kernel to size: give it a resizable tensor
-        a = args[i]  # of its shape (an in-place op on an empty (2, 0, 3) tensor must leave it (2, 0, 3))
-        if isinstance(a, _Tensor) and a.device.type == DEVICE and a.numel() == 0:
-            hargs[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
+    for i in rec.mutable:  # the CPU kernel may resize what it writes (an out= argument too small for the result,
+        a = args[i]  # nonzero's): it gets a view of the same memory whose storage it can grow, as on CPU
+        if isinstance(a, _Tensor) and a.device.type == DEVICE and a.layout == torch.strided:
+            hargs[i] = memory.resizable_host_view(a)
     narrowed = False
     if not fallback:
         narrowed = _finish_policy(rec, hargs)
@@ -632,11 +690,21 @@ def _follow_host_resize(dev, host) -> None:
         return
     if host.shape == dev.shape and host.stride() == dev.stride() and host.data_ptr() == dev.data_ptr():
         return
-    if host.untyped_storage().data_ptr() == memory.host_storage(dev.untyped_storage()).data_ptr():
-        st = dev.untyped_storage()
-    else:  # the CPU kernel grew the buffer: the device adopts the new one
-        st = memory.adopt(host.untyped_storage(), dev.device.index)
+    st = dev.untyped_storage()
+    if host.untyped_storage().data_ptr() != memory.host_storage(st).data_ptr():
+        # The CPU kernel grew the storage (moving it to new CPU memory): grow the device storage in place, as
+        # CPU's resize does, so every tensor of that storage sees it, and copy the bytes in.
+        hst = host.untyped_storage()
+        n = hst.nbytes()
+        if n > st.nbytes():
+            st.resize_(n)
+        if n:
+            _bytes(memory.host_storage(st))[:n].copy_(_bytes(hst))
     memory.set_storage(dev, st, host.storage_offset(), host.shape, host.stride())
+
+
+def _bytes(st: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(st)
 
 
 def _results_to_device(rec: OpRecord, res, args, index: int):
@@ -697,6 +765,11 @@ _OVER_COMPOSITE = {"aten.native_layer_norm.default"}
 # decompose them into bf16 device steps, each rounding to bf16, where CPU's kernel keeps fp32 intermediates
 # (group_norm's error vs float64 0.079 against CPU's 0.046). Registered, they run as the fallback: CPU's kernel.
 _HOST_OVER_COMPOSITE = {"aten.native_group_norm.default", "aten.addr.default"}
+# Fallback ops that PyTorch's composite kernels would get wrong on the device: mode's out= form refuses any device
+# but CPU, CUDA and XPU; mse_loss and smooth_l1_loss go through their out= kernels, which on CPU resize the
+# 0-d result they are given (PyTorch's "An output with one or more elements was resized" warning at every call,
+# where CPU's own functional kernel warns nothing). Registered, they run CPU's kernel of the same overload.
+_HOST_OVER_COMPOSITE |= {"aten.mode.values", "aten.mse_loss.default", "aten.smooth_l1_loss.default"}
 
 
 def _bind(op):
@@ -772,9 +845,13 @@ def fast_route(name: str, overload: str):
 def fast_spec(op, *args):
     """For the C++ kernel, once per call signature (dtypes, shapes, strides, the other arguments): None (this
     signature goes through Python: the dtype policy or the GEMM policy has work, no meta kernel, an out=
-    argument to resize), else (kind, [(shape, stride, dtype) of each output])."""
+    argument to resize), False (not yet: this call through Python, ask again), else (kind, [(shape, stride,
+    dtype) of each output])."""
     rec = _records[op]
     full = list(args)
+    for i in rec.tensor_pos:
+        if i < len(full) and type(full[i]) in _NUMBERS:
+            full[i] = _scalar_tensor(full[i])  # as _device_kernel sees it, so that the signature keys agree
     # the dtype policy has nothing to do: no wide input, index arguments already the int64 CPU kernels take
     for i, a in enumerate(full):
         if i in rec.int64_args:
@@ -784,10 +861,15 @@ def fast_spec(op, *args):
             return None
     if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, full):
         return None
-    try:
-        kind, outs, resizes, _ = _meta_spec(rec, full)
-    except Exception:  # noqa: BLE001 - no usable meta kernel: the Python path runs it on the host
+    # The spec the Python path validated by running the signature's first call (_first_call): until then,
+    # False: this call goes to Python, which runs it at once, and the C++ kernel asks again next time.
+    key, _ = _key_and_index(full, rec.cpu_ok, rec.out_args)
+    spec = rec.meta_cache.get(key, _MISSING)
+    if spec is _MISSING:
+        return False
+    if spec is None:  # no usable meta kernel: the Python path runs it on the host
         return None
+    kind, outs, resizes, _ = spec
     if resizes:
         return None
     return kind, [(tuple(shape), tuple(stride), dtype) for shape, stride, dtype in outs]

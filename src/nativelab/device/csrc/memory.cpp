@@ -5,6 +5,7 @@
 // kernel's result, memory.py); both are counted here, once, and freed with the device storage's memory.
 #include "runtime.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -227,11 +228,14 @@ namespace {
 void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
 }  // namespace
 
-c10::Storage mem_host_storage(const c10::Storage& st) {
+c10::Storage mem_host_storage(const c10::Storage& st, bool resizable) {
   // Holds the device storage, not its memory: a cached host view must not keep memory that a resize gave back
-  // (a resize waits for queued work first, and memory.py's views check the pointer before use).
+  // (a resize waits for queued work first, and memory.py's views check the pointer before use). A resizable
+  // one is for a CPU kernel that may grow an out= argument: growing it moves the host storage to new CPU
+  // memory (the caller then grows the device storage to match, ops._follow_host_resize).
   c10::DataPtr dp(st.mutable_data(), new c10::Storage(st), &release_storage, c10::Device(c10::DeviceType::CPU));
-  return c10::Storage(c10::Storage::use_byte_size_t(), st.nbytes(), std::move(dp), nullptr, false);
+  return c10::Storage(c10::Storage::use_byte_size_t(), st.nbytes(), std::move(dp),
+                      resizable ? c10::GetCPUAllocator() : nullptr, resizable);
 }
 
 void mem_resize(const c10::Storage& st, size_t nbytes) {

@@ -117,9 +117,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "a device storage on a core over a CPU storage's memory (kept alive and counted until it dies)");
   m.def("mem_owns", [](py::handle st) { return mem_owns(THPStorage_Unpack(st.ptr())); },
         "whether a device storage's memory is the runtime's (allocated or adopted; freed with the storage)");
-  m.def("mem_host_storage", [](py::handle st) {
-    return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_host_storage(THPStorage_Unpack(st.ptr()))));
-  }, "a CPU storage over a device storage's memory, keeping that memory alive");
+  m.def("mem_host_storage", [](py::handle st, bool resizable) {
+    return py::reinterpret_steal<py::object>(
+        THPStorage_Wrap(mem_host_storage(THPStorage_Unpack(st.ptr()), resizable)));
+  }, py::arg("st"), py::arg("resizable") = false,
+        "a CPU storage over a device storage's memory, keeping that memory alive (resizable: growing it moves it "
+        "to new CPU memory)");
   // queue.cpp
   m.def("launch", &launch_python,
         "launch(kind, name, fn, args): queue device work fn(*args) on host views; returns the queue length");

@@ -61,6 +61,7 @@ struct OutSpec {
 
 struct Spec {
   bool fast = false;  // false: calls with this signature go to Python
+  bool later = false;  // Python has not run this signature yet (its first call runs at once): ask again
   char kind = 't';    // 't' one tensor, 'u' a tuple, 'l' a list, 'm' writes its arguments
   std::vector<OutSpec> outs;
 };
@@ -306,6 +307,10 @@ Spec python_spec(OpEntry* e, const c10::OperatorHandle& op, const c10::IValue* a
   py::object r = (*g_spec)(*pargs);
   Spec s;
   if (r.is_none()) return s;
+  if (PyBool_Check(r.ptr())) {
+    s.later = true;
+    return s;
+  }
   py::tuple t = r;
   const auto kind = t[0].cast<std::string>();
   s.kind = kind == "mutating" ? 'm' : kind == "list" ? 'l' : kind == "tuple" ? 'u' : 't';
@@ -375,6 +380,7 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
   if (spec == nullptr) {  // first call of this signature: Python works out the outputs and the policies
     Spec s = python_spec(e, op, args, n);
+    if (s.later) return false;  // the signature's first call: Python runs it at once (ops._first_call)
     std::lock_guard<std::mutex> lock(g_mu);
     if (e->specs.size() >= kMaxSpecs) return false;  // a signature zoo: Python (and its own cache) serves it
     spec = &e->specs.emplace(std::move(key), std::move(s)).first->second;  // node-based: stays put

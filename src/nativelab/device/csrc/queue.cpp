@@ -13,6 +13,7 @@
 #include <ATen/record_function.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Device.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
@@ -224,17 +225,26 @@ py::object queue_run(py::object observer) {
     work.swap(g_pending);
   }
   py::object failure = py::none();
-  for (size_t i = 0; i < work.size(); ++i) {
-    auto& w = work[i];
-    try {
-      run_work(w, observer);
-    } catch (py::error_already_set& ex) {
-      failure = py::make_tuple(w.label(), ex.value(), work.size() - i - 1);
-      break;
-    } catch (const std::exception& ex) {
-      failure = py::make_tuple(w.label(), python_exception(ex), work.size() - i - 1);
-      break;
+  try {
+    // What the queued ATen ops warn (TORCH_WARN) reaches Python's warnings in the draining thread, as a CPU op's
+    // warning reaches them at its call; without a handler c10 would print it to stderr.
+    torch::PyWarningHandler warnings;
+    for (size_t i = 0; i < work.size(); ++i) {
+      auto& w = work[i];
+      try {
+        run_work(w, observer);
+      } catch (py::error_already_set& ex) {
+        failure = py::make_tuple(w.label(), ex.value(), work.size() - i - 1);
+        break;
+      } catch (const std::exception& ex) {
+        failure = py::make_tuple(w.label(), python_exception(ex), work.size() - i - 1);
+        break;
+      }
     }
+  } catch (python_error& e) {  // a warning that a filter turned into an error
+    for (auto& w : work) release_python(w);
+    e.restore();
+    throw py::error_already_set();
   }
   for (auto& w : work) release_python(w);
   return failure;

@@ -52,7 +52,7 @@ c10::Storage mem_adopt(const c10::Storage& host, int index);  // a device storag
 bool mem_owns(const c10::Storage& st);  // memory the runtime counts (allocated or adopted), freed with st
 // A CPU storage over a device storage's memory that keeps the device storage alive (work queued on host views
 // may outlive every device tensor of that memory).
-c10::Storage mem_host_storage(const c10::Storage& st);
+c10::Storage mem_host_storage(const c10::Storage& st, bool resizable = false);
 void mem_resize(const c10::Storage& st, size_t nbytes);  // in place, keeping the first bytes (as CPU's)
 std::optional<int> mem_core_of(const void* ptr);  // the core whose block holds ptr, if any
 struct MemBlock {

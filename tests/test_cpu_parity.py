@@ -1,0 +1,178 @@
+"""The device does what CPU PyTorch does where PyTorch's own device tests found it did not (issue 24, part B):
+channels_last outputs, lazy modules, errors at the call, out= arguments that must grow, warnings of queued
+ops, and no warning CPU does not give. Each case is compared with plain CPU PyTorch."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from conftest import run_python
+
+DEV = "neuron"
+
+PADS = [
+    (nn.ReflectionPad2d(1), (2, 3, 5, 6), torch.channels_last),
+    (nn.ReplicationPad2d((1, 2, 0, 1)), (2, 3, 5, 6), torch.channels_last),
+    (nn.ReflectionPad3d(1), (2, 3, 4, 5, 6), torch.channels_last_3d),
+    (nn.ReplicationPad3d(1), (2, 3, 4, 5, 6), torch.channels_last_3d),
+]
+
+
+@pytest.mark.parametrize("module,shape,fmt", PADS, ids=lambda p: type(p).__name__ if isinstance(p, nn.Module) else None)
+def test_padding_a_channels_last_input_matches_cpu_values_and_layout(module, shape, fmt):
+    """The pad's out= kernel lays a channels_last result out channels_last; the device's output has CPU's
+    strides (it wrote CPU's layout into memory read as contiguous: values off by up to 5.5)."""
+    x = torch.randn(shape).to(memory_format=fmt)
+    want = module(x)
+    for _ in range(2):  # the signature's first call (run at once) and a queued one
+        got = module(x.to(DEV))
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: nn.LazyLinear(4), (2, 3)),
+    (lambda: nn.LazyConv1d(4, 3), (2, 3, 8)),
+    (lambda: nn.LazyBatchNorm1d(), (4, 3)),
+], ids=["LazyLinear", "LazyConv1d", "LazyBatchNorm1d"])
+def test_lazy_modules_moved_to_the_device_initialise_at_the_first_call_as_on_cpu(make, shape):
+    x = torch.randn(shape)
+    torch.manual_seed(0)
+    cpu = make()
+    want = cpu(x)
+    torch.manual_seed(0)
+    m = make().to(DEV)
+    weight = m.weight
+    assert isinstance(weight, nn.parameter.UninitializedParameter) and weight.device.type == DEV
+    got = m(x.to(DEV))
+    assert m.weight is weight and not isinstance(m.weight, nn.parameter.UninitializedParameter)
+    assert m.weight.shape == cpu.weight.shape and m.weight.device.type == DEV
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_lazy_module_moved_with_a_dtype_stays_uninitialised_in_that_dtype():
+    m = nn.LazyLinear(4).to(DEV, torch.float64)
+    assert isinstance(m.weight, nn.parameter.UninitializedParameter)
+    assert (m.weight.device.type, m.weight.dtype) == (DEV, torch.float64)
+    assert m.to("cpu").weight.device.type == "cpu"
+
+
+def test_checks_made_at_the_call_on_cpu_raise_at_the_call():
+    a = torch.zeros(3, 3)
+    d = a.to(DEV)
+    cases = [
+        (lambda t: t.__setitem__(([0, 1], [0, 1, 2]), 0), IndexError),
+        (lambda t: torch.all(t, 0, out=torch.empty(3, dtype=torch.float64, device=t.device)), RuntimeError),
+        (lambda t: torch.any(t, out=torch.empty((), dtype=torch.float64, device=t.device)), RuntimeError),
+        (lambda t: torch.add(t, 1, out=torch.empty(3, 3, dtype=torch.int64, device=t.device)), RuntimeError),
+        (lambda t: t.__setitem__(torch.tensor([1, 0, 1], dtype=torch.uint8, device=t.device), 1.0), RuntimeError),
+    ]
+    for fn, error in cases:
+        with pytest.raises(error) as on_cpu:
+            fn(a)
+        for _ in range(2):  # a failing signature is never queued: it raises at every call
+            with pytest.raises(error) as on_device:
+                fn(d)
+            assert str(on_device.value) == str(on_cpu.value)
+    torch.neuron.synchronize()  # and nothing failing was left on the queue
+
+
+def _texts(seen) -> list[str]:
+    return [str(w.message).split(" (Triggered internally")[0] for w in seen]
+
+
+def test_out_arguments_that_must_grow_grow_as_on_cpu():
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 4.0]])
+    for make in (lambda d: torch.empty(2, dtype=torch.long, device=d), lambda d: torch.zeros(6, dtype=torch.long, device=d)[:2]):
+        cpu_out, dev_out = make("cpu"), make(DEV)
+        with warnings.catch_warnings(record=True) as cpu_w:
+            warnings.simplefilter("always")
+            torch.nonzero(x, out=cpu_out)
+        with warnings.catch_warnings(record=True) as dev_w:
+            warnings.simplefilter("always")
+            torch.nonzero(x.to(DEV), out=dev_out)
+        assert torch.equal(dev_out.cpu(), cpu_out) and dev_out.stride() == cpu_out.stride()
+        # the storage grew in place (a view's base sees it), with CPU's warning
+        assert dev_out.untyped_storage().nbytes() == cpu_out.untyped_storage().nbytes()
+        assert _texts(dev_w) == _texts(cpu_w)
+
+
+def test_a_too_small_out_of_a_queued_op_is_resized_with_cpus_warning():
+    a = torch.randn(3, 4)
+    cpu_out, dev_out = torch.empty(2), torch.empty(2, device=DEV)
+    with warnings.catch_warnings(record=True) as cpu_w:
+        warnings.simplefilter("always")
+        torch.mul(a, 2, out=cpu_out)
+    with warnings.catch_warnings(record=True) as dev_w:
+        warnings.simplefilter("always")
+        torch.mul(a.to(DEV), 2, out=dev_out)
+    torch.testing.assert_close(dev_out.cpu(), cpu_out)
+    assert _texts(dev_w) == _texts(cpu_w)
+
+
+def test_mode_with_out_arguments_matches_cpu():
+    x = torch.tensor([[1.0, 2.0, 2.0, 3.0], [4.0, 4.0, 1.0, 1.0]])
+    want = torch.mode(x, 1)
+    values, indices = torch.empty(0, device=DEV), torch.empty(0, dtype=torch.long, device=DEV)
+    torch.mode(x.to(DEV), 1, out=(values, indices))
+    assert torch.equal(values.cpu(), want.values) and torch.equal(indices.cpu(), want.indices)
+
+
+@pytest.mark.parametrize("loss", [F.mse_loss, F.smooth_l1_loss, F.l1_loss, F.huber_loss])
+def test_losses_warn_nothing_where_cpu_warns_nothing(loss):
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = loss(a.to(DEV), b.to(DEV))
+        torch.neuron.synchronize()
+    assert [str(w.message) for w in seen if "fell back to CPU" not in str(w.message)] == []
+    torch.testing.assert_close(got.cpu(), loss(a, b))
+
+
+def test_a_warning_of_a_queued_op_reaches_pythons_warnings_in_the_calling_thread():
+    """A C++ kernel's TORCH_WARN in queued work (here copy_'s, complex to real) was printed to stderr by c10;
+    it is a Python warning, recorded by warnings.catch_warnings, as CPU's is."""
+    r = run_python(
+        "import warnings, torch, nativelab\n"
+        "z = torch.ones(3, dtype=torch.complex64, device='neuron')\n"
+        "a = torch.zeros(3, device='neuron')\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    a.copy_(z * 2)\n"
+        "    torch.neuron.synchronize()\n"
+        "print([str(w.message).split(' (')[0] for w in seen])\n"
+        "print(a.cpu().tolist())\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2:] == ["['Casting complex values to real discards the imaginary part']",
+                                          "[2.0, 2.0, 2.0]"]
+    assert "Casting complex" not in r.stderr
+
+
+def test_a_warning_turned_into_an_error_raises_at_the_sync():
+    r = run_python(
+        "import warnings, torch, nativelab\n"
+        "z = torch.ones(3, dtype=torch.complex64, device='neuron')\n"
+        "a = torch.zeros(3, device='neuron')\n"
+        "warnings.simplefilter('error')\n"
+        "a.copy_(z)\n"
+        "try:\n"
+        "    torch.neuron.synchronize()\n"
+        "except UserWarning as e:\n"
+        "    print('raised', str(e).split(' (')[0])\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "raised Casting complex values to real discards the imaginary part"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8).to(DEV),
+    lambda: torch.quantize_per_tensor(torch.randn(3, device=DEV), 0.1, 0, torch.qint8),
+    lambda: torch.empty(3, device=DEV, dtype=torch.quint8),
+], ids=["to", "quantize_on_device", "empty"])
+def test_quantized_tensors_get_one_clear_error(make):
+    with pytest.raises(NotImplementedError, match=r"neuron: quantized tensors \(torch\.q.*int8\) are not supported"):
+        make()
