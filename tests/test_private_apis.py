@@ -29,6 +29,12 @@ def test_new_tensor_and_set_storage_redispatch():
     assert out.shape == (2, 3) and out.data_ptr() == st.data_ptr()
 
 
+def test_zero_tensor_key_is_visible():
+    assert _private.is_zero_tensor(torch._efficientzerotensor((2,))) and not _private.is_zero_tensor(torch.zeros(2))
+    z = torch._efficientzerotensor((2,), device="neuron")
+    assert _private.is_zero_tensor(z) and z.device.type == "neuron"
+
+
 def test_backend_registered_under_its_name():
     assert torch._C._get_privateuse1_backend_name() == "neuron"
     assert torch.neuron.default_generators[0].device == torch.device("neuron", 0)

@@ -19,8 +19,8 @@ import torch
 
 from .. import stand_ins
 from . import (
-    _private, autocast, config, conversion, dynamo_interface, guard, int32_targets, memory, module, ops, queue,
-    rnn_cells, runtime, runtime_ops, tracking,
+    _private, autocast, config, conversion, crash_report, dynamo_interface, guard, int32_targets, memory, module, ops,
+    queue, rnn_cells, runtime, runtime_ops, tracking,
 )
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
@@ -59,6 +59,7 @@ def register() -> bool:
     if current != "privateuseone":
         raise RuntimeError(f"PrivateUse1 is already taken by the '{current}' backend; nativelab cannot register")
     cfg = config.load()
+    crash_report.install(runtime.load())  # a crash from here on names the device work it happened in
     guard.init(cfg.num_cores)
     queue.sync_mode = cfg.sync
     runtime_ops.quiet = cfg.quiet

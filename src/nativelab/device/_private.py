@@ -46,6 +46,11 @@ def empty_on_index(index: int, dtype: torch.dtype) -> torch.Tensor:
     return torch._C._from_dlpack(cap)
 
 
+def is_zero_tensor(t: torch.Tensor) -> bool:
+    """Whether a tensor is one of PyTorch's zero tensors (the ZeroTensor key: sizes and a dtype, no memory)."""
+    return t._is_zerotensor()
+
+
 def new_tensor_like(template: torch.Tensor) -> torch.Tensor:
     """A fresh TensorImpl with the template's device and dtype (its storage is replaced right after)."""
     return _alias(_COMPOSITE_KEYS, template)

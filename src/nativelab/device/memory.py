@@ -192,6 +192,9 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     """
     hv = getattr(t, "_nl_hv", None)
     if hv is None or hv.data_ptr() != t.data_ptr() or hv.shape != t.shape or hv.stride() != t.stride():
+        if _private.is_zero_tensor(t):  # no memory: its zeros (ZeroTensors are read-only)
+            return zeros_view(t)
+        _rt.check_device_tensor(t, "")  # what the view assumes (layout, dtype, memory, bounds), or a clear error
         host = host_storage(t.untyped_storage())
         hv = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
         t._nl_hv = hv
@@ -201,6 +204,17 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
         if t.is_neg():
             hv = hv._neg_view()
     return hv
+
+
+def zeros_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor of zeros with a zero tensor's sizes and strides: what reading one gives."""
+    n = 0 if t.numel() == 0 else 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    return torch.zeros(n, dtype=t.dtype).as_strided(t.shape, t.stride())
+
+
+def zero_tensor(size, stride, dtype, index: int) -> torch.Tensor:
+    """A device zero tensor (the ZeroTensor key: no memory), as `_efficientzerotensor` makes them."""
+    return _rt.zero_tensor(list(size), list(stride), dtype, index)
 
 
 def from_host(result: torch.Tensor, index: int) -> torch.Tensor:

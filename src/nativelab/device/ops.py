@@ -19,7 +19,7 @@ from importlib import resources
 
 import torch
 
-from . import gemm_policy, guard, memory, observe, queue, rng, tracking
+from . import _private, gemm_policy, guard, memory, observe, queue, rng, tracking
 
 DEVICE = memory.DEVICE
 _Tensor = torch.Tensor
@@ -350,6 +350,10 @@ def _widen_indices(rec: OpRecord, hargs: list) -> None:
 
 
 def _view(rec: OpRecord, args: list, index: int):
+    if any(isinstance(a, _Tensor) and _private.is_zero_tensor(a) for a in args):  # a view of memory that is not there
+        out = _call(rec, [_to_meta(a) for a in args])  # (PyTorch's ZeroTensor key passes views through)
+        back = lambda r: memory.zero_tensor(r.shape, r.stride(), r.dtype, index)  # noqa: E731
+        return back(out) if isinstance(out, _Tensor) else type(out)(back(r) for r in out)
     hargs = [_to_host(a) for a in args]
     out = _call(rec, hargs)
     sources = [a for a in args if isinstance(a, _Tensor) and a.device.type == DEVICE]

@@ -41,6 +41,7 @@ void init(int cores, py::function drain, py::function idle, py::function record_
   register_guard();
   register_hooks();
   register_profiler_stubs();
+  register_zero_tensors();
 }
 
 at::Generator unwrap_generator(const py::handle& obj) {
@@ -151,5 +152,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     auto t = at::from_blob(reinterpret_cast<void*>(ptr), sizes, at::TensorOptions().dtype(scalar).device(kDevice));
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
   }, "a device tensor over memory the device holds (not owned: the caller keeps it alive), its core from the pointer");
+  m.def("zero_tensor", [](std::vector<int64_t> sizes, std::vector<int64_t> strides, py::handle dtype, int index) {
+    TORCH_CHECK(THPDtype_Check(dtype.ptr()), "zero_tensor: expected a torch.dtype");
+    auto t = zero_tensor(sizes, strides, reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type, check_device(index));
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+  }, "a zero tensor (the ZeroTensor key, no memory) of these sizes and strides on a core");
+  m.def("check_device_tensor", [](py::handle t, const std::string& what) {
+    TORCH_CHECK(THPVariable_Check(t.ptr()), "check_device_tensor: expected a tensor");
+    check_device_tensor(THPVariable_Unpack(t.ptr()), what);
+  }, "raise (naming `what`) unless a device tensor is what host views assume: strided, a supported dtype, "
+     "memory on the device, sizes and strides inside its storage");
+  m.def("install_crash_report", &install_crash_report,
+        "a fatal-signal handler naming the device work and op at the crash, chained before the current one");
   m.def("is_pinned", [](uintptr_t ptr) { return is_pinned(reinterpret_cast<const void*>(ptr)); });
 }

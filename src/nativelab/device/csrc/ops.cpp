@@ -36,18 +36,6 @@ c10::IValue toIValue(py::handle obj, const c10::TypePtr& type, std::optional<int
 
 namespace nativelab {
 
-// A CPU tensor over a device tensor's memory, keeping the device storage alive (queued work may outlive
-// every device tensor that refers to it), with its lazy conjugate/negative bits.
-at::Tensor host_view(const at::Tensor& t) {
-  auto h = at::detail::make_tensor<c10::TensorImpl>(mem_host_storage(t.storage()),
-                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  auto* impl = h.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) impl->_set_conj(true);
-  if (t.is_neg()) impl->_set_neg(true);
-  return h;
-}
-
 namespace {
 
 constexpr size_t kMaxPending = 256;  // as queue.py: a deep queue keeps many buffers alive
@@ -162,7 +150,7 @@ inline bool put_tensor(std::vector<int64_t>& key, const at::Tensor& t, int& inde
     return true;
   }
   const auto dev = t.device();
-  if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
+  if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || t._is_zerotensor()) return false;
   if (dev.type() == kDevice) {
     if (index < 0) index = dev.index();
     else if (index != dev.index()) return false;  // Python raises the device-mismatch error
@@ -227,18 +215,18 @@ bool build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int
 
 // What queued work reads: device tensors as host views; a CPU tensor copied now, as CUDA copies a CPU
 // operand at launch (the caller may write it before the queue runs), unless it is a wrapped Python number.
-c10::IValue to_host(const c10::IValue& v) {
+c10::IValue to_host(const c10::IValue& v, const std::string& what) {
   if (v.isTensor()) {
     const auto& t = v.toTensor();
     if (!t.defined()) return v;
-    if (t.device().type() == kDevice) return host_view(t);
+    if (t.device().type() == kDevice) return host_view(t, what);
     return t.unsafeGetTensorImpl()->is_wrapped_number() ? v : c10::IValue(t.clone());
   }
   if (v.isTensorList()) {
     auto l = v.toTensorList();
     c10::List<at::Tensor> out;
     out.reserve(l.size());
-    for (size_t j = 0; j < l.size(); ++j) out.push_back(to_host(l.get(j)).toTensor());
+    for (size_t j = 0; j < l.size(); ++j) out.push_back(to_host(l.get(j), what).toTensor());
     return out;
   }
   return v;
@@ -395,22 +383,22 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
   if (spec->kind == 'm') {
     q.op = op;
     q.stack.reserve(n);
-    for (size_t i = 0; i < n; ++i) q.stack.push_back(to_host(args[i]));
+    for (size_t i = 0; i < n; ++i) q.stack.push_back(to_host(args[i], e->name));
     for (int a : e->returns_alias) results.push_back(args[a]);
   } else {
     std::vector<at::Tensor> outs, houts;
     for (const auto& o : spec->outs) {
       outs.push_back(device_tensor(o, index));
-      houts.push_back(host_view(outs.back()));
+      houts.push_back(host_view(outs.back(), e->name));
     }
     if (e->out_op) {
       q.op = *e->out_op;
       q.stack.reserve(e->out_map.size());
-      for (int m : e->out_map) q.stack.push_back(m >= 0 ? to_host(args[m]) : c10::IValue(houts[-m - 1]));
+      for (int m : e->out_map) q.stack.push_back(m >= 0 ? to_host(args[m], e->name) : c10::IValue(houts[-m - 1]));
     } else {
       q.op = op;
       q.stack.reserve(n);
-      for (size_t i = 0; i < n; ++i) q.stack.push_back(to_host(args[i]));
+      for (size_t i = 0; i < n; ++i) q.stack.push_back(to_host(args[i], e->name));
       q.copy_into = std::move(houts);
     }
     if (spec->kind == 'l') {
@@ -432,6 +420,7 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
 
 void device_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
   OpEntry* e = entry_for(op);
+  DispatchNote note(e->name.c_str());  // what a crash report names
   if (e->route != Route::kPython && g_fast.load(std::memory_order_relaxed) && run_fast(e, op, stack)) return;
   run_python(e, op, stack);
 }
@@ -528,6 +517,16 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   auto* a = stack->data() + stack->size() - 3;
   const auto& dst = a[0].toTensor();
   const auto& src = a[1].toTensor();
+  // A zero tensor has no memory: it cannot be written, and copying one writes zeros (CPU's and CUDA's copy_)
+  TORCH_CHECK(!dst._is_zerotensor(), "ZeroTensors are immutable. Please materialize the tensor using `.clone()`, "
+              "if you want a mutable zero tensor.");
+  if (src._is_zerotensor()) {
+    auto result = a[0];
+    torch::jit::drop(*stack, 3);
+    result.toTensor().zero_();
+    stack->push_back(std::move(result));
+    return;
+  }
   const bool dst_dev = dst.device().type() == kDevice;
   const bool src_dev = src.device().type() == kDevice;
   if (!g_fast.load(std::memory_order_relaxed) || !dst_dev || !plain_tensor(dst) || !plain_tensor(src) ||
@@ -535,7 +534,7 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
     return python_runtime("copy_", op, stack);
   }
   if (!src_dev && queue_size() == 0) {  // nothing queued may still read dst: copy now
-    trace_run(WorkKind::kCopy, kMemcpyH2D, dst.device().index(), [&] { host_view(dst).copy_(src); });
+    trace_run(WorkKind::kCopy, kMemcpyH2D, dst.device().index(), [&] { host_view(dst, kCopy).copy_(src); });
     count(kCopy);
     auto result = a[0];
     torch::jit::drop(*stack, 3);
@@ -547,7 +546,7 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   q.core = static_cast<int16_t>(dst.device().index());
   q.op = op;
   q.op_name = src_dev ? &kCopy : &kCopyH2D;
-  q.stack = {host_view(dst), src_dev ? c10::IValue(host_view(src)) : c10::IValue(src.clone()), false};
+  q.stack = {host_view(dst, kCopy), src_dev ? c10::IValue(host_view(src, kCopy)) : c10::IValue(src.clone()), false};
   count(kCopy);
   const size_t pending = launch(std::move(q));
   auto result = a[0];

@@ -61,6 +61,11 @@ void run_op(DeviceWork& w) {
 // Run one unit (GIL held): by itself, or through the observer (a nativelab.profile session), which runs it as
 // observer.run(kind, name, fn, args). Python work returns its result.
 py::object execute(DeviceWork& w, const py::object& observer) {
+  const char* name = nullptr;
+  if (w.fn == nullptr) name = w.op_name != nullptr ? w.op_name->c_str() : nullptr;
+  else if (PyUnicode_Check(w.name)) name = PyUnicode_AsUTF8(w.name);
+  if (name == nullptr) PyErr_Clear();  // a name that is not text: the report goes without it
+  RunningWorkNote note(w.kind, name, w.core);  // what a crash report names
   if (w.fn != nullptr) {
     auto fn = py::reinterpret_borrow<py::object>(w.fn);
     auto args = py::reinterpret_borrow<py::tuple>(w.args);
@@ -114,14 +119,14 @@ py::object python_exception(const std::exception& ex) {
 // An argument of Python work as the host runs it: device tensors as host views (the core of the first one is
 // where the work runs), other CPU tensors copied when `capture` (not Python numbers PyTorch wrapped: never
 // written), `device=neuron` as cpu, lists and tuples item by item. Anything else as it is.
-py::object host_arg(py::handle x, bool capture, int& core) {
+py::object host_arg(py::handle x, bool capture, int& core, const std::string& what) {
   PyObject* p = x.ptr();
   if (THPVariable_Check(p)) {
     const auto& t = THPVariable_Unpack(p);
     if (!t.defined()) return py::reinterpret_borrow<py::object>(x);
     if (t.device().type() == kDevice) {
       if (core < 0) core = t.device().index();
-      return py::reinterpret_steal<py::object>(THPVariable_Wrap(host_view(t)));
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(host_view(t, what)));
     }
     if (capture && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
       return py::reinterpret_steal<py::object>(THPVariable_Wrap(t.clone()));
@@ -136,7 +141,7 @@ py::object host_arg(py::handle x, bool capture, int& core) {
     items.reserve(n);
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* item = list ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
-      items.push_back(host_arg(item, capture, core));
+      items.push_back(host_arg(item, capture, core, what));
       changed |= items.back().ptr() != item;
     }
     if (!changed) return py::reinterpret_borrow<py::object>(x);
@@ -160,7 +165,7 @@ DeviceWork python_work(const std::string& kind, py::object name, py::object fn, 
   DeviceWork w;
   w.kind = kind_from(kind);
   int core = -1;
-  py::object hargs = host_arg(args, capture, core);
+  py::object hargs = host_arg(args, capture, core, py::str(name).cast<std::string>());
   w.core = static_cast<int16_t>(core >= 0 ? core : current_device());
   w.name = name.release().ptr();
   w.fn = fn.release().ptr();

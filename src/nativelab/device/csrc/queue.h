@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nativelab {
@@ -76,6 +77,31 @@ void set_fast(bool on);
 std::vector<std::string> install_runtime_kernels(const pybind11::dict& kernels);
 void set_noticed();
 pybind11::dict take_executed();
-at::Tensor host_view(const at::Tensor& t);  // a CPU tensor over a device tensor's memory (conj/neg bits kept)
+// host_views.cpp: a CPU tensor over a device tensor's memory (conj/neg bits kept; a zero tensor's zeros), after
+// checking what it assumes of the tensor (layout, dtype, storage, bounds): a c10::Error naming `what` (the op)
+at::Tensor host_view(const at::Tensor& t, std::string_view what = {});
+void check_device_tensor(const at::Tensor& t, std::string_view what = {});
+
+// crash_report.cpp: a fatal-signal handler (chained before faulthandler's) that names the device work running
+// and the op being dispatched; the notes below say what they are while they last (names kept alive meanwhile).
+void install_crash_report();
+class RunningWorkNote {
+ public:
+  RunningWorkNote(WorkKind kind, const char* name, int core) noexcept;
+  ~RunningWorkNote();
+ private:
+  const char* previous_;
+};
+class DispatchNote {
+ public:
+  explicit DispatchNote(const char* name) noexcept;
+  ~DispatchNote();
+ private:
+  const char* previous_;
+};
+
+// zero_tensor.cpp: the device's `_efficientzerotensor` (registered by init) and the zero tensors it makes
+void register_zero_tensors();
+at::Tensor zero_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype, int index);
 
 }  // namespace nativelab
