@@ -374,37 +374,16 @@ def test_compiled_kernel_on_device_and_cpu(device, tmp_path, monkeypatch):
     torch.testing.assert_close(got.cpu(), _bf16(a[:, :16]).float().T @ _bf16(b).float(), rtol=1e-5, atol=1e-4)
 
 
-@nki.jit
-def _rmsnorm_kernel(x, w, eps):
-    """Rows of x (tokens) on partitions, 128 at a time; the hidden size along the free dimension."""
-    n, d = x.shape
-    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    wt = nl.load(w.reshape((1, d)).broadcast_to((128, d)))
-    for i in nl.affine_range((n + 127) // 128):
-        rows = min(128, n - i * 128)
-        t = nl.load(x[i * 128:i * 128 + rows, :])
-        sq = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.sbuf)
-        ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sq, op=nl.square, data=t, reduce_op=nl.add, reduce_res=ss)
-        r = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=r, data=ss, op0=nl.multiply, operand0=1.0 / d, op1=nl.add, operand1=eps)
-        nisa.activation(dst=r, op=nl.rsqrt, data=r)
-        y = nl.ndarray((rows, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=y, data=t, op0=nl.multiply, operand0=r)
-        nisa.tensor_tensor(dst=y, data1=y, data2=wt[0:rows, :], op=nl.multiply)
-        nl.store(out[i * 128:i * 128 + rows, :], y)
-    return out
-
-
 @pytest.mark.slow
 def test_nki_op_eager_and_compiled(tmp_path, monkeypatch):
     """An NKI kernel behind wrap_nki + @nki_op: eager on the device, and inside torch.compile(backend="neuron")."""
     from nativelab.kernels import nki_op, wrap_nki
+    from nativelab.kernels.nki import rmsnorm_kernel
     from nativelab.kernels.ops import reference_rmsnorm
 
     monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
-    kernel = wrap_nki(_rmsnorm_kernel)
-    assert kernel is _rmsnorm_kernel
+    kernel = wrap_nki(rmsnorm_kernel)
+    assert kernel is rmsnorm_kernel
 
     @nki_op("nki_test::rmsnorm", mutates_args=())
     def rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,9 @@ class _Signature:
         self.tensors = [self.values[i] for i in self.tensor_pos]
         statics = tuple((n, repr(v)) for i, (n, v) in enumerate(zip(self.names, self.values))
                         if i not in self.tensor_pos)
-        self.key = (tuple(grid), tuple((tuple(t.shape), t.dtype) for t in self.tensors), statics)
+        # int(): under torch.compile with dynamic shapes, specialise (a kernel is traced per concrete shape)
+        self.shapes = [tuple(int(d) for d in t.shape) for t in self.tensors]
+        self.key = (tuple(grid), tuple(zip(self.shapes, (t.dtype for t in self.tensors))), statics)
 
     def call(self, fn, hbm_inputs):
         """fn(*arguments) with the tensor arguments replaced by `hbm_inputs`."""
@@ -215,7 +217,7 @@ class JitKernel:
 
     def _trace(self, sig: _Signature) -> _Traced:
         """Pass 1, on meta tensors: check the kernel against the hardware's limits, learn its outputs."""
-        metas = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in sig.tensors]
+        metas = [torch.empty(s, dtype=t.dtype, device="meta") for s, t in zip(sig.shapes, sig.tensors)]
         tr = trace.Trace(self.name, self.grid, device="meta")
         result, inputs = _run(self.fn, sig, metas, tr)
         spec = _result_spec(result, tr, inputs)
