@@ -219,6 +219,14 @@ def test_compile_dynamic_flagged_with_shapes_and_buckets(tmp_path):
     assert shapes["details"]["padding_waste"] == pytest.approx(propose_buckets([17, 60, 130, 250, 400, 512])[1])
 
 
+@pytest.mark.slow
+def test_default_backend_on_the_device_says_trainium_needs_backend_neuron(tmp_path):
+    name = "compile_default.py"
+    code, r = _check(tmp_path, _script(name))
+    found = _find(r, "compile-option", _line(name, "model = torch.compile(model)"), option="backend")
+    assert found["severity"] == "error" and "backend='neuron'" in found["fix"]
+
+
 def test_recompile_points_at_the_call(tmp_path):
     name = "recompile.py"
     code, r = _check(tmp_path, "--fail-on", "recompile", _script(name))

@@ -423,3 +423,48 @@ def test_compiled_checkpoint_replays_the_forwards_dropout_in_backward():
     assert 0.3 < kept.float().mean() < 0.7
     torch.testing.assert_close(x.grad.cpu(), kept.float() * 6.0)
     torch._dynamo.reset()
+
+
+def test_default_backend_on_device_tensors_compiles_through_the_neuron_backend(monkeypatch):
+    # torch.compile(m) with no backend asked Inductor for code on `neuron` and crashed (`assert scheduling_ctor`)
+    from nativelab.compiler import default_backend
+
+    monkeypatch.setattr(default_backend, "_warned", False)
+    m, x = nn.LayerNorm(8), torch.randn(2, 8)
+    want = m(x)
+    m.to("neuron")
+    with pytest.warns(UserWarning, match="On Trainium, pass torch.compile\\(model, backend='neuron'\\)") as rec:
+        got = torch.compile(m)(x.to("neuron"))
+    ours = [w for w in rec if "On Trainium" in str(w.message)]
+    assert got.device.type == "neuron" and [w.filename for w in ours] == [__file__]  # it names the user's line
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert compiler.stats()["default_backend_graphs"] == 1 and compiler.stats()["partitions"] >= 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        torch.compile(lambda t: t.exp())(x.to("neuron"))
+
+
+def test_default_backend_on_cpu_tensors_is_inductor_unchanged():
+    got = torch.compile(lambda t: (t * 3).sin())(torch.ones(4))
+    torch.testing.assert_close(got, torch.ones(4).mul(3).sin())
+    assert compiler.stats()["graphs"] == 0 and compiler.stats()["default_backend_graphs"] == 0
+
+
+@pytest.mark.parametrize("backend", [None, "neuron"])
+def test_compile_under_set_default_device(backend):
+    # A graph with no inputs at all makes its tensors on the default device: the device's graph runtime must
+    # still allocate its host memory on the CPU.
+    def f(x):
+        return torch.ones(3) * 2 + torch.arange(3) + x.sum()
+
+    compiled = torch.compile(f) if backend is None else torch.compile(f, backend=backend)
+    torch.set_default_device("neuron")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the default backend's one-time advice
+            got, made = compiled(torch.ones(2)), torch.compile(lambda: torch.full((2,), 5.0), backend=backend or "inductor")()
+    finally:
+        torch.set_default_device(None)
+    assert got.device.type == "neuron" and made.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), torch.tensor([4.0, 5.0, 6.0]))
+    torch.testing.assert_close(made.cpu(), torch.full((2,), 5.0))

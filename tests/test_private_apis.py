@@ -150,6 +150,35 @@ def test_compiler_dynamo_and_fake_tensor_apis():
     assert cc_private.STANDALONE_COMPILE_LOGGER in logging.Logger.manager.loggerDict
 
 
+def test_default_backend_reaches_inductor_through_compile_fx():
+    """compiler/_private.py's route_default_backend: torch.compile(model) and backend="inductor" call the module
+    attribute torch._inductor.compile_fx.compile_fx at compile time, with only DEFAULT_BACKEND_KWARGS, and our
+    wrapper is the one installed there (the device installs it when it registers)."""
+    import importlib
+
+    from nativelab.compiler import _private as cc_private
+    from nativelab.compiler import default_backend
+
+    mod = importlib.import_module(cc_private.INDUCTOR_ENTRY)
+    assert mod.compile_fx.nativelab_route is default_backend.route
+    installed, calls = mod.compile_fx, []
+
+    def recorder(gm, example_inputs, *args, **kwargs):
+        calls.append((args, set(kwargs)))
+        return gm.forward
+
+    try:
+        mod.compile_fx = recorder
+        for backend in ("inductor", None):
+            torch._dynamo.reset()
+            f = torch.compile(lambda x: x * 2) if backend is None else torch.compile(lambda x: x * 2, backend=backend)
+            assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+    finally:
+        mod.compile_fx = installed
+        torch._dynamo.reset()
+    assert len(calls) == 2 and all(not a and k <= cc_private.DEFAULT_BACKEND_KWARGS for a, k in calls), calls
+
+
 def test_swap_of_a_parameter_held_by_autograd():
     """device/_private.py's swap_tensors_held_by_autograd: `Module._apply` still swaps through
     `torch.utils.swap_tensors` (the name conversion.py replaces while it converts), which still refuses a

@@ -217,7 +217,7 @@ class _TinyGPT2(nn.Module):
 
 def _gpt2_run(device, p=0.1, steps=3, backend=None):
     """Losses, per-step gradients and the AdamW-updated weights of the tiny GPT-2 (same seeds on any device),
-    the model run through torch.compile(backend=backend) if one is given."""
+    the model run through torch.compile(backend=backend) if one is given ("default": `torch.compile(model)`)."""
     torch.manual_seed(0)
     model = _TinyGPT2(p=p)
     gen = torch.Generator().manual_seed(1)
@@ -225,7 +225,8 @@ def _gpt2_run(device, p=0.1, steps=3, backend=None):
     model.to(device).train()
     assert model.lm_head.weight is model.wte.weight and "lm_head.weight" in model.state_dict()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    step = model if backend is None else torch.compile(model, backend=backend)
+    step = model if backend is None else torch.compile(model) if backend == "default" else torch.compile(
+        model, backend=backend)
     torch.manual_seed(2)  # the dropout masks: the CPU's generator on CPU, the device's on the device
     losses, grads = [], []
     for batch in data.to(device):
@@ -312,4 +313,26 @@ def test_gpt2_style_training_compiled_for_the_device_matches_cpu(monkeypatch):
             got = _gpt2_run("neuron", backend="neuron")
     finally:
         torch._dynamo.reset()
+    _assert_same_run(got, _gpt2_run("cpu"))
+
+
+@pytest.mark.slow
+def test_gpt2_style_training_compiled_with_the_default_backend_matches_cpu(monkeypatch):
+    # nanoGPT's `model = torch.compile(model)`: no backend, so Inductor, which generates no code for the device
+    # (it asserted `scheduling_ctor`); the device's graphs go to the neuron backend with a warning saying so.
+    import torch._inductor.config
+
+    from nativelab import compiler
+    from nativelab.compiler import default_backend
+
+    torch._dynamo.reset()
+    _pin_device_team(monkeypatch, torch.get_num_threads())
+    monkeypatch.setattr(default_backend, "_warned", False)
+    before = compiler.stats()["default_backend_graphs"]
+    try:
+        with torch._inductor.config.patch(fallback_random=True), pytest.warns(UserWarning, match="backend='neuron'"):
+            got = _gpt2_run("neuron", backend="default")
+    finally:
+        torch._dynamo.reset()
+    assert compiler.stats()["default_backend_graphs"] - before == 1  # Dynamo's one graph (AOTAutograd splits it)
     _assert_same_run(got, _gpt2_run("cpu"))

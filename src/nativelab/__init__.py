@@ -19,9 +19,10 @@ __all__ = ["device", "get_fallback_ops", "get_executed_ops", "get_op_counts", "c
 def _register_device() -> None:
     try:
         if device.register():
-            from . import distributed
+            from . import compiler, distributed
 
             distributed.register()
+            compiler.route_default_backend()
     except ValueError:
         raise  # a bad setting (NEURON_RT_NUM_CORES=four, ...): the user's to fix, not a reason to go on
     except Exception as e:  # noqa: BLE001 - PyTorch's private APIs differ: it only costs the emulated device

@@ -150,9 +150,15 @@ def compilation(watch: Watch, hw: Trainium2) -> list[F.Finding]:
                              f"(one static graph each)", s, line, len(shapes), fix, None, 0.0, code, details))
     # torch.compile options the real backend rejects or ignores
     for call in watch.compile_calls:
+        s, line, code = _site(call["site"])
+        if call["backend"] == "inductor" and watch.compiled_shapes and _default_backend_reached_device():
+            out.append(F.Finding(
+                "compile-option", "error", "torch.compile() with the default backend (Inductor) on the device: "
+                "Trainium needs backend='neuron'", s, line, 1, "torch.compile(model, backend='neuron'): Inductor "
+                "generates no code for Neuron devices (nativelab compiled these graphs with its neuron backend)",
+                None, 0.0, code, {"option": "backend"}))
         if call["backend"] not in ("neuron",):
             continue
-        s, line, code = _site(call["site"])
         if call["dynamic"]:
             out.append(F.Finding(
                 "compile-option", "warning", "torch.compile(dynamic=True): the real neuron backend rejects it", s, line,
@@ -165,6 +171,12 @@ def compilation(watch: Watch, hw: Trainium2) -> list[F.Finding]:
                 "neuron backend", s, line, 1, "drop mode=: 'Only default applies. Other modes log a warning and fall "
                 "back to default' (" + _cite("torch_compile") + ")", None, 0.0, code, {"option": "mode"}))
     return out
+
+
+def _default_backend_reached_device() -> bool:
+    from ..compiler import stats
+
+    return stats()["default_backend_graphs"] > 0
 
 
 def _cite(key: str) -> str:

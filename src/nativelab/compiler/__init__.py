@@ -11,7 +11,15 @@ from ..device.config import DEVICE_NAME
 from .cache import cache_dir
 from .metrics import reset_stats, stats
 
-__all__ = ["stats", "reset_stats", "cache_dir", "register"]
+__all__ = ["stats", "reset_stats", "cache_dir", "register", "route_default_backend"]
+
+
+def route_default_backend() -> None:
+    """`torch.compile(model)` (Inductor) on `neuron` tensors compiles through this backend (default_backend.py).
+    Called when the emulated device registers."""
+    from . import default_backend
+
+    default_backend.install()
 
 
 def register() -> bool:

@@ -14,7 +14,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 __all__ = ["OpOverload", "aot_autograd", "make_boxed_func", "dynamo_backend_known", "register_dynamo_backend",
            "recompute_meta", "op_base_name", "standalone_compile", "load_artifact", "STANDALONE_COMPILE_LOGGER",
            "split_bf16_tile_transposes", "install_cpp_source_filter", "inductor_cache_tag", "rng_state_hops",
-           "inductor_fallback_random", "functionalized_call", "python_modes_active", "no_python_modes"]
+           "inductor_fallback_random", "functionalized_call", "python_modes_active", "no_python_modes",
+           "route_default_backend", "INDUCTOR_ENTRY", "DEFAULT_BACKEND_KWARGS"]
 
 # -- Dynamo and AOTAutograd: how the backend receives graphs ------------------------------------------------
 
@@ -137,6 +138,38 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs, freezing: bool)
     with torch.compiler.config.patch(cache_key_tag=inductor_cache_tag()):
         return compile_graph(gm, example_inputs, dynamic_shapes="from_example_inputs",
                              options={"config_patches": {"freezing": freezing, "cpp.dynamic_threads": True}})
+
+
+INDUCTOR_ENTRY = "torch._inductor.compile_fx"  # the module whose `compile_fx` the default backend calls
+DEFAULT_BACKEND_KWARGS = {"config_patches", "compile_region_name"}  # what torch.compile's default passes it
+
+
+def route_default_backend(route, after_import) -> None:
+    """Let `route(gm, example_inputs, config_patches)` answer first for torch.compile's default backend.
+
+    `torch.compile(model)` (and backend="inductor") reach Inductor through the module attribute
+    `torch._inductor.compile_fx.compile_fx`, looked up at each compile; this wraps it once that module is
+    imported (`after_import`, since importing Inductor costs seconds). A callable `route` returns is the
+    compiled graph; None lets Inductor compile as usual. Only the top-level call is asked: Inductor's own
+    recursive calls (they pass `inner_compile=`, `decompositions=`) and `standalone_compile`'s go straight
+    through."""
+
+    def wrap(mod) -> None:
+        real = mod.compile_fx
+        if getattr(real, "nativelab_route", None) is not None:
+            return
+
+        def compile_fx(model_, example_inputs_, *args, **kwargs):
+            if not args and set(kwargs) <= DEFAULT_BACKEND_KWARGS:
+                compiled = route(model_, example_inputs_, kwargs.get("config_patches"))
+                if compiled is not None:
+                    return compiled
+            return real(model_, example_inputs_, *args, **kwargs)
+
+        compile_fx.__wrapped__, compile_fx.__doc__, compile_fx.nativelab_route = real, real.__doc__, route
+        mod.compile_fx = compile_fx
+
+    after_import(INDUCTOR_ENTRY, wrap)
 
 
 def inductor_cache_tag() -> str:

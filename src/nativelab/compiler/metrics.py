@@ -18,6 +18,7 @@ class CompileStats:
     cache_misses: int = 0
     cache_corrupt: int = 0  # entries found damaged, removed and recompiled
     compile_seconds: float = 0.0  # time spent producing executables (compiling or loading from cache)
+    default_backend_graphs: int = 0  # device graphs torch.compile's default backend handed over (default_backend.py)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -159,7 +159,7 @@ def _nbytes_for(size, stride, itemsize: int) -> int:
 
 def empty_strided(size, stride, dtype, index: int) -> torch.Tensor:
     try:
-        host = torch.empty_strided(size, stride, dtype=dtype)
+        host = torch.empty_strided(size, stride, dtype=dtype, device="cpu")  # not torch.set_default_device's
     except RuntimeError:  # the host itself could not provide it: report it against the core's capacity
         _check_capacity(index, _nbytes_for(size, stride, dtype.itemsize))
         raise
@@ -196,7 +196,7 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
             return zeros_view(t)
         _rt.check_device_tensor(t, "")  # what the view assumes (layout, dtype, memory, bounds), or a clear error
         host = host_storage(t.untyped_storage())
-        hv = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
+        hv = torch.empty(0, dtype=t.dtype, device="cpu").set_(host, t.storage_offset(), t.size(), t.stride())
         t._nl_hv = hv
     if t.dtype.is_complex:
         if t.is_conj():

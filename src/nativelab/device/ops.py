@@ -919,3 +919,9 @@ def device_index(args) -> int:
 def is_immediate(t: torch.Tensor) -> bool:
     """A 0-d CPU constant the device made for a Python scalar (`t * 2`): an immediate, not memory traffic."""
     return any(t is v for v in _scalars.values())
+
+
+def after_import(name: str, fn) -> None:
+    """Call fn(module) once the module `name` is imported (now, if it already is), without importing it: how a
+    layer above sets up a part of PyTorch that costs seconds to import (the compiler, Inductor's entry)."""
+    _private.after_import(name, fn)
