@@ -348,6 +348,17 @@ def test_check_reads_dynamo_compilation_metrics():
     assert isinstance(torch.ops.aten.mm.default, check_private.OpOverload)
     assert check_private.op_base_name(torch.ops.aten.mm.default) == "aten::mm"
     assert check_private.is_mutating(torch.ops.aten.add_.Tensor) and not check_private.is_mutating(torch.ops.aten.add.Tensor)
+    # Scalar arguments are values; int arguments (ignore_index=-100, reduction, dims) are not
+    assert check_private.scalar_args(torch.ops.aten.add.Scalar) == (frozenset({0, 1, 2}),
+                                                                     frozenset({"self", "other", "alpha"}))
+    assert check_private.scalar_args(torch.ops.aten.nll_loss_forward.default)[0] == {0, 1, 2}  # not 3, 4 (ints)
+    assert check_private.scalar_args(torch.ops.aten.clamp.default)[1] == {"self", "min", "max"}
+    calls = []
+    real = getattr(torch.nn.Module, check_private.MODULE_APPLY)
+    m = torch.nn.Linear(2, 2)
+    setattr(m, check_private.MODULE_APPLY, lambda fn, *a, **k: calls.append(fn) or real(m, fn, *a, **k))
+    m.double()
+    assert calls and m.weight.dtype is torch.float64
 
 
 def test_dlpack_device_patch_and_torch_naming_bug():

@@ -26,8 +26,11 @@ class Check:
     """
 
     def __init__(self, name: str = "check", hardware: Trainium2 | None = None, tokens: bool = False,
-                 bf16_drift: bool = False):
+                 bf16_drift: bool = False, files=None):
         self.name = name
+        self.files = list(files or ())  # the program's source files: what chose the CPU, if nothing reached neuron
+        self.error: BaseException | None = None  # how the program ended: an exception, a non-zero exit status
+        self.exit_status = 0
         self.bf16_drift = bf16_drift
         self.hardware = hardware or Trainium2()
         self.tokens = tokens
@@ -55,6 +58,8 @@ class Check:
         return self
 
     def __exit__(self, *exc) -> None:
+        if isinstance(exc[1], Exception):
+            self.error = exc[1]
         try:
             self._stack.close()
         finally:
@@ -63,14 +68,20 @@ class Check:
     def step(self) -> None:
         self.watch.step("marked")
 
+    def ended(self, error: BaseException | None = None, exit_status: int = 0) -> None:
+        """How the checked program ended, for the report (`with Check()` records an exception by itself)."""
+        self.error, self.exit_status = error, exit_status
+
     def report(self, reference: dict | None = None) -> Report:
         w = self.watch
         if w is None:
             raise RuntimeError("Check.report(): the check has not run (use it as `with Check() as c:`)")
         hw = self.hardware
         per = w.steps or None
+        est = estimate(w, hw, per)
+        found = collect.all_findings(w, hw, est, self.files, self.error, self.exit_status)
         return Report(
-            name=self.name, findings=collect.all_findings(w, hw), estimate=estimate(w, hw, per), steps=w.steps,
+            name=self.name, findings=found, estimate=est, steps=w.steps,
             step_kind=w.step_kind, wall_seconds=w.wall_seconds, compile_seconds=w.compile_seconds(),
             fallback_ops=w.fallback_ops(), reference=reference, memory=collect.memory_summary(w, hw),
             notes=[f"int64 values of a compiled graph not read ({e})" for e in w.probe_errors],

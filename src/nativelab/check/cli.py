@@ -91,6 +91,23 @@ def parse_args(argv):
     return args
 
 
+MAX_FILES = 50
+
+
+def program_files(target: list[str]) -> list[str]:
+    """The program's own source files: the script (or -m module) and the .py files beside it."""
+    from ..profile.running import program_root
+
+    path, root = program_root(target)
+    files = [path] if path else []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return files
+    files += [os.path.join(root, n) for n in names if n.endswith(".py") and os.path.join(root, n) != path]
+    return files[:MAX_FILES]
+
+
 def _reference(target: list[str]) -> dict | None:
     """The guide's measured tok/s for a checked Lab 2 tier (`-- run --model X --compile [--greedy]`)."""
     if target[0] != "run" or "--compile" not in target:
@@ -117,7 +134,7 @@ def main(argv=None, commands: dict | None = None) -> int:
               f"nativelab check -- {' '.join(target)}", file=sys.stderr)
         return 2
     check = Check(" ".join(target), hardware=args.hardware, tokens=is_command and target[0] == "run",
-                  bf16_drift=args.bf16_drift)
+                  bf16_drift=args.bf16_drift, files=None if is_command else program_files(target))
     code, error = 0, None
     with check, device_from(args.device_from):
         try:
@@ -129,6 +146,8 @@ def main(argv=None, commands: dict | None = None) -> int:
             error = e
             traceback.print_exc()
             code = 1
+    code = code if isinstance(code, int) else 1
+    check.ended(error, code)
     report = check.report(reference=_reference(target))
     if not args.quiet:
         report.print()
@@ -139,10 +158,14 @@ def main(argv=None, commands: dict | None = None) -> int:
     if error is not None:
         print(f"nativelab check: the program failed ({type(error).__name__}: {error}); findings above are up to "
               f"that point", file=sys.stderr)
+    if code == 0 and any(f.kind == "no-device" for f in report.findings):
+        print("nativelab check: nothing ran on the neuron device, so nothing was checked (see the no-device "
+              "finding)", file=sys.stderr)
+        code = 1
     failing = report.failing(args.fail_on) if args.fail_on else []
     if failing:
         print(f"nativelab check: {len(failing)} finding(s) fail --fail-on {','.join(args.fail_on)}:", file=sys.stderr)
         for f in failing:
             print(f"  {f.severity}: {f.site or '-'}: {f.title} (x{f.count})", file=sys.stderr)
         return 1
-    return code if isinstance(code, int) else 1
+    return code

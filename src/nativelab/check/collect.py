@@ -7,15 +7,30 @@ import re
 from . import findings as F
 from .drift import LIMIT
 from .hardware import Trainium2
-from .source import Site, _is_internal_path
+from .source import Site, _is_internal_path, short_path
 from .watch import FP32_EXACT, INT32_MAX, Watch
 
 GiB = 1 << 30
 MEMORY_WARN = 0.8  # a peak above this share of a core's usable memory is a finding
 
 
-def _per(watch: Watch, n: int) -> float | None:
+def _per(watch: Watch, n: int, ev=None) -> float | None:
+    """Per step; None without steps, or for one-time work (`ev` happened within one step of several)."""
+    if ev is not None and watch.one_time(ev):
+        return None
     return n / watch.steps if watch.steps else None
+
+
+def _once(watch: Watch, ev) -> str:
+    return f" (in {ev.steps_seen} of {watch.steps} steps, not every step)"
+
+
+def _cause(op: str) -> str:
+    """The forward op a fallback belongs to: `aten::mse_loss_backward.grad_input` -> `aten::mse_loss`,
+    `aten::convolution_backward_overrideable` -> `aten::convolution_overrideable`."""
+    base = op.split(".", 1)[0]
+    base = base.replace("_backward_overrideable", "_overrideable")
+    return base[: -len("_backward")] if base.endswith("_backward") else base
 
 
 def _site(site: Site | None) -> tuple[str | None, int | None, str]:
@@ -23,17 +38,39 @@ def _site(site: Site | None) -> tuple[str | None, int | None, str]:
 
 
 def fallbacks(watch: Watch, hw: Trainium2) -> list[F.Finding]:
-    out = []
+    """One finding per fallback op and line; its backward (which runs at `loss.backward()`, where the stack shows
+    no forward line) joins the forward's finding with the most calls: one cause, one fix."""
+    forward: dict = {}
+    backward: dict = {}
     for (op, site), ev in watch.fallback_sites.items():
+        cause = _cause(op)
+        (forward if op.split(".", 1)[0] == cause else backward).setdefault(cause, []).append((op, site, ev))
+    groups = [(cause, op, site, [(op, site, ev)]) for cause, evs in forward.items() for op, site, ev in evs]
+    for cause, evs in backward.items():
+        mine = [g for g in groups if g[0] == cause]
+        if mine:
+            max(mine, key=lambda g: g[3][0][2].count)[3].extend(evs)
+        else:
+            groups.extend((cause, op, site, [(op, site, ev)]) for op, site, ev in evs)
+    out = []
+    for cause, op, site, evs in groups:
         s, line, code = _site(site)
-        moved = ev.to_host + ev.to_device
-        cost = ev.count * hw.host_round_trip_s + moved / hw.host_link_bytes_per_s
+        ev = evs[0][2]
+        to_host, to_device = sum(e.to_host for *_, e in evs), sum(e.to_device for *_, e in evs)
+        calls = sum(e.count for *_, e in evs)
+        seconds = sum(e.seconds for *_, e in evs)
+        cost = calls * hw.host_round_trip_s + (to_host + to_device) / hw.host_link_bytes_per_s
+        once = watch.one_time(ev)
+        also = [{"op": o, "site": str(st) if st else None, "count": e.count} for o, st, e in evs[1:]]
+        title = f"{op} falls back to the CPU" + (f" (and {', '.join(sorted({a['op'] for a in also}))})"
+                                                  if also else "") + (_once(watch, ev) if once else "")
         out.append(F.Finding(
-            "fallback", "error" if (watch.steps and ev.count >= watch.steps) else "warning",
-            f"{op} falls back to the CPU", s, line, ev.count, F.fallback_fix(op), _per(watch, ev.count), cost, code,
-            {"op": op, "bytes_to_host": ev.to_host, "bytes_to_device": ev.to_device,
-             "emulator_seconds": ev.seconds,
-             "emulator_share": ev.seconds / watch.wall_seconds if watch.wall_seconds else None}))
+            "fallback", "error" if (watch.steps and ev.count >= watch.steps and not once) else "warning",
+            title, s, line, ev.count, F.fallback_fix(op), _per(watch, ev.count, ev), cost, code,
+            {"op": op, "cause": cause, "bytes_to_host": to_host, "bytes_to_device": to_device,
+             "emulator_seconds": seconds,
+             "emulator_share": seconds / watch.wall_seconds if watch.wall_seconds else None, "also": also,
+             "one_time": once, "steps_with": ev.steps_seen}))
     return out
 
 
@@ -46,28 +83,47 @@ def syncs(watch: Watch, hw: Trainium2) -> list[F.Finding]:
     out = []
     for (kind, site), ev in watch.sync_sites.items():
         s, line, code = _site(site)
-        if kind.startswith("shape:"):
+        once = watch.one_time(ev)
+        if kind.startswith("save:"):
+            title, fix, key = f"{kind[5:]} copies device tensors to the host ({ev.count} copies, " \
+                f"{_size(ev.to_host)})", F.SYNC_FIXES["save"], "save"
+        elif kind.startswith("optimizer:"):
+            name = kind.split(":", 1)[1]
+            title, fix, key = f"{name} reads device values on the host inside the optimizer, not at this line " \
+                f"({ev.count} reads)", F.optimizer_sync_fix(name), "optimizer"
+        elif kind.startswith("shape:"):
             op = kind.split(":", 1)[1]
             title, fix, key = f"{op} has a data-dependent output shape (the host waits for the device)", \
                 F.SYNC_FIXES["shape"], "shape"
         else:
             title, fix, key = _SYNC_TITLES.get(kind, kind), F.SYNC_FIXES.get(kind, F.SYNC_FIXES["copy"]), kind
         cost = ev.count * hw.host_round_trip_s + ev.to_host / hw.host_link_bytes_per_s
-        out.append(F.Finding("sync", "warning", title, s, line, ev.count, fix, _per(watch, ev.count), cost, code,
-                             {"sync": key, "bytes_to_host": ev.to_host}))
+        out.append(F.Finding("sync", "info" if once else "warning", title + (_once(watch, ev) if once else ""), s, line,
+                             ev.count, fix, _per(watch, ev.count, ev), cost, code,
+                             {"sync": key, "bytes_to_host": ev.to_host, "one_time": once, "steps_with": ev.steps_seen,
+                              **({"library": kind.split(":", 1)[1]} if key in ("save", "optimizer") else {})}))
     return out
 
 
 def dtypes(watch: Watch, hw: Trainium2) -> list[F.Finding]:
     out = []
+    by_site: dict = {}  # one finding per line: the ops there share the cause (the int64 tensors they read)
     for (op, site), ev in watch.cast_sites.items():
+        if ev.count:
+            by_site.setdefault(site, []).append((op, ev))
+    for site, evs in by_site.items():
         s, line, code = _site(site)
-        over = ev.max_value > INT32_MAX
+        evs.sort(key=lambda x: -x[1].max_value)
+        top = evs[0][1].max_value
+        over = top > INT32_MAX
+        count = sum(ev.count for _, ev in evs)
+        ops = [op for op, _ in evs]
         out.append(F.Finding(
             "int64-overflow" if over else "int64-cast", "error" if over else "info",
-            f"{op}: int64 input cast to int32, largest |value| {ev.max_value:,} "
-            f"{'>' if over else '<='} 2^31-1", s, line, ev.count, F.INT64_FIX, _per(watch, ev.count), 0.0, code,
-            {"op": op, "max_abs": ev.max_value, "limit": INT32_MAX}))
+            f"{', '.join(ops)}: int64 input cast to int32, largest |value| {top:,} "
+            f"{'>' if over else '<='} 2^31-1", s, line, count, F.INT64_FIX, _per(watch, count), 0.0, code,
+            {"op": ops[0], "ops": {op: {"count": ev.count, "max_abs": ev.max_value} for op, ev in evs},
+             "max_abs": top, "limit": INT32_MAX}))
     for (op, site), ev in watch.graph_int64_sites.items():
         s, line, code = _site(site)
         over = ev.max_value > INT32_MAX
@@ -85,11 +141,56 @@ def dtypes(watch: Watch, hw: Trainium2) -> list[F.Finding]:
             f"{op} on {'/'.join(sorted(ev.dtypes))}: computed in fp32 on the device, largest |value| "
             f"{ev.max_value:,} {'>' if over else '<='} 2^24", s, line, ev.count, F.INT_FP32_FIX,
             _per(watch, ev.count), 0.0, code, {"op": op, "max_abs": ev.max_value, "limit": FP32_EXACT}))
+    out.extend(float64(watch))
+    return out
+
+
+def float64(watch: Watch) -> list[F.Finding]:
+    """One finding per cause: ops that compute on float64 tensors made at the same lines (an op reading tensors
+    of several such lines joins them: a float64 model fed float64 data is one cause), at the line whose tensors
+    the most ops read (a `model.double()`), with every line that made float64 tensors and every op in the
+    details. A line is where the check saw float64 values made: a model's conversion, an op making float64 from
+    none (a dtype=, a copy), or the first op that read a float64 tensor made where it could not see."""
+    parent: dict = {}
+
+    def root(x):
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for ev in watch.wide_sites.values():
+        made = list(ev.where)
+        for m in made[1:]:
+            parent[root(m)] = root(made[0])
+    groups: dict = {}
     for (op, site), ev in watch.wide_sites.items():
-        s, line, code = _site(site)
-        out.append(F.Finding("float64", "warning", f"{op} on {'/'.join(sorted(ev.dtypes))}: computed as float32 "
-                             f"(complex is not supported)", s, line, ev.count, F.FLOAT64_FIX, _per(watch, ev.count),
-                             0.0, code, {"op": op, "dtypes": sorted(ev.dtypes)}))
+        if ev.where:
+            groups.setdefault(root(next(iter(ev.where))), []).append((op, site, ev))
+    out = []
+    for entries in groups.values():
+        uses: dict = {}
+        for *_, ev in entries:
+            for m, n in ev.where.items():
+                uses[m] = uses.get(m, 0) + n
+        # the line to fix first: a model made float64, then the line that made the most float64 tensors
+        made = sorted(uses, key=lambda m: (-watch.wide_models[m], -watch.wide_made[m], -uses[m]))
+        s, line, code = _site(made[0])
+        count = sum(ev.count for *_, ev in entries)
+        dtypes = sorted({d for *_, ev in entries for d in ev.dtypes})
+        ops = sorted({op for op, *_ in entries})
+        lines = sorted(entries, key=lambda e: -e[2].count)
+        others = [str(m) for m in made[1:4] if m is not None]
+        out.append(F.Finding(
+            "float64", "warning", f"{'/'.join(dtypes)} tensors made here" +
+            (f" (and at {', '.join(others)}{', ...' if len(made) > 4 else ''})" if others else "") +
+            f": {count:,} ops on them ({len(ops)} kinds at {len({e[1] for e in entries})} lines) compute as "
+            f"float32 on the device (complex is not supported)", s, line, count, F.FLOAT64_FIX,
+            _per(watch, count), 0.0, code,
+            {"op": lines[0][0], "ops": ops, "dtypes": dtypes,
+             "made_at": [{"site": str(m) if m else None, "code": m.code() if m else "", "uses": uses[m],
+                          "tensors_made": watch.wide_made[m] + watch.wide_models[m]}
+                         for m in made[:20]],
+             "lines": [{"op": op, "site": str(st) if st else None, "count": ev.count} for op, st, ev in lines[:20]]}))
     return out
 
 
@@ -287,12 +388,140 @@ def drift(watch: Watch, hw: Trainium2) -> list[F.Finding]:
     return out
 
 
-ALL = (fallbacks, syncs, dtypes, compilation, memory, collectives, drift)
+EAGER_BOUND = 0.5  # eager op launches above this share of the estimate: compiling is the first fix
+EAGER_MIN_OPS = 100  # ... in a run of at least this many eager ops (a few ops are no program to compile)
 
 
-def all_findings(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+def eager_launches(watch: Watch, hw: Trainium2, est: dict) -> list[F.Finding]:
+    """When eager op launches are most of the estimate, the lines that issue most of them."""
+    total, eager = est["seconds"], est["parts"]["eager op launch"]
+    n = sum(watch.launch_sites.values())
+    if not total or eager / total <= EAGER_BOUND or n < EAGER_MIN_OPS:
+        return []
+    top = watch.launch_sites.most_common(8)
+    s, line, code = _site(top[0][0])
+    per = _per(watch, n)
+    unit = "token" if watch.step_kind == "token" else "step"
+    return [F.Finding(
+        "eager-launch", "warning", f"eager op launches are {eager / total:.0%} of the Trainium2 estimate: {n:,} "
+        f"eager ops" + (f" ({per:,.0f} per {unit})" if per is not None else "") + f", {top[0][1]:,} of them here",
+        s, line, top[0][1], F.EAGER_FIX, per, eager, code,
+        {"share": eager / total, "eager_ops": n,
+         "lines": [{"site": str(st) if st else None, "code": st.code() if st else "", "ops": k} for st, k in top]})]
+
+
+# What in a program's text chooses the CPU (scanned only when nothing reached the device).
+_CPU_CHOICES = (
+    (re.compile(r"""torch\.device\(\s*['"]cpu['"]"""), "torch.device('cpu')"),
+    (re.compile(r"""\bdevice\s*=\s*['"]cpu['"]"""), "device = 'cpu'"),
+    (re.compile(r"""\b(use_cpu|no_cuda)\s*=\s*True"""), "TrainingArguments(use_cpu=True)"),
+    (re.compile(r"""torch\.cuda\.is_available\(\)"""), "torch.cuda.is_available() (False here: no CUDA)"),
+    (re.compile(r"""\.to\(\s*['"]cpu['"]\s*\)"""), ".to('cpu')"),
+)
+
+
+def _source_choices(files) -> list[tuple[Site, str]]:
+    found = []
+    for path in files or ():
+        try:
+            with open(path, errors="replace") as f:
+                lines = f.readlines()
+        except OSError:
+            continue
+        for i, text in enumerate(lines, 1):
+            code = text.split("#", 1)[0]
+            for pattern, what in _CPU_CHOICES:
+                if pattern.search(code):
+                    found.append((Site(path, i), what))
+                    break
+    order = {what: k for k, (_, what) in enumerate(_CPU_CHOICES)}
+    return sorted(found, key=lambda x: order[x[1]])
+
+
+def no_device(watch: Watch, hw: Trainium2, files=None) -> list[F.Finding]:
+    """A run in which nothing reached the device checked nothing: an error, with the line that chose the CPU
+    where the run or the program's text shows it."""
+    if watch.dispatched or watch.allocations or any(st.kind != "compile" for st in watch.ops.values()):
+        return []
+    evidence = []  # (Site, why), best first: what the run did, then what the program's text says
+    for site, (what, answer) in watch.device_choices.items():
+        if answer is False:
+            evidence.append((site, f"{what} returned False"))
+    for (caller, site), device in watch.module_moves.items():
+        evidence.append((site, f"nn.Module.to({device!r}) called at {short_path(caller)}"))
+    seen = {site for site, _ in evidence}
+    evidence += [(site, f"{what} in the program's text") for site, what in _source_choices(files) if site not in seen]
+    site = evidence[0][0] if evidence else None
+    s, line, code = _site(site)
+    why = evidence[0][1] if evidence else "no device was named: tensors and models stay on the CPU unless moved"
+    return [F.Finding(
+        "no-device", "error", f"nothing ran on the neuron device: the program ran on the CPU ({why})", s, line, 1,
+        F.NO_DEVICE_FIX, None, 0.0, code,
+        {"evidence": [{"site": str(st) if st else None, "code": st.code() if st else "", "why": w}
+                      for st, w in evidence[:10]]})]
+
+
+def safetensors_loads(watch: Watch, hw: Trainium2) -> list[F.Finding]:
+    out = []
+    for site, device, error in watch.safetensors_failures:
+        s, line, code = _site(site)
+        out.append(F.Finding(
+            "safetensors-device", "error", f"safetensors.torch.load_file(..., device={device!r}) fails inside "
+            f"safetensors ({error.splitlines()[0][:120]})", s, line, 1, F.SAFETENSORS_FIX, None, 0.0, code,
+            {"device": device, "error": error[:2000]}))
+    return out
+
+
+_OP = re.compile(r"aten::\w+(?:\.\w+)?")
+
+
+def failure(watch: Watch, hw: Trainium2, error: BaseException | None, code: int = 0) -> list[F.Finding]:
+    """The program failed (an exception, or a non-zero exit status): what, the op and the user's line."""
+    if error is None and not code:
+        return []
+    if error is None:
+        return [F.Finding("failure", "error", f"the program exited with status {code}", None, None, 1,
+                          "the program's own exit status: see its output", None, 0.0, "", {"exit_status": code})]
+    site = None
+    tb = error.__traceback__
+    while tb is not None:  # the innermost frame of the user's code
+        c = tb.tb_frame.f_code
+        if not _is_internal_path(c.co_filename) and not c.co_filename.endswith("nativelab/__init__.py"):
+            site = Site(c.co_filename, tb.tb_lineno, c.co_name)
+        tb = tb.tb_next
+    chain, e = [], error
+    while e is not None and len(chain) < 5:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    op = None
+    if watch.failed is not None and any(watch.failed[2] is e for e in chain):
+        op = watch.failed[0]
+        site = site or watch.failed[1]
+    else:
+        hit = _OP.search(str(error))
+        op = hit.group(0) if hit else None
+    s, line, code_text = _site(site)
+    message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    title = f"the program failed: {type(error).__name__}: {message}" + (f" (in {op})" if op else "")
+    fix = F.SAFETENSORS_FIX if watch.safetensors_failures else \
+        "the findings above are up to the failure; the exception is the program's, at this line"
+    return [F.Finding("failure", "error", title, s, line, 1, fix, None, 0.0, code_text,
+                      {"exception": type(error).__name__, "message": str(error)[:4000], "op": op})]
+
+
+ALL = (fallbacks, syncs, dtypes, compilation, memory, collectives, drift, safetensors_loads)
+
+
+def all_findings(watch: Watch, hw: Trainium2, est: dict | None = None, files=None, error=None,
+                 exit_status: int = 0) -> list[F.Finding]:
+    """Every finding of a checked run; `est` (the estimate) for the eager-launch finding, `files` (the program's
+    source files) to say why a run stayed on the CPU, `error` / `exit_status` how the program ended."""
     found = []
     for fn in ALL:
         found.extend(fn(watch, hw))
+    if est is not None:
+        found.extend(eager_launches(watch, hw, est))
+    found.extend(no_device(watch, hw, files))
+    found.extend(failure(watch, hw, error, exit_status))
     return F.sort(found)
 

@@ -112,12 +112,18 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         kernels += (k - 1) * calls
         fl_s = f * calls / peak
         flop_s += fl_s
-    fb_calls = sum(ev.count for ev in watch.fallback_sites.values())
-    fb_bytes = sum(ev.to_host + ev.to_device for ev in watch.fallback_sites.values())
-    fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s
-    sync_calls = sum(ev.count for ev in watch.sync_sites.values())
-    sync_bytes = sum(ev.to_host for ev in watch.sync_sites.values())
-    sync_s = sync_calls * hw.host_round_trip_s + sync_bytes / hw.host_link_bytes_per_s
+    # Work done within one step of several (a checkpoint's copies, an evaluation) is reported apart, not spread
+    # over the steps.
+    one_time = _one_time(watch)
+    fb = [ev for ev in watch.fallback_sites.values() if not one_time(ev)]
+    fb_calls = sum(ev.count for ev in fb)
+    fallback_s = fb_calls * hw.host_round_trip_s + sum(ev.to_host + ev.to_device for ev in fb) / hw.host_link_bytes_per_s
+    sy = [ev for ev in watch.sync_sites.values() if not one_time(ev)]
+    sync_calls = sum(ev.count for ev in sy)
+    sync_s = sync_calls * hw.host_round_trip_s + sum(ev.to_host for ev in sy) / hw.host_link_bytes_per_s
+    once = [ev for ev in (*watch.fallback_sites.values(), *watch.sync_sites.values()) if one_time(ev)]
+    once_s = sum(ev.count for ev in once) * hw.host_round_trip_s + \
+        sum(ev.to_host + ev.to_device for ev in once) / hw.host_link_bytes_per_s
     coll_s = sum(hw.collective_seconds(kind, c.bytes, c.world, c.calls) for (kind, _), c in watch.collective_sites.items())
     parts = {
         "graph launch": launches * hw.launch_s,
@@ -142,9 +148,15 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
                    "device_bytes": sum(st.read + st.written for st in watch.ops.values()
                                        if st.kind in ("op", "graph", "kernel")),
                    "flops_seconds": flop_s, "bytes_seconds": mem_s},
+        "one_time": {"seconds": once_s, "calls": sum(ev.count for ev in once)},
         "by_work": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:10]),
         "hardware": hw.as_dict(),
     }
+
+
+def _one_time(watch):
+    test = getattr(watch, "one_time", None)  # a profiling session has no steps: nothing is one-time
+    return test if test is not None else (lambda ev: False)
 
 
 def fit(watch, param: str, measured_seconds_per: float, per: int, hw: Trainium2 | None = None) -> float:

@@ -20,6 +20,10 @@ KINDS = {
     "memory": "memory",                # peak device memory against a core's capacity
     "collective": None,                # collective calls, bytes and time
     "bf16-drift": None,                # a bf16 op that adds a large error against float32 (--bf16-drift)
+    "eager-launch": None,              # eager op launches are most of the estimate: compile
+    "no-device": "no-device",          # nothing reached the device: the program ran on the CPU
+    "failure": "failure",              # the program raised or exited with a non-zero status
+    "safetensors-device": "fallback",  # safetensors cannot load onto the device by name
 }
 FAIL_ON = sorted({v for v in KINDS.values() if v})
 
@@ -74,14 +78,26 @@ FALLBACK_FIXES = {
     "aten::unique_consecutive": "unique has a data-dependent shape: use a fixed-size histogram (one_hot().sum(0))",
     "aten::scatter_add_": "scatter_add_ -> index_add / scatter_add with out= (aten::scatter_add.out runs on the "
                           "device), or one_hot(idx).T @ src",
-    "aten::convolution_overrideable": "eager convolutions fall back here: compile the model "
-                                      "(torch.compile(backend='neuron')) so they run inside a device graph",
+    "aten::convolution_overrideable": "eager convolutions (and their backward) fall back here: compile the model "
+                                      "(torch.compile(model, backend='neuron')) so they run inside a device graph",
+    "aten::mse_loss": "F.mse_loss(a, b) / nn.MSELoss() -> ((a - b) ** 2).mean() (reduction='sum': .sum()): sub, pow "
+                      "and mean run on the device, forward and backward",
+    "aten::smooth_l1_loss": "F.smooth_l1_loss(a, b, beta=b0) -> d = (a - b).abs(); torch.where(d < b0, 0.5 * d ** 2 "
+                            "/ b0, d - 0.5 * b0).mean(): abs, where and mean run on the device",
+    "aten::huber_loss": "F.huber_loss(a, b, delta=t) -> d = (a - b).abs(); torch.where(d < t, 0.5 * d ** 2, "
+                        "t * (d - 0.5 * t)).mean(): abs, where and mean run on the device",
+    "aten::binary_cross_entropy": "F.binary_cross_entropy(p, y) -> -(y * p.log().clamp(min=-100) + (1 - y) * "
+                                  "(1 - p).log().clamp(min=-100)).mean() (PyTorch's own clamp); from logits z: "
+                                  "(F.softplus(z) - y * z).mean()",
+    "aten::binary_cross_entropy_with_logits": "F.binary_cross_entropy_with_logits(z, y) -> (F.softplus(z) - y * z)"
+                                              ".mean(): softplus, mul and mean run on the device",
 }
 
 
 def fallback_fix(op: str) -> str:
     base = op.split(".", 1)[0]
-    fix = FALLBACK_FIXES.get(base)
+    fix = FALLBACK_FIXES.get(base.replace("_backward_overrideable", "_overrideable").removesuffix("_backward"))
+    fix = fix or FALLBACK_FIXES.get(base)
     if fix is None:
         fix = (f"replace {base.split('::')[-1]} with ops the device runs (nativelab/device/native_ops.txt), or move "
                f"it out of the step")
@@ -97,10 +113,23 @@ SYNC_FIXES = {
     "copy": "a copy to the host waits for the device: keep the value on the device, or copy every N steps",
     "branch": "a Python if / while on a tensor value waits for the device: compute both sides and select with "
               "torch.where, or decide from values already on the host",
+    "save": "saving a checkpoint copies every device tensor to the host: expected once per checkpoint; keep it out "
+            "of the step (save every N steps)",
     "shape": "a data-dependent shape waits for the device (and recompiles under torch.compile): keep shapes "
              "static, x[mask] -> torch.where(mask, x, 0) / masked_fill (reduce with the mask as weights), "
              "nonzero -> a fixed-size topk",
 }
+
+
+
+def optimizer_sync_fix(name: str) -> str:
+    if ".LBFGS." in name:
+        return ("torch.optim.LBFGS decides its line search and convergence on the host: it reads the loss and "
+                "gradient norms every inner iteration (max_iter per step), each read a wait for the device. Fewer "
+                "inner iterations (max_iter=), or a first-order optimizer (Adam, SGD) whose step stays on the device")
+    return (f"{name} reads device values on the host in its step (the optimizer's code, not yours): an optimizer "
+            f"whose step stays on the device (Adam, AdamW, SGD), or fewer steps")
+
 
 INT64_FIX = ("the device casts int64 to int32: values beyond 2^31 wrap with no error. Keep indices below 2^31 "
              "(split the index space, or use offsets per block), and use int32 where values fit")
@@ -111,6 +140,14 @@ DRIFT_FIX = ("compute this step in float32 (x.float() ... .to(torch.bfloat16)): 
              "subtracted from large values and long accumulations lose bf16's 8 bits; autocast keeps them in fp32")
 COLLECTIVE_FIX = ("overlap collectives with compute (FSDP2 prefetch, async_op=True and wait late), fewer and "
                   "larger ones (bucket gradients), and reduce in bf16 where it is accurate enough")
+EAGER_FIX = ("each eager op is one launch on the device, and launches are most of this program's time: compile the "
+             "model or the step, model = torch.compile(model, backend=\"neuron\") (Trainium needs backend=\"neuron\"), "
+             "so these ops run as one device graph per call; the lines issuing the most are in the details")
+NO_DEVICE_FIX = ("select the device and move the model and every batch to it: device = torch.device('neuron') (or "
+                 "torch.accelerator.current_accelerator()), model.to(device), x.to(device); a CUDA script as it is: "
+                 "nativelab check --device-from cuda script.py")
+SAFETENSORS_FIX = ("safetensors does not know the device's name (nor the real device's): load to the CPU, then move: "
+                   "tensors = {k: v.to('neuron') for k, v in safetensors.torch.load_file(path).items()}")
 BUCKET_FIX = "pad inputs to a few fixed lengths (buckets) so each compiles once"
 GRAPH_BREAK_FIX = ("a graph break splits the compiled function into graphs with a host round trip between them: "
                    "remove the Python-side work at that line (print, .item(), data-dependent branch), or "

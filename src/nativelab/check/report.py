@@ -64,7 +64,8 @@ class Report:
         return 1.0 / s if s > 0 and self.step_kind else None
 
     def bottlenecks(self, n: int = 3) -> list:
-        return sorted((f for f in self.findings if f.cost_s > 0), key=lambda f: -f.cost_s)[:n]
+        per_step = (f for f in self.findings if f.cost_s > 0 and not f.details.get("one_time"))
+        return sorted(per_step, key=lambda f: -f.cost_s)[:n]
 
     def as_dict(self) -> dict:
         return {
@@ -137,6 +138,9 @@ class Report:
         rate = self.rate()
         if rate:
             t.add_row(f"{unit}s / s", f"{rate:,.1f}", "")
+        once = e.get("one_time") or {}
+        if once.get("calls"):
+            t.add_row(f"one-time host work (not per {unit})", f"{once['seconds'] * 1e3:.3f}", "")
         if self.reference:
             for k, v in self.reference.items():
                 t.add_row(k, str(v), "")

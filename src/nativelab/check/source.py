@@ -129,3 +129,35 @@ def short_path(path: str) -> str:
     if path.startswith(_NATIVELAB):
         return "nativelab/" + os.path.relpath(path, _NATIVELAB)
     return path
+
+
+# PyTorch library code that reads device values on the host by itself, named for the report: a sync inside it is
+# the library's doing, not the user line's that called it.
+_LIBRARIES = (
+    (os.path.join("torch", "optim", ""), "optimizer"),
+    (os.path.join("torch", "serialization.py"), "save"),
+)
+
+
+def library_call(depth: int = 2) -> tuple[str, str] | None:
+    """(kind, name) of the outermost PyTorch library function between the current frame and the innermost user
+    frame: ("optimizer", "torch.optim.LBFGS.step") inside an optimizer's step, ("save", "torch.save") inside
+    torch.save; None when the user's line made the sync itself."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    found = None
+    while f is not None and _is_internal(f.f_code):
+        path = f.f_code.co_filename
+        for part, kind in _LIBRARIES:
+            if part not in path:
+                continue
+            if kind == "save" and f.f_code.co_name in ("save", "load"):
+                found = (kind, f"torch.{f.f_code.co_name}")
+            elif kind == "optimizer" and not path.endswith(("optimizer.py", "_functional.py")):
+                owner = f.f_locals.get("self")
+                name = type(owner).__name__ if owner is not None else os.path.basename(path)[:-3]
+                found = (kind, f"torch.optim.{name}.{f.f_code.co_name}")
+        f = f.f_back
+    return found

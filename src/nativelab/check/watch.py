@@ -26,7 +26,7 @@ from ..profile.session import Session
 from . import _private
 from .drift import Shadows
 from .graph_values import GraphValues
-from .source import Site, compiled_call_sites, user_site
+from .source import Site, compiled_call_sites, library_call, user_site
 
 INT32_MAX = 2**31 - 1
 FP32_EXACT = 2**24
@@ -56,6 +56,9 @@ class Event:
     max_value: int = 0  # int64 casts / integer fp32 results: the largest |value| seen
     dtypes: set = dataclasses.field(default_factory=set)
     code: str = ""
+    steps_seen: int = 0  # how many distinct steps it happened in (1 of many: one-time work, not per step)
+    last_step: int = -1
+    where: dict = dataclasses.field(default_factory=dict)  # (op, Site) -> calls, for a finding grouping several
 
 
 @dataclasses.dataclass
@@ -88,7 +91,23 @@ class Watch(Session):
         self.cast_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.graph_int64_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.int_fp32_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        # float64 / complex ops by op and line; each event's `where` counts the lines that made its float64 inputs
+        # (a `.double()`, a dtype=, a copy to the device), which group the ops into causes (collect.dtypes)
         self.wide_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
+        # id(float64 device tensor) -> (weakref, the Site that made its values, made empty: values still to come)
+        self._wide_origin: dict[int, tuple] = {}
+        self._wide_storage: dict[int, Site] = {}  # storage address -> that line, for views (`p.grad.view(-1)`)
+        # Site -> float64 tensors made there; the lines that converted a model (`.double()`) apart
+        self.wide_made: collections.Counter = collections.Counter()
+        self.wide_models: collections.Counter = collections.Counter()
+        self.dispatched = 0  # device ops seen (a run with none and no allocation never reached the device)
+        self.allocations = 0
+        self.launch_sites: collections.Counter = collections.Counter()  # Site -> eager device ops it issued
+        self.failed: tuple | None = None  # (op, Site, exception) of the last device op that raised
+        self.device_choices: dict = {}  # Site -> (what the program asked, its answer), e.g. torch.cuda.is_available()
+        self.module_moves: dict = {}  # (caller "file:line", Site) -> device: nn.Module.to(a CPU device) calls
+        self.safetensors_failures: list = []  # (Site, device, error) of safetensors loads onto the device
+        self._unpatch: list = []
         self.collective_sites: dict[tuple[str, Site | None], Collective] = collections.defaultdict(Collective)
         self.compiled_shapes: dict[Site | None, dict] = collections.defaultdict(dict)  # site -> {shapes: seconds}
         self.compiled_calls: dict[Site | None, dict] = collections.defaultdict(dict)  # function -> {call site: n}
@@ -128,6 +147,14 @@ class Watch(Session):
         self._step_hook = _optimizer.register_optimizer_step_post_hook(self._optimizer_step)
         self._real_compile = torch.compile
         torch.compile = self._compile_wrapper = _wrap_compile(self._real_compile, self.compile_calls)
+        self._unpatch = [_patch(torch.cuda, "is_available", _asking(self.device_choices, "torch.cuda.is_available()")),
+                         _patch(torch.nn.Module, "to", _moving_modules(torch.nn.Module.to, self.module_moves)),
+                         _patch(torch.nn.Module, _private.MODULE_APPLY,
+                                self._converting_modules(getattr(torch.nn.Module, _private.MODULE_APPLY)))]
+        safetensors_torch = _safetensors_torch()
+        if safetensors_torch is not None:
+            self._unpatch.append(_patch(safetensors_torch, "load_file",
+                                        _loading_safetensors(safetensors_torch.load_file, self.safetensors_failures)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -143,6 +170,8 @@ class Watch(Session):
             self._step_hook.remove()
             if torch.compile is self._compile_wrapper:
                 torch.compile = self._real_compile
+            for undo in reversed(self._unpatch):
+                undo()
             self._read_dynamo()
 
     def step(self, kind: str = "marked") -> None:
@@ -156,6 +185,19 @@ class Watch(Session):
 
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
         self.step("optimizer")
+
+    def one_time(self, ev: Event) -> bool:
+        """It happened in at most half the steps of a run of several: one-time or periodic work (a checkpoint,
+        an evaluation every N steps), not a cost of every step."""
+        return self.steps >= 2 and ev.steps_seen * 2 <= self.steps
+
+    def _seen(self, ev: Event) -> Event:
+        """Count one occurrence, and the step it happened in."""
+        ev.count += 1
+        if ev.last_step != self.steps:
+            ev.last_step = self.steps
+            ev.steps_seen += 1
+        return ev
 
     # -- what the profiling session sees, with the user's line ----------------------------------------------
 
@@ -176,7 +218,7 @@ class Watch(Session):
             # a device op whose output shape depends on values: the host waits for it
             ev = self.sync_sites[("shape:" + name, site)]
             ev.to_host += st.read - before[3]
-        ev.count += 1
+        self._seen(ev)
         ev.seconds += st.seconds - before[0]
         return res
 
@@ -185,8 +227,10 @@ class Watch(Session):
         if kind != "device_to_host":
             return
         site = user_site()
-        ev = self.sync_sites[(_sync_kind(site), site)]
-        ev.count += 1
+        lib = library_call()
+        # a sync inside torch.save or an optimizer's step is that library's, reported as such at the user's call
+        kind = _sync_kind(site) if lib is None else f"{lib[0]}:{lib[1]}"
+        ev = self._seen(self.sync_sites[(kind, site)])
         ev.seconds += seconds
         ev.to_host += nbytes
 
@@ -200,18 +244,27 @@ class Watch(Session):
             outs = {rec.kwnames[i - rec.npos] for i in rec.mutable if i >= rec.npos}
             written = frozenset(i for i in rec.mutable if i < rec.npos)
             info = self._op_info[op] = (rec.name, rec.route == "native", outs, written,
-                                        op._schema.name in INT_FP32_OPS)
-        name, native, outs, written, int_fp32 = info
-        for i, a in enumerate(args):
-            if i not in written and _is_wide(a):
-                self._inputs(name, native, [a for j, a in enumerate(args) if j not in written], kwargs, outs)
-                break
-        else:
-            for k, a in kwargs.items():
-                if k not in outs and _is_wide(a):
-                    self._inputs(name, native, args, kwargs, outs)
-                    break
-        res = run()
+                                        op._schema.name in INT_FP32_OPS, _private.scalar_args(op))
+        name, native, outs, written, int_fp32, (scalar_pos, scalar_names) = info
+        self.dispatched += 1
+        site = user_site() if native else None
+        if native:
+            self.launch_sites[site] += 1
+        origin = None
+        if any(i not in written and _is_wide(a) for i, a in enumerate(args)) or \
+                any(k not in outs and _is_wide(a) for k, a in kwargs.items()):
+            # the values it computes with: its Scalar arguments (not its int ones: dims, ignore_index=-100)
+            scalars = [abs(args[i]) for i in scalar_pos if i < len(args) and type(args[i]) is int]
+            scalars += [abs(v) for k, v in kwargs.items() if k in scalar_names and type(v) is int]
+            origin = self._inputs(name, native, [a for j, a in enumerate(args) if j not in written],
+                                  {k: v for k, v in kwargs.items() if k not in outs}, scalars, site)
+        try:
+            res = run()
+        except Exception as e:
+            if self.failed is None or self.failed[2] is not e:  # the innermost op that raised it
+                self.failed = (name, site or user_site(), e)
+            raise
+        self._track_wide(res, origin)
         if int_fp32:
             self._int_fp32(name, op, args, res)
         if self.shadows is not None:
@@ -219,36 +272,108 @@ class Watch(Session):
                                [a for i, a in enumerate(args) if i in written] + [kwargs[k] for k in outs if k in kwargs])
         return res
 
-    def _inputs(self, name, native, args, kwargs, outs) -> None:
-        site = user_site()
-        if native:  # Python ints and 0-d int64 tensors combined with cast inputs compute in int32 too
-            scalars = [abs(a) for a in args if type(a) is int]
-            scalars += [abs(int(a.item())) for a in args if isinstance(a, torch.Tensor) and a.dim() == 0
-                        and a.dtype is torch.int64 and a.device.type == "cpu"]
-            if scalars:
-                ev = self.cast_sites[(name, site)]
-                ev.max_value = max(ev.max_value, *scalars)
-        counted = None
-        for t in _tensors((*args, *(v for k, v in kwargs.items() if k not in outs))):
+    def _inputs(self, name, native, args, kwargs, scalars, site) -> Site | None:
+        """Record the int64 and float64 device inputs of one op; the line that made its first float64 input."""
+        site = site or user_site()
+        cast = origin = None
+        wide = []
+        for t in _tensors((*args, *kwargs.values())):
             if t.device.type != _ops.DEVICE:
                 continue
             if t.dtype is torch.int64 and t.dim() != 0:
                 if not native:  # a CPU fallback computes in int64: nothing is cast
                     continue
-                ev = self.cast_sites[(name, site)]
-                if ev is not counted:  # one per call, however many int64 inputs
-                    ev.count += 1
-                    counted = ev
+                if cast is None:  # one per call, however many int64 inputs
+                    cast = self.cast_sites[(name, site)]
+                    cast.count += 1
                 if t.numel():
                     _queue.drain()  # its value is needed now
                     h = _memory.host_view(t)
-                    ev.max_value = max(ev.max_value, abs(int(h.max())), abs(int(h.min())))
+                    cast.max_value = max(cast.max_value, abs(int(h.max())), abs(int(h.min())))
             elif t.dtype in _WIDE:
-                ev = self.wide_sites[(name, site)]
-                if ev is not counted:
-                    ev.count += 1
-                    counted = ev
+                wide.append(t)
+        if wide:  # counted once per call, with the lines that made its float64 inputs (where the hook saw them)
+            ev = self.wide_sites[(name, site)]
+            ev.count += 1
+            for t in wide:
+                made = self._made(t)
+                if made is not None:
+                    origin = origin or made
+                    ev.where[made] = ev.where.get(made, 0) + 1
                 ev.dtypes.add(str(t.dtype).replace("torch.", ""))
+            if origin is None:  # made where the check could not see (a copy, an autograd buffer): this line
+                origin = site
+                ev.where[site] = ev.where.get(site, 0) + 1
+        if cast is not None:  # Python ints and 0-d int64 tensors combined with cast inputs compute in int32 too
+            scalars = scalars + [abs(int(a.item())) for a in args if isinstance(a, torch.Tensor) and a.dim() == 0
+                                 and a.dtype is torch.int64 and a.device.type == "cpu"]
+            if scalars:
+                cast.max_value = max(cast.max_value, *scalars)
+        return origin
+
+    def _track_wide(self, res, origin) -> None:
+        """Float64 / complex device results remember the line that made their values: their first float64
+        input's, or (made from none: a cast, a dtype=, a copy to the device) the line that ran this op. A
+        tensor made empty (`empty_like` in a clone, an out= buffer) takes the line of the values first written
+        into it."""
+        for t in _tensors(res if isinstance(res, (list, tuple)) else (res,)):
+            if t.dtype not in _WIDE or t.device.type != _ops.DEVICE:
+                continue
+            key = id(t)
+            hit = self._wide_origin.get(key)
+            if hit is not None and hit[0]() is t and not (hit[2] and origin is not None):
+                continue  # written in place: it keeps the line that made its values
+            site = origin if origin is not None else user_site()
+            if origin is None and hit is None:
+                seen = self._wide_storage.get(_storage(t))
+                if seen is not None:  # a view of a tensor made elsewhere: its base's line
+                    site, origin = seen, seen
+                else:
+                    self.wide_made[site] += 1
+            ref = hit[0] if hit is not None and hit[0]() is t else \
+                weakref.ref(t, lambda _, key=key, table=self._wide_origin: table.pop(key, None))
+            self._wide_origin[key] = (ref, site, origin is None)
+            self._wide_storage[_storage(t)] = site
+
+    def _made(self, t) -> Site | None:
+        """The line that made a float64 device tensor's values: its own, or its storage's (a view)."""
+        hit = self._wide_origin.get(id(t))
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        return self._wide_storage.get(_storage(t))
+
+    def _converting_modules(self, real):
+        """nn.Module's conversion (`.double()`, `.to(...)`) that marks the float64 parameters and buffers it
+        leaves with the user's line that made them float64 (the copies it makes do not all pass the dispatch
+        hook); a parameter already marked keeps its line when the model moves to the device."""
+        depth = [0]
+
+        def _apply(module, fn, *args, **kwargs):
+            if depth[0]:
+                return real(module, fn, *args, **kwargs)
+            before = {n: self._wide_origin.get(id(t)) for n, t in _named_tensors(module)}
+            depth[0] += 1
+            try:
+                res = real(module, fn, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            site = None
+            for n, t in _named_tensors(module):
+                if t.dtype not in _WIDE:
+                    continue
+                hit = before.get(n)
+                made = hit[1] if hit is not None and not hit[2] else (site := site or user_site())
+                if hit is None or hit[2]:
+                    self.wide_models[made] += 1
+                key = id(t)
+                ref = weakref.ref(t, lambda _, key=key, table=self._wide_origin: table.pop(key, None))
+                self._wide_origin[key] = (ref, made, False)
+                if t.device.type == _ops.DEVICE:
+                    self._wide_storage[_storage(t)] = made
+            return res
+
+        _apply.__wrapped__ = real
+        return _apply
 
     def _int_fp32(self, name, op, args, res) -> None:
         out = res if isinstance(res, torch.Tensor) else (args[0] if args and isinstance(args[0], torch.Tensor) else None)
@@ -262,6 +387,7 @@ class Watch(Session):
         ev.dtypes.add(str(out.dtype).replace("torch.", ""))
 
     def _alloc(self, block) -> None:
+        self.allocations += 1
         i = block.index
         if block.nbytes >= self.alloc_threshold:
             self.blocks[block] = user_site()
@@ -403,3 +529,88 @@ def _wrap_compile(real, calls: list):
     compile.__wrapped__ = real
     compile.__doc__ = real.__doc__
     return compile
+
+
+def _storage(t) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _named_tensors(module):
+    yield from module.named_parameters()
+    yield from module.named_buffers()
+
+
+def _patch(owner, name: str, replacement):
+    """Set `owner.name` for the check's lifetime; the function that undoes it."""
+    real = getattr(owner, name)
+    setattr(owner, name, replacement)
+
+    def undo():
+        if getattr(owner, name) is replacement:
+            setattr(owner, name, real)
+
+    return undo
+
+
+def _asking(answers: dict, what: str):
+    """A wrapper of a device-selection question (`torch.cuda.is_available`) that records each user line that
+    asks it and the answer: why a program stayed on the CPU. PyTorch's own calls are not recorded."""
+    import sys
+
+    from .source import _is_internal
+
+    real = torch.cuda.is_available
+
+    def asked(*args, **kwargs):
+        answer = real(*args, **kwargs)
+        caller = sys._getframe(1).f_code
+        if not _is_internal(caller):
+            answers.setdefault(user_site(), (what, answer))
+        return answer
+
+    asked.__wrapped__ = real
+    return asked
+
+
+def _safetensors_torch():
+    import importlib.util
+
+    if importlib.util.find_spec("safetensors") is None:
+        return None
+    import safetensors.torch
+
+    return safetensors.torch
+
+
+def _loading_safetensors(real, failures: list):
+    """`safetensors.torch.load_file` that records a load onto the device failing inside safetensors (it knows
+    cpu / cuda / mps / xpu / npu, not `neuron`, which the real device's name is too)."""
+
+    def load_file(filename, device="cpu"):
+        try:
+            return real(filename, device=device)
+        except Exception as e:
+            if str(device).startswith(_ops.DEVICE):
+                failures.append((user_site(), str(device), f"{type(e).__name__}: {e}"))
+            raise
+
+    load_file.__wrapped__ = real
+    load_file.__doc__ = real.__doc__
+    return load_file
+
+
+def _moving_modules(real, moves: dict):
+    """`nn.Module.to` that records each move of a model to the CPU, with the line that asked (a library's, such
+    as the Hugging Face Trainer placing the model on `TrainingArguments.device`) and the user's line under it."""
+    import sys
+
+    def to(self, *args, **kwargs):
+        device = kwargs.get("device", args[0] if args else None)
+        if isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu" and len(moves) < 20:
+            f = sys._getframe(1)
+            moves.setdefault((f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})", user_site()), str(device))
+        return real(self, *args, **kwargs)
+
+    to.__wrapped__ = real
+    to.__doc__ = real.__doc__
+    return to

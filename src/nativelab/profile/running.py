@@ -36,6 +36,16 @@ def is_program(argv: list[str]) -> bool:
     return bool(argv) and (argv[0] == "-m" or argv[0].endswith(".py"))
 
 
+def program_root(argv: list[str]) -> tuple[str | None, str]:
+    """(the program's file, its folder) of `script.py ...` or `-m module ...`."""
+    if argv[0] == "-m":
+        spec = _with_path(os.getcwd(), lambda: importlib.util.find_spec(argv[1]))
+        path = spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+        return path, os.path.dirname(path) if path else os.getcwd()
+    path = os.path.abspath(argv[0])
+    return path, os.path.dirname(path)
+
+
 def run_script(argv: list[str]) -> int:
     """Run `argv` (`script.py args...` or `-m module args...`) as `__main__`; its exit status (an exception
     propagates). What the run changes in `sys.path`, `sys.argv` and the modules it imported from the program's
