@@ -1,8 +1,12 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("NATIVELAB_QUIET", "1")
+# The decode kernels' tuning measures at a plan's first step: what the tests measure, on a loaded machine and
+# odd shapes, stays out of the user's cache (kernels/cpu/tune.py).
+os.environ.setdefault("NATIVELAB_TUNE_CACHE_DIR", tempfile.mkdtemp(prefix="nativelab-tune-tests-"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -19,7 +19,7 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     for line in ("Model   : base — Baseline (pure PyTorch ops, RoPE, static KV cache)", "Size    : tiny",
                  "Compile : False", "Tokens  : 8", "Params  : 102,720  (0.4 MB float32)", "Warmup...", "Timing...",
                  "Tokens generated: 8", "CPU fallback ops: ['aten::argmax.out']", "CPU fallback ops: []",
-                 "Same tokens from every tier: True"):
+                 "Tokens: every tier gives the same 8 tokens"):
         assert line in text, line
     results = json.loads(out.read_text())
     assert [x["model"] for x in results] == ["base", "core", "experimental"]
@@ -32,6 +32,20 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     assert results[0]["device_bytes_per_token"] > results[1]["device_bytes_per_token"] > 0
     assert results[0]["device_bytes_per_token"] > results[2]["device_bytes_per_token"] > 0
     assert (tmp_path / "tiers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Plot: " in text
+
+
+def test_the_last_line_says_how_many_tokens_agree():
+    from nativelab.apps.run import token_agreement
+
+    def tiers(dtype, *generated):
+        return [{"model": m, "dtype": dtype, "generated": g} for m, g in zip(("base", "core", "experimental"), generated)]
+
+    same = [5, 6, 7, 8]
+    assert token_agreement(tiers("float32", same, same, same)) == "Tokens: every tier gives the same 4 tokens"
+    assert token_agreement(tiers("bfloat16", same, [5, 6, 7, 1], [5, 9, 7, 8])) == (
+        "Tokens: the tiers agree with base for the first 1 of 4 steps (core 3, experimental 1); bf16 rounding "
+        "differs between tiers, and a token that differs changes the rest")
+    assert "fp32 summation order" in token_agreement(tiers("float32", same, [1, 6, 7, 8], same))
 
 
 def test_bad_flags_are_clear_errors():

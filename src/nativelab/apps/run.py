@@ -206,5 +206,24 @@ def print_table(results: list[dict]) -> None:
     for r in results:
         for w in r["timed_section"]["warnings"]:
             print(f"Warning ({r['model']}): {w}")
-    same = all(r["generated"] == results[0]["generated"] for r in results)
-    print(f"\nSame tokens from every tier: {same}")
+    print(f"\n{token_agreement(results)}")
+
+
+def token_agreement(results: list[dict]) -> str:
+    """How far the tiers' tokens agree with the first tier's: one greedy token that differs changes the
+    context, and every token after it may differ too, so the count is of the first steps."""
+    ref = results[0]["generated"]
+    firsts = []
+    for r in results[1:]:
+        same = 0
+        while same < min(len(ref), len(r["generated"])) and r["generated"][same] == ref[same]:
+            same += 1
+        firsts.append(same)
+    agree = min(firsts, default=len(ref))
+    if agree == len(ref) and all(len(r["generated"]) == len(ref) for r in results):
+        return f"Tokens: every tier gives the same {len(ref)} tokens"
+    per_tier = ", ".join(f"{r['model']} {n}" for r, n in zip(results[1:], firsts))
+    why = ("bf16 rounding differs between tiers" if results[0]["dtype"] == "bfloat16" else
+           "fp32 summation order differs between tiers")
+    return (f"Tokens: the tiers agree with {results[0]['model']} for the first {agree} of {len(ref)} steps "
+            f"({per_tier}); {why}, and a token that differs changes the rest")

@@ -8,9 +8,11 @@ dtypes only, no values): anything else (a prompt, a batch, a non-contiguous weig
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from . import build
+from . import build, tune
 
 _DTYPES = (torch.bfloat16, torch.float32)
 
@@ -100,11 +102,20 @@ _BOUND = tuple(range(3, 22))  # argument positions bound into the plan: embed ..
 def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
           v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps):
     """The plan over these (host) tensors: checked once here, its pointers reused by every step."""
-    plan = build.extension().DecodePlan(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms,
-                                        gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
-                                        n_kv_heads, eps)
+    ext = build.extension()
+    plan = ext.DecodePlan(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
+                          k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps)
+    # How its loops run (tune.py), per thread count: the device's team can change size between steps.
+    shape = (len(wqs), embed.shape[1], wqs[0].shape[0], wks[0].shape[0], gates[0].shape[0], lm_head.shape[0])
+    kernel, most, threads, configs = Path(ext.__file__).parent.name, ext.max_tile_tokens(), [0], {}
 
     def step(tokens, pos, seed_state, temperature, top_k, top_p, logits, out):
+        if torch.get_num_threads() != threads[0]:  # the first step on this many threads: forced, cached or measured
+            n = threads[0] = torch.get_num_threads()
+            if n not in configs:
+                key = tune.cache_key(kernel, n, str(embed.dtype).removeprefix("torch."), shape)
+                configs[n] = tune.config_for(plan, key, most).args(most)
+            plan.configure(*configs[n])
         if temperature <= 0.0:
             plan.greedy(tokens, pos, seed_state, logits, out)
         else:  # the step and `sample`'s draw from its logits, in the one call
@@ -127,6 +138,7 @@ def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms
         return read, t * per_token[1] + size([logits, out, seed_state])
 
     step.traffic = traffic
+    step.plan = plan
     return step
 
 

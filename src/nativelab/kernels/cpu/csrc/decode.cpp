@@ -12,7 +12,9 @@
 #include <ATen/cpu/vec/functional.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <type_traits>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -52,12 +54,34 @@ inline float hsum(const fVec& v) {
   return at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, v);
 }
 
-// Software prefetch of the line at p into L1 (a hint: never faults, a no-op where the compiler has none).
+// Software prefetch of the line at p (a hint: never faults, a no-op where the compiler has none), with
+// locality HINT: 3 into L1 (prefetcht0), 2 into L2 (prefetcht1), 0 non-temporal (prefetchnta: past the
+// caches a line read once need not stay in).
+template <int HINT = 3>
 inline void prefetch(const void* p) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p, 0, HINT);
 #endif
 }
+
+// A non-owning reference to a callable (as std::function_ref): the row loops below take their row map and
+// their store through one, so each is compiled once per tuning instantiation, not once per call site. An
+// indirect call per row (or per block of rows) is noise beside the kilobyte row it streams.
+template <typename Sig>
+class FnRef;
+template <typename Ret, typename... A>
+class FnRef<Ret(A...)> {
+ public:
+  template <typename F>
+  FnRef(F&& f)  // NOLINT: implicit, from a lambda at the call
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* o, A... a) -> Ret { return (*static_cast<std::remove_reference_t<F>*>(o))(a...); }) {}
+  Ret operator()(A... a) const { return call_(obj_, a...); }
+
+ private:
+  void* obj_;
+  Ret (*call_)(void*, A...);
+};
 
 // R dot products at once: out[j] = rows[j][0:k] . h[0:k], weights in the model dtype, h in fp32 (L1-resident).
 // R rows in flight share each load of h and give the core R independent streams to keep memory busy; the
@@ -68,7 +92,7 @@ inline void prefetch(const void* p) {
 // AVX-512: the whole step on one thread 6.3-8.6 -> 3.5 ms; the convert and the reductions were not the limit).
 // The j loops are unrolled so the accumulators live in registers (gcc kept them on the stack, a store and
 // reload per FMA, which alone gained little: 6.0-6.2 ms).
-template <int R>
+template <int R, int HINT = 3>
 inline void dot_rows(const float* const* rows, const float* const* next, const float* h, int64_t k, float* out) {
   constexpr int64_t L = fVec::size();
   fVec acc[R];
@@ -77,9 +101,10 @@ inline void dot_rows(const float* const* rows, const float* const* next, const f
   int64_t i = 0;
   for (; i + L <= k; i += L) {
     const fVec hv = fVec::loadu(h + i);
-    if (next) {
+    // one prefetch per 64-byte line of each row (fp32: every 64 / (4 L) steps)
+    if (next && (i * 4) % 64 == 0) {
 #pragma GCC unroll 16
-      for (int j = 0; j < R; j++) prefetch(next[j] + i);
+      for (int j = 0; j < R; j++) prefetch<HINT>(next[j] + i);
     }
 #pragma GCC unroll 16
     for (int j = 0; j < R; j++) acc[j] = at::vec::fmadd(fVec::loadu(rows[j] + i), hv, acc[j]);
@@ -162,10 +187,10 @@ struct Activation<at::BFloat16> {
   }
 };
 
-template <int R>
+template <int R, int HINT = 3>
 inline void dot_rows(const float* const* rows, const float* const* next, const Activation<float>& a, int64_t k,
                      float* out) {
-  dot_rows<R>(rows, next, a.h, k, out);
+  dot_rows<R, HINT>(rows, next, a.h, k, out);
 }
 
 // bf16 rows streamed without shuffles: a bf16 is the upper half of an fp32, so F 32-bit lanes loaded from 2F
@@ -177,7 +202,7 @@ inline void dot_rows(const float* const* rows, const float* const* next, const A
 // The products are the same exact fp32 products as before; only their summation order differs (even and
 // odd columns into one accumulator per row, then its lanes), within fp32 rounding of any other order.
 // One step covers a 64-byte line of each row, the line the prefetch of `next` asks for.
-template <int R>
+template <int R, int HINT = 3>
 inline void dot_rows(const at::BFloat16* const* rows, const at::BFloat16* const* next,
                      const Activation<at::BFloat16>& a, int64_t k, float* out) {
   using iVec = Vectorized<int32_t>;
@@ -203,7 +228,7 @@ inline void dot_rows(const at::BFloat16* const* rows, const at::BFloat16* const*
   for (; i + V * L <= k; i += V * L) {
     if (next) {
 #pragma GCC unroll 16
-      for (int j = 0; j < R; j++) prefetch(next[j] + i);
+      for (int j = 0; j < R; j++) prefetch<HINT>(next[j] + i);
     }
 #pragma GCC unroll 4
     for (int v = 0; v < V; v++) block(i + v * L);
@@ -217,33 +242,97 @@ inline void dot_rows(const at::BFloat16* const* rows, const at::BFloat16* const*
   }
 }
 
-// Rows per dot_rows call (and the prefetch distance: the next ROWS rows). Measured on the whole `small` bf16
-// step, 2 threads, 2-core Xeon VM (ms, AVX-512 / AVX2): ROWS 2: 1.69 / 2.07, 4: 1.66 / 1.68, 6: 1.69 / 1.72,
-// 8: 1.72 / 1.79; prefetching two blocks ahead was slower at 8 and no better at 4 and 2.
-constexpr int64_t ROWS = 4;
+// How the weight-streaming loops run on this machine: chosen by measuring at a DecodePlan's first step
+// (nativelab.kernels.cpu.tune), forced with NATIVELAB_DECODE_CONFIG. None of these changes a value: every
+// output is one row's dot product, accumulated in the same order whatever the rows per call, the prefetching,
+// the thread that computes it or the prefill's tile (tests/test_decode_tuning.py checks the tokens).
+// The defaults were the constants tuned on a 2-core Xeon VM (AVX-512): 4 rows per call, the next block of rows
+// prefetched into L1; measured there on the whole `small` bf16 step, 2 threads (ms, AVX-512 / AVX2): rows 2:
+// 1.69 / 2.07, 4: 1.66 / 1.68, 6: 1.69 / 1.72, 8: 1.72 / 1.79.
+struct Tuning {
+  int rows = 4;             // rows per dot_rows call (independent streams in flight): 2, 4 or 8
+  int ahead = 1;            // software prefetch distance, in blocks of `rows` rows; 0: none
+  int hint = 3;             // prefetch locality: 3 into L1 (prefetcht0), 2 into L2 (prefetcht1), 0 non-temporal
+  bool interleave = false;  // row blocks dealt to the threads round-robin (else one contiguous share each)
+  int tile_rows = 4;        // the prefill's tiles: weight rows (2 or 4) ...
+  int tile_tokens = 0;      // ... by at most this many tokens (0: the build's most, TILE_T in prefill.h)
+};
+
+template <typename T>
+using RowFn = FnRef<const T*(int64_t)>;                     // virtual row r's first element
+using EmitFn = FnRef<void(int64_t, int64_t, const float*)>;  // rows r .. r + nr's products
+
+// This thread's rows of n virtual rows, each k long, dotted with a: R rows per call, the rows of the block
+// `ahead` blocks on in this thread's order prefetched with HINT; the rows past the last whole block in units
+// of `unit` rows (n is a multiple of unit; R too). emit(r, nr, y) gets rows r .. r + nr's products.
+template <int R, int HINT, typename T>
+void stream_rows_as(int64_t n, int64_t unit, RowFn<T> row, const Activation<T>& a, int64_t k, int ahead,
+                    bool interleave, EmitFn emit) {
+  const int64_t nt = team_size(), me = team_rank();
+  int64_t b = 0, e = 0, blocks;  // this thread's whole blocks: the q-th starts at first(q)
+  if (interleave) {
+    const int64_t whole = n / R;
+    blocks = whole > me ? (whole - me + nt - 1) / nt : 0;
+  } else {
+    share(n, R, b, e);
+    blocks = (e - b) / R;
+  }
+  const auto first = [&](int64_t q) { return interleave ? (me + q * nt) * R : b + q * R; };
+  float y[R];
+  const T *rows[R], *next[R];
+  for (int64_t q = 0; q < blocks; q++) {
+    const int64_t r = first(q);
+    for (int j = 0; j < R; j++) rows[j] = row(r + j);
+    if (ahead > 0) {
+      const int64_t rn = first(std::min(q + ahead, blocks - 1));
+      for (int j = 0; j < R; j++) next[j] = row(rn + j);
+    }
+    dot_rows<R, HINT>(rows, ahead > 0 ? next : nullptr, a, k, y);
+    emit(r, R, y);
+  }
+  // the rest: after this thread's blocks in its own share, or the rows past every whole block dealt in units
+  int64_t r = interleave ? n / R * R + me * unit : b + blocks * R;
+  const int64_t end = interleave ? n : e, stride = interleave ? nt * unit : unit;
+  for (; r < end; r += stride) {
+    for (int64_t j = 0; j < unit; j++) rows[j] = row(r + j);
+    if (unit == 2) {
+      dot_rows<2>(rows, static_cast<const T* const*>(nullptr), a, k, y);
+    } else {
+      for (int64_t j = 0; j < unit; j++) dot_rows<1>(rows + j, static_cast<const T* const*>(nullptr), a, k, y + j);
+    }
+    emit(r, unit, y);
+  }
+}
+
+// stream_rows_as for the tuning's rows per call and prefetch hint (unit: 1 or 2, rows a multiple of it).
+template <typename T>
+void stream_rows(const Tuning& tu, int64_t n, int64_t unit, RowFn<T> row, const Activation<T>& a, int64_t k,
+                 EmitFn emit) {
+  const auto go = [&](auto r_tag, auto hint_tag) {
+    stream_rows_as<decltype(r_tag)::value, decltype(hint_tag)::value, T>(n, unit, row, a, k, tu.ahead,
+                                                                         tu.interleave, emit);
+  };
+  const auto with_hint = [&](auto r_tag) {
+    switch (tu.hint) {
+      case 2: return go(r_tag, std::integral_constant<int, 2>{});
+      case 0: return go(r_tag, std::integral_constant<int, 0>{});
+      default: return go(r_tag, std::integral_constant<int, 3>{});
+    }
+  };
+  switch (tu.rows) {
+    case 2: return with_hint(std::integral_constant<int, 2>{});
+    case 8: return with_hint(std::integral_constant<int, 8>{});
+    default: return with_hint(std::integral_constant<int, 4>{});
+  }
+}
 
 // y[r] = W[r, :] . h for this thread's rows r of [0, n) (W row-major [n, k], contiguous); call inside a team.
 template <typename T, typename Store>
-void matvec_share(const T* w, const float* h, int64_t n, int64_t k, Store&& store) {
-  int64_t b, e;
-  share(n, ROWS, b, e);
+void matvec_share(const Tuning& tu, const T* w, const float* h, int64_t n, int64_t k, Store&& store) {
   const Activation<T> a(h, k);
-  int64_t r = b;
-  float y[ROWS];
-  for (; r + ROWS <= e; r += ROWS) {
-    const T *rows[ROWS], *next[ROWS];
-    for (int j = 0; j < ROWS; j++) {
-      rows[j] = w + (r + j) * k;
-      next[j] = w + std::min(r + ROWS + j, e - 1) * k;
-    }
-    dot_rows<ROWS>(rows, next, a, k, y);
-    for (int j = 0; j < ROWS; j++) store(r + j, y[j]);
-  }
-  for (; r < e; r++) {
-    const T* row = w + r * k;
-    dot_rows<1>(&row, static_cast<const T* const*>(nullptr), a, k, y);
-    store(r, y[0]);
-  }
+  stream_rows<T>(tu, n, 1, [&](int64_t r) { return w + r * k; }, a, k, [&](int64_t r, int64_t nr, const float* y) {
+    for (int64_t j = 0; j < nr; j++) store(r + j, y[j]);
+  });
 }
 
 template <typename T>
@@ -286,58 +375,27 @@ const T* ptr(const at::Tensor& t) { return t.data_ptr<T>(); }
 
 // Q, K and V rows (one pass over the three weights) for this thread's share: qkv = rnd([wq; wk; wv] @ h).
 template <typename T>
-void qkv_rows(const T* wq, const T* wk, const T* wv, const float* h, int64_t dim, int64_t nq, int64_t nk,
-              float* qkv) {
-  int64_t b, e;
-  share(nq + 2 * nk, ROWS, b, e);
+void qkv_rows(const Tuning& tu, const T* wq, const T* wk, const T* wv, const float* h, int64_t dim, int64_t nq,
+              int64_t nk, float* qkv) {
   auto row = [&](int64_t r) {
     return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
   };
   const Activation<T> a(h, dim);
-  float out[ROWS];
-  int64_t r = b;
-  for (; r + ROWS <= e; r += ROWS) {
-    const T *rows[ROWS], *next[ROWS];
-    for (int j = 0; j < ROWS; j++) {
-      rows[j] = row(r + j);
-      next[j] = row(std::min(r + ROWS + j, e - 1));
-    }
-    dot_rows<ROWS>(rows, next, a, dim, out);
-    for (int j = 0; j < ROWS; j++) qkv[r + j] = rnd<T>(out[j]);
-  }
-  for (; r < e; r++) {
-    const T* one = row(r);
-    dot_rows<1>(&one, static_cast<const T* const*>(nullptr), a, dim, out);
-    qkv[r] = rnd<T>(out[0]);
-  }
+  stream_rows<T>(tu, nq + 2 * nk, 1, row, a, dim, [&](int64_t r, int64_t nr, const float* out) {
+    for (int64_t j = 0; j < nr; j++) qkv[r + j] = rnd<T>(out[j]);
+  });
 }
 
-// act = rnd(SiLU(rnd(gate @ h)) * rnd(up @ h)) for this thread's share of the rows, gate and up row r together.
+// act = rnd(SiLU(rnd(gate @ h)) * rnd(up @ h)) for this thread's share of the rows: gate and up row i as
+// virtual rows 2i and 2i + 1, so a call holds both halves of its outputs.
 template <typename T>
-void swiglu_rows(const T* wg, const T* wu, const float* h, int64_t dim, int64_t ffn, float* act) {
-  int64_t b, e;
-  share(ffn, ROWS / 2, b, e);
+void swiglu_rows(const Tuning& tu, const T* wg, const T* wu, const float* h, int64_t dim, int64_t ffn, float* act) {
   const Activation<T> a(h, dim);
-  float out[ROWS];
   auto silu_mul = [](float g, float u) { return rnd<T>(rnd<T>(g / (1.f + std::exp(-g))) * u); };
-  int64_t r = b;
-  for (; r + ROWS / 2 <= e; r += ROWS / 2) {
-    const T *rows[ROWS], *next[ROWS];
-    for (int j = 0; j < ROWS / 2; j++) {
-      const int64_t nr = std::min(r + ROWS / 2 + j, e - 1);
-      rows[2 * j] = wg + (r + j) * dim;
-      rows[2 * j + 1] = wu + (r + j) * dim;
-      next[2 * j] = wg + nr * dim;
-      next[2 * j + 1] = wu + nr * dim;
-    }
-    dot_rows<ROWS>(rows, next, a, dim, out);
-    for (int j = 0; j < ROWS / 2; j++) act[r + j] = silu_mul(rnd<T>(out[2 * j]), rnd<T>(out[2 * j + 1]));
-  }
-  for (; r < e; r++) {
-    const T* rows[2] = {wg + r * dim, wu + r * dim};
-    dot_rows<2>(rows, static_cast<const T* const*>(nullptr), a, dim, out);
-    act[r] = silu_mul(rnd<T>(out[0]), rnd<T>(out[1]));
-  }
+  stream_rows<T>(tu, 2 * ffn, 2, [&](int64_t r) { return (r % 2 ? wu : wg) + (r / 2) * dim; }, a, dim,
+                 [&](int64_t r, int64_t nr, const float* out) {
+                   for (int64_t j = 0; j < nr; j += 2) act[(r + j) / 2] = silu_mul(rnd<T>(out[j]), rnd<T>(out[j + 1]));
+                 });
 }
 
 // The query heads of KV group g (q: roped, fp32) over cache positions 0..pos -> att (fp32, rounded to T).
@@ -382,9 +440,9 @@ void write_cache(int64_t g, const float* k, const float* v, T* kc, T* vc, int64_
 // across the team and ends at a barrier; the residual stream and the normed activations, a few KB, are
 // computed by every thread into its own copy, so no phase waits for a single thread.
 template <typename T>
-void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const std::vector<Layer>& layers,
-                 const T* final_norm, const T* lm_head, T* logits, int64_t dim, int64_t vocab, int64_t n_heads,
-                 int64_t n_kv, float eps) {
+void decode_step(const Tuning& tu, const T* x_in, int64_t pos, const T* cos, const T* sin,
+                 const std::vector<Layer>& layers, const T* final_norm, const T* lm_head, T* logits, int64_t dim,
+                 int64_t vocab, int64_t n_heads, int64_t n_kv, float eps) {
   const int64_t d = layers[0].wq.size(0) / n_heads;
   const int64_t ffn = layers[0].gate.size(0);
   const int64_t s_len = layers[0].k_cache.size(2);
@@ -400,7 +458,7 @@ void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const s
     for (int64_t i = 0; i < dim; i++) x[i] = to_f(x_in[i]);
     for (const Layer& L : layers) {
       rmsnorm(x.data(), ptr<T>(L.in_norm), h.data(), dim, eps);
-      qkv_rows(ptr<T>(L.wq), ptr<T>(L.wk), ptr<T>(L.wv), h.data(), dim, nq, nk, qkv.data());
+      qkv_rows(tu, ptr<T>(L.wq), ptr<T>(L.wk), ptr<T>(L.wv), h.data(), dim, nq, nk, qkv.data());
       NL_BARRIER
       // per KV-head group: RoPE on its K and queries, the cache write, attention over positions 0..pos
       {
@@ -417,18 +475,18 @@ void decode_step(const T* x_in, int64_t pos, const T* cos, const T* sin, const s
         }
       }
       NL_BARRIER
-      matvec_share(ptr<T>(L.wo), att.data(), dim, nq, [&](int64_t r, float v) { y[r] = v; });
+      matvec_share(tu, ptr<T>(L.wo), att.data(), dim, nq, [&](int64_t r, float v) { y[r] = v; });
       NL_BARRIER
       for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
       rmsnorm(x.data(), ptr<T>(L.post_norm), h.data(), dim, eps);
-      swiglu_rows(ptr<T>(L.gate), ptr<T>(L.up), h.data(), dim, ffn, act.data());
+      swiglu_rows(tu, ptr<T>(L.gate), ptr<T>(L.up), h.data(), dim, ffn, act.data());
       NL_BARRIER
-      matvec_share(ptr<T>(L.down), act.data(), dim, ffn, [&](int64_t r, float v) { y[r] = v; });
+      matvec_share(tu, ptr<T>(L.down), act.data(), dim, ffn, [&](int64_t r, float v) { y[r] = v; });
       NL_BARRIER
       for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
     }
     rmsnorm(x.data(), final_norm, h.data(), dim, eps);
-    matvec_share(lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
+    matvec_share(tu, lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
   }
 }
 
@@ -467,7 +525,7 @@ void matvec_out(const at::Tensor& w, const at::Tensor& h, at::Tensor& y) {
 #ifdef _OPENMP
 #pragma omp parallel
 #endif
-    matvec_share(wp, hp, n, k, [&](int64_t r, float v) { yp[r] = static_cast<scalar_t>(v); });
+    matvec_share(Tuning{}, wp, hp, n, k, [&](int64_t r, float v) { yp[r] = static_cast<scalar_t>(v); });
   });
 }
 
@@ -495,7 +553,7 @@ void transformer_decode(const at::Tensor& x, const at::Tensor& pos, const at::Te
   check(p >= 0 && p < k_caches[0].size(2), "pos beyond the cache");
   dispatch(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    decode_step<scalar_t>(x.data_ptr<scalar_t>(), p, cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), layers,
+    decode_step<scalar_t>(Tuning{}, x.data_ptr<scalar_t>(), p, cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), layers,
                           final_norm.data_ptr<scalar_t>(), lm_head.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                           x.size(2), lm_head.size(0), n_heads, n_kv_heads, static_cast<float>(eps));
   });
@@ -520,7 +578,7 @@ void qkv_decode(const at::Tensor& x, const at::Tensor& norm_w, const at::Tensor&
       std::vector<float> h(dim), xf(dim);
       for (int64_t i = 0; i < dim; i++) xf[i] = to_f(ptr<T>(x)[i]);
       rmsnorm(xf.data(), ptr<T>(norm_w), h.data(), dim, static_cast<float>(eps));
-      qkv_rows(ptr<T>(wq), ptr<T>(wk), ptr<T>(wv), h.data(), dim, nq, nk, qkv.data());
+      qkv_rows(Tuning{}, ptr<T>(wq), ptr<T>(wk), ptr<T>(wv), h.data(), dim, nq, nk, qkv.data());
     }
     const T *c = ptr<T>(cos), *sn = ptr<T>(sin);
     for (int64_t hh = 0; hh < n_heads + n_kv_heads; hh++) rope(qkv.data() + hh * d, c, sn, d);
@@ -578,9 +636,9 @@ void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& u
     {
       std::vector<float> h(dim);
       rmsnorm(xf.data(), ptr<T>(norm_w), h.data(), dim, static_cast<float>(eps));
-      swiglu_rows(ptr<T>(gate), ptr<T>(up), h.data(), dim, ffn, act.data());
+      swiglu_rows(Tuning{}, ptr<T>(gate), ptr<T>(up), h.data(), dim, ffn, act.data());
       NL_BARRIER
-      matvec_share(ptr<T>(down), act.data(), dim, ffn, [&](int64_t r, float y) {
+      matvec_share(Tuning{}, ptr<T>(down), act.data(), dim, ffn, [&](int64_t r, float y) {
         o[r] = static_cast<T>(residual ? xf[r] + rnd<T>(y) : y);
       });
     }
@@ -673,6 +731,51 @@ class DecodePlan {
     sin_ = sin_table;
   }
 
+  // How the step's and the prefill's loops run from now on (see Tuning); values checked here.
+  void configure(int64_t rows, int64_t ahead, int64_t hint, bool interleave, int64_t tile_rows,
+                 int64_t tile_tokens) {
+    check(rows == 2 || rows == 4 || rows == 8, "tuning: rows per call must be 2, 4 or 8");
+    check(ahead >= 0 && ahead <= 8, "tuning: prefetch distance must be 0..8 blocks");
+    check(hint == 0 || hint == 2 || hint == 3, "tuning: prefetch hint must be 3 (L1), 2 (L2) or 0 (non-temporal)");
+    check(tile_rows == 2 || tile_rows == TILE_R, "tuning: prefill tile rows must be 2 or 4");
+    check(tile_tokens >= 1 && tile_tokens <= TILE_T, "tuning: prefill tile tokens must be 1.." + std::to_string(TILE_T));
+    tuning_ = {static_cast<int>(rows), static_cast<int>(ahead), static_cast<int>(hint), interleave,
+               static_cast<int>(tile_rows), static_cast<int>(tile_tokens)};
+  }
+
+  // (rows, ahead, hint, interleave, tile_rows, tile_tokens) now in use.
+  std::tuple<int64_t, int64_t, int64_t, bool, int64_t, int64_t> tuning() const {
+    return {tuning_.rows, tuning_.ahead, tuning_.hint, tuning_.interleave, tile_rows_of(tuning_),
+            tile_tokens_of(tuning_)};
+  }
+
+  // The fastest of `calls` runs (seconds) of the current tuning on the bound weights: a decode step (n_tok 1)
+  // or a prefill of n_tok tokens, from token 0 at position 0, for the tuner. What those runs write into the
+  // caches (positions 0 .. n_tok - 1 of every layer) is put back after, so the plan's state is unchanged.
+  double measure(int64_t n_tok, int64_t calls) {
+    check(n_tok >= 1 && n_tok <= layers_[0].k_cache.size(2) && n_tok <= cos_.size(0), "measure: n_tok");
+    check(calls >= 1, "measure: calls >= 1");
+    std::vector<at::Tensor> saved;
+    using at::indexing::Slice;
+    for (const Layer& L : layers_) {
+      saved.push_back(L.k_cache.index({Slice(), Slice(), Slice(0, n_tok)}).clone());
+      saved.push_back(L.v_cache.index({Slice(), Slice(), Slice(0, n_tok)}).clone());
+    }
+    at::Tensor logits = at::empty({lm_head_.size(0)}, lm_head_.options());
+    const at::Tensor toks = at::zeros({1, n_tok}, at::kLong), positions = at::arange(n_tok, at::kLong);
+    double best = INFINITY;
+    for (int64_t c = 0; c < calls; c++) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run(toks, positions, logits);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    for (size_t i = 0; i < layers_.size(); i++) {
+      layers_[i].k_cache.index({Slice(), Slice(), Slice(0, n_tok)}).copy_(saved[2 * i]);
+      layers_[i].v_cache.index({Slice(), Slice(), Slice(0, n_tok)}).copy_(saved[2 * i + 1]);
+    }
+    return best;
+  }
+
   // The step's logits (1, 1, vocab), in the model dtype, into logits.
   void step(const at::Tensor& token, const at::Tensor& pos, at::Tensor& logits) { run(token, pos, logits); }
 
@@ -734,12 +837,12 @@ class DecodePlan {
         }
       }
       if (n == 1) {
-        decode_step<T>(ptr<T>(embed_) + toks[0] * dim, p, c.data(), s.data(), layers_, ptr<T>(final_norm_),
+        decode_step<T>(tuning_, ptr<T>(embed_) + toks[0] * dim, p, c.data(), s.data(), layers_, ptr<T>(final_norm_),
                        ptr<T>(lm_head_), logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
       } else {
         std::vector<const T*> rows(n);
         for (int64_t t = 0; t < n; t++) rows[t] = ptr<T>(embed_) + toks[t] * dim;
-        prefill_step<T>(rows.data(), n, p, c.data(), s.data(), layers_, ptr<T>(final_norm_), ptr<T>(lm_head_),
+        prefill_step<T>(tuning_, rows.data(), n, p, c.data(), s.data(), layers_, ptr<T>(final_norm_), ptr<T>(lm_head_),
                         logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
       }
     });
@@ -747,6 +850,7 @@ class DecodePlan {
 
   at::Tensor embed_, cos_, sin_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
+  Tuning tuning_;  // how its loops run (configure); never what they compute
   int64_t n_heads_, n_kv_;
   float eps_;
   SampleScratch scratch_;  // the draw's work buffers
@@ -785,6 +889,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mlp_decode", &mlp_decode, "one token: RMSNorm + SwiGLU MLP (+ residual)");
   m.def("sample_out", &sample_out, "the sampler's draw (temperature, top-k, top-p) from the last row of logits");
   m.def("isa", &isa, "the vector ISA this build was compiled for");
+  m.def("max_tile_tokens", []() { return TILE_T; }, "the prefill tile's most tokens in this build");
   // module_local: each ISA's build registers its own DecodePlan type (all three may load in one process)
   pybind11::class_<DecodePlan>(m, "DecodePlan", pybind11::module_local(), "the whole decode step over bound weights")
       .def(pybind11::init<const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::vector<at::Tensor>&,
@@ -794,6 +899,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                           const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,
                           const at::Tensor&, int64_t, int64_t, double>())
+      .def("configure", &DecodePlan::configure, "how the loops run: rows, ahead, hint, interleave, tile_rows, tile_tokens")
+      .def("tuning", &DecodePlan::tuning, "(rows, ahead, hint, interleave, tile_rows, tile_tokens) in use")
+      .def("measure", &DecodePlan::measure, "fastest of `calls` runs (s) of a step (n_tok 1) or prefill, state kept")
       .def("step", &DecodePlan::step, "the step's logits (vocab) into logits")
       .def("greedy", &DecodePlan::greedy, "the step's logits, and its greedy next token into out")
       .def("draw", &DecodePlan::draw, "the step's logits, and the token the sampler draws from them into out");

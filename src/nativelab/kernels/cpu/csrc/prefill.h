@@ -129,6 +129,7 @@ struct Chunk<at::BFloat16> {
 
 // Tile shape: R weight rows by up to TILE_T tokens of fp32 accumulators, which must stay in registers
 // (AVX-512 has 32 vector registers: 4 x 6 = 24 accumulators; AVX2 and the default build have 16: 4 x 3).
+// These are the largest; the tuning picks the rows (2 or TILE_R) and the most tokens per tile (1..TILE_T).
 constexpr int TILE_R = 4;
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int TILE_T = 6;
@@ -265,17 +266,25 @@ inline void tile(int tt, const T* const* rows, const T* const* next, const float
   dot_tile_n<R>(tt, rows, next, h, ldh, k, out);
 }
 
+// The tuning's tile: rows (2 or TILE_R) and the most tokens per tile (1..TILE_T).
+inline int tile_rows_of(const Tuning& tu) { return tu.tile_rows == 2 ? 2 : TILE_R; }
+inline int tile_tokens_of(const Tuning& tu) {
+  return tu.tile_tokens <= 0 ? TILE_T : std::min(tu.tile_tokens, TILE_T);
+}
+
 // This thread's share of n virtual rows (row(r) gives row r's pointer), each dotted with activation rows
 // t0..t1 of h (stride ldh, k long): store(r, nr, t, nt, out) gets the tile of rows r..r+nr and tokens
-// t..t+nt, out[j * TILE_T + u] for row r + j and token t + u. Rows are taken in tiles of TILE_R (then of
-// `tail` rows at the end of the share: n and the share boundaries are multiples of it), tokens in even blocks
-// of at most TILE_T; a tile's rows are fetched from memory for its first token block, from L1 after.
+// t..t+nt, out[j * TILE_T + u] for row r + j and token t + u. Rows are taken in tiles of the tuning's rows
+// (then of `tail` rows at the end of the share: n and the share boundaries are multiples of it), tokens in
+// even blocks of at most its tokens; a tile's rows are fetched from memory for its first token block, from
+// L1 after.
 template <typename T, typename Row, typename Store>
-void tile_rows(int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, int64_t k, int64_t t0, int64_t t1,
-               Store&& store) {
+void tile_rows(const Tuning& tu, int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, int64_t k,
+               int64_t t0, int64_t t1, Store&& store) {
+  const int tr = tile_rows_of(tu), tt_most = tile_tokens_of(tu);
   int64_t b, e;
-  share(n, TILE_R, b, e);
-  const int64_t nt = t1 - t0, blocks = (nt + TILE_T - 1) / TILE_T, per = (nt + blocks - 1) / blocks;
+  share(n, tr, b, e);
+  const int64_t nt = t1 - t0, blocks = (nt + tt_most - 1) / tt_most, per = (nt + blocks - 1) / blocks;
   float out[TILE_R * TILE_T];
   // bf16 weights: h's rows t0..t1 as the tiles read them, indexed by absolute token as h (this thread's copy)
   const at::BFloat16* hb = nullptr;  // in bf16 for the AVX512_BF16 products (exact: see dot_tile_dpbf16)
@@ -294,16 +303,22 @@ void tile_rows(int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, 
     h = split.data();
   }
   int64_t r = b;
-  for (; r + TILE_R <= e; r += TILE_R) {
+  for (; r + tr <= e; r += tr) {
     const T *rows[TILE_R], *next[TILE_R];
-    for (int j = 0; j < TILE_R; j++) {
+    for (int j = 0; j < tr; j++) {
       rows[j] = row(r + j);
-      next[j] = row(std::min(r + TILE_R + j, e - 1));
+      next[j] = row(std::min(r + tr + j, e - 1));
     }
     for (int64_t t = t0; t < t1; t += per) {
       const int tt = static_cast<int>(std::min(per, t1 - t));
-      tile<TILE_R>(tt, rows, t == t0 ? next : nullptr, h + t * ldh, hb ? hb + t * ldh : nullptr, ldh, k, out);
-      store(r, TILE_R, t, tt, out);
+      const T* const* pre = t == t0 ? next : nullptr;
+      const at::BFloat16* hbt = hb ? hb + t * ldh : nullptr;
+      if (tr == 2) {
+        tile<2>(tt, rows, pre, h + t * ldh, hbt, ldh, k, out);
+      } else {
+        tile<TILE_R>(tt, rows, pre, h + t * ldh, hbt, ldh, k, out);
+      }
+      store(r, tr, t, tt, out);
     }
   }
   for (; r < e; r += tail) {
@@ -327,7 +342,7 @@ void tile_rows(int64_t n, int64_t tail, Row&& row, const float* h, int64_t ldh, 
 // its rows (or KV-head groups) across the team and ends at a barrier; every thread keeps its own copy of the
 // residual stream and the normed rows (T x dim, a few KB each).
 template <typename T>
-void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* cos, const T* sin,
+void prefill_step(const Tuning& tu, const T* const* x_in, int64_t n_tok, int64_t pos0, const T* cos, const T* sin,
                   const std::vector<Layer>& layers, const T* final_norm, const T* lm_head, T* logits, int64_t dim,
                   int64_t vocab, int64_t n_heads, int64_t n_kv, float eps) {
   const int64_t d = layers[0].wq.size(0) / n_heads;
@@ -363,7 +378,7 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
         auto row = [&](int64_t r) {
           return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
         };
-        tile_rows<T>(nqkv, 1, row, h.data(), dim, dim, 0, n_tok,
+        tile_rows<T>(tu, nqkv, 1, row, h.data(), dim, dim, 0, n_tok,
                      [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
                        for (int64_t j = 0; j < nr; j++) {
                          for (int64_t u = 0; u < nt; u++) qkv[(t + u) * nqkv + r + j] = rnd<T>(o[j * TILE_T + u]);
@@ -399,7 +414,7 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
       };
       {
         const T* wo = ptr<T>(L.wo);
-        tile_rows<T>(dim, 1, [&](int64_t r) { return wo + r * nq; }, att.data(), nq, nq, first, n_tok, to_y);
+        tile_rows<T>(tu, dim, 1, [&](int64_t r) { return wo + r * nq; }, att.data(), nq, nq, first, n_tok, to_y);
       }
       NL_BARRIER
       const float* post_w = widen(ptr<T>(L.post_norm));
@@ -411,7 +426,7 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
       {
         // gate and up row i as virtual rows 2i and 2i + 1, so a tile holds both halves of its outputs
         const T *wg = ptr<T>(L.gate), *wu = ptr<T>(L.up);
-        tile_rows<T>(2 * ffn, 2, [&](int64_t r) { return (r % 2 ? wu : wg) + (r / 2) * dim; }, h.data(), dim, dim,
+        tile_rows<T>(tu, 2 * ffn, 2, [&](int64_t r) { return (r % 2 ? wu : wg) + (r / 2) * dim; }, h.data(), dim, dim,
                      first, n_tok, [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
                        for (int64_t j = 0; j < nr; j += 2) {
                          for (int64_t u = 0; u < nt; u++) {
@@ -421,7 +436,7 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
                        }
                      });
         int64_t b, e;  // this thread's gate / up rows (tile_rows' share), SwiGLU on them
-        share(2 * ffn, TILE_R, b, e);
+        share(2 * ffn, tile_rows_of(tu), b, e);
         for (int64_t t = first; t < n_tok; t++) {
           silu_mul_row<T>(gate_out.data() + t * ffn + b / 2, up_out.data() + t * ffn + b / 2,
                           act.data() + t * ffn + b / 2, (e - b) / 2);
@@ -430,14 +445,14 @@ void prefill_step(const T* const* x_in, int64_t n_tok, int64_t pos0, const T* co
       NL_BARRIER
       {
         const T* wd = ptr<T>(L.down);
-        tile_rows<T>(dim, 1, [&](int64_t r) { return wd + r * ffn; }, act.data(), ffn, ffn, first, n_tok, to_y);
+        tile_rows<T>(tu, dim, 1, [&](int64_t r) { return wd + r * ffn; }, act.data(), ffn, ffn, first, n_tok, to_y);
       }
       NL_BARRIER
       for (int64_t t = first; t < n_tok; t++) residual_row<T>(x.data() + t * dim, y.data() + t * dim, tmp.data(), dim);
     }
     const float* last = x.data() + (n_tok - 1) * dim;
     rmsnorm(last, final_norm, h.data(), dim, eps);
-    matvec_share(lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
+    matvec_share(tu, lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
   }
 }
 

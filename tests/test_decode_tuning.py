@@ -1,0 +1,235 @@
+"""The decode kernels' tuning (kernels/cpu/tune.py): the choice on fake timings, the per-CPU cache, the forced
+configuration, and that no configuration changes a value (every candidate's tokens and logits equal the
+default's, on the real kernels)."""
+
+import itertools
+import json
+import random
+
+import pytest
+import torch
+
+from nativelab.device import cpu_info
+from nativelab.kernels.cpu import build, decode, tune
+from nativelab.kernels.cpu.tune import DecodeConfig
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(tune.CACHE_ENV, str(tmp_path / "tune"))
+    monkeypatch.delenv(tune.ENV, raising=False)
+
+
+def test_choose_takes_the_fastest_reading_of_each_candidate():
+    """Noisy fake timings (load only ever slows a reading, sometimes 3x): the candidate with the fastest true
+    time wins, though its median reading is slower than another's."""
+    rng = random.Random(0)
+    true = {"a": 1.00, "b": 0.80, "c": 0.85, "d": 1.30}
+    spikes = {"b": 0.7}  # b is hit by load in 70% of its readings
+
+    def measure(c):
+        slow = 2.0 if rng.random() < spikes.get(c, 0.1) else rng.uniform(0, 0.01)
+        return true[c] * (1 + slow)
+
+    chosen, best = tune.choose(list(true), measure, rounds=8)
+    assert chosen == "b"
+    assert best["b"] == pytest.approx(0.80, rel=0.011) and best["d"] >= 1.30
+
+
+def test_choose_keeps_the_incumbent_within_noise():
+    true = {"default": 1.000, "other": 0.990, "far": 1.5}
+    chosen, _ = tune.choose(list(true), true.__getitem__, rounds=2)
+    assert chosen == "default"  # 1% faster is within the 2% noise: not worth a change
+    chosen, _ = tune.choose(list(true), true.__getitem__, rounds=2, noise=0.005)
+    assert chosen == "other"
+    with pytest.raises(ValueError, match="no candidates"):
+        tune.choose([], true.__getitem__)
+
+
+def _fake_machine(best_rows=8, best_ahead=2, best_hint="l2", best_split="interleave", best_tile=(2, 3)):
+    """Fake step times: each field off its best value costs a fixed share; the prefill by its tile."""
+    calls = []
+
+    def measure(c: DecodeConfig, n_tok: int) -> float:
+        calls.append((c, n_tok))
+        if n_tok > 1:
+            return 5e-3 * (1 + 0.1 * ((c.tile_rows, c.tile_tokens) != best_tile))
+        return 2e-3 * (1 + 0.2 * (c.rows != best_rows) + 0.1 * (c.ahead != best_ahead)
+                       + 0.05 * (c.hint != best_hint) + 0.03 * (c.split != best_split))
+    return measure, calls
+
+
+def test_search_finds_each_fields_best_value():
+    measure, calls = _fake_machine()
+    chosen, tried = tune.search(measure, max_tile_tokens=6, rounds=3)
+    assert chosen == DecodeConfig(rows=8, ahead=2, hint="l2", split="interleave", tile_rows=2, tile_tokens=3)
+    assert len(tried) <= 14 and len(calls) <= 3 * 11 + 3 * 4  # a handful of candidates, not the whole grid
+    assert all(n == tune.PREFILL_TOKENS for c, n in calls if n > 1)
+
+
+def test_search_without_the_best_configuration_finds_another():
+    measure, _ = _fake_machine(best_rows=4, best_ahead=1, best_hint="l1", best_split="block", best_tile=(4, 0))
+    chosen, _ = tune.search(measure, max_tile_tokens=6, rounds=2)
+    assert chosen == DecodeConfig()  # the defaults are this fake machine's best
+    chosen, tried = tune.search(measure, max_tile_tokens=6, rounds=2, exclude=[{"ahead": 1}])
+    assert chosen.ahead != 1 and all(c.ahead != 1 for c, _ in tried)
+    assert chosen.rows == 4 and chosen.split == "block"  # the other fields' best values still found
+    with pytest.raises(ValueError, match="every configuration is excluded"):
+        tune.search(measure, 6, exclude=[{}])
+
+
+def test_the_forced_configuration_parses_and_bad_ones_are_clear_errors(monkeypatch):
+    assert tune.parse("default") == DecodeConfig()
+    assert tune.parse("rows=8, ahead=2,hint=nta,split=interleave,tile=2x3") == DecodeConfig(8, 2, "nta",
+                                                                                            "interleave", 2, 3)
+    assert tune.parse("rows=2") == DecodeConfig(rows=2)
+    assert tune.parse(str(DecodeConfig(8, 0, "l2", "block", 2, 5))) == DecodeConfig(8, 0, "l2", "block", 2, 5)
+    for bad, what in (("rows=3", "bad rows=3"), ("colour=red", "unknown field 'colour'"),
+                      ("rows", "bad field 'rows'"), ("hint=l3", "bad hint=l3"), ("tile=4x9", "bad tile tokens 9")):
+        with pytest.raises(ValueError, match=what):
+            tune.parse(bad)
+    monkeypatch.setenv(tune.ENV, "rows=9")
+    with pytest.raises(ValueError, match="NATIVELAB_DECODE_CONFIG='rows=9': decode config: bad rows=9"):
+        tune.forced()
+
+
+def test_the_choice_is_cached_and_redone_when_the_cpu_changes(monkeypatch, tmp_path):
+    searches = []
+
+    def fake_search(measure, max_tile_tokens, **kw):
+        searches.append(cpu_info.model())
+        return DecodeConfig(rows=8 if len(searches) == 1 else 2), {(DecodeConfig(rows=8), 1): 1e-3}
+
+    monkeypatch.setattr(tune, "search", fake_search)
+    monkeypatch.setattr(cpu_info, "model", lambda: "Intel(R) Xeon(R) Processor")
+    key = lambda: tune.cache_key("nativelab_decode_avx512-0123", 2, "bfloat16", (8, 576, 576, 192, 1536, 32000))
+    assert tune.config_for(object(), key(), 6) == DecodeConfig(rows=8)
+    assert tune.config_for(object(), key(), 6) == DecodeConfig(rows=8)  # from the cache: no second search
+    assert len(searches) == 1
+    (entry,) = (tmp_path / "tune").glob("decode-*.json")
+    stored = json.loads(entry.read_text())
+    assert stored["key"]["cpu"] == "Intel(R) Xeon(R) Processor" and stored["config"]["rows"] == 8
+    assert not list((tmp_path / "tune").glob("*.tmp"))  # written whole (files.write_atomic)
+    other_threads = tune.cache_key("nativelab_decode_avx512-0123", 1, "bfloat16", (8, 576, 576, 192, 1536, 32000))
+    assert tune.cached(other_threads) is None
+
+    monkeypatch.setattr(cpu_info, "model", lambda: "AMD EPYC 9R14 96-Core Processor")
+    assert tune.config_for(object(), key(), 6) == DecodeConfig(rows=2)  # another CPU: measured again
+    assert searches == ["Intel(R) Xeon(R) Processor", "AMD EPYC 9R14 96-Core Processor"]
+    assert len(list((tmp_path / "tune").glob("decode-*.json"))) == 2
+
+    entry.write_text("{not json")  # a damaged entry is measured again, not an error
+    monkeypatch.setattr(cpu_info, "model", lambda: "Intel(R) Xeon(R) Processor")
+    tune.config_for(object(), key(), 6)
+    assert len(searches) == 3
+
+    monkeypatch.setenv(tune.ENV, "rows=2,ahead=0")  # forced: no cache, no search
+    assert tune.config_for(object(), key(), 6) == DecodeConfig(rows=2, ahead=0)
+    assert len(searches) == 3
+
+
+# ---- on the real kernels ----
+
+def _ext():
+    ext = build.extension()
+    if ext is None:
+        pytest.skip("no C++ toolchain")
+    return ext
+
+
+def _every_config(most):
+    """Every value of every field: the decode step's fields in all their combinations (the default tile), every
+    tile with the default step and with the step's least default one (rows 8, no prefetch, interleaved)."""
+    for rows, ahead, hint, split in itertools.product((2, 4, 8), (0, 1, 2), tune.HINTS, ("block", "interleave")):
+        yield DecodeConfig(rows, ahead, hint, split)
+    for tile_rows, tile_tokens in itertools.product((2, 4), range(1, most + 1)):
+        yield DecodeConfig(tile_rows=tile_rows, tile_tokens=tile_tokens)
+        yield DecodeConfig(8, 0, "l1", "interleave", tile_rows, tile_tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_configuration_computes_the_same_tokens(dtype):
+    """A prompt's prefill (odd length, so the tiles have tails), greedy steps and a top-p draw on a DecodePlan
+    (an odd-sized GQA model whose row counts leave tails for every rows-per-call): the logits, the tokens and
+    the caches are bit-for-bit the default configuration's under every configuration, on 1 and 2 threads."""
+    from test_cpu_kernels import _decoder, _plan_args
+
+    ext = _ext()
+    a = _decoder(dtype, n_layers=2, dim=72, n_heads=6, n_kv=2, ffn=100, vocab=131, seq=16)
+    bound = _plan_args(a)
+    plan = ext.DecodePlan(*bound)
+    most = ext.max_tile_tokens()
+
+    def run():
+        for c in (*a["k_caches"], *a["v_caches"]):
+            c.zero_()
+        logits = torch.empty(131, dtype=dtype)
+        seed, out = torch.tensor([3, 0]), torch.empty(1, dtype=torch.int64)
+        plan.greedy(torch.tensor([[5, 17, 2, 99, 41, 7, 63]]), torch.arange(7), seed, logits, out)
+        got = [logits.clone()]
+        for p in range(7, 10):
+            plan.greedy(out.view(1, 1).clone(), torch.tensor([p]), seed, logits, out)
+            got.append(logits.clone())
+        plan.draw(out.view(1, 1).clone(), torch.tensor([10]), seed, logits, out, 0.8, 0, 0.9)
+        return torch.stack(got), out.item(), [c.clone() for c in (*a["k_caches"], *a["v_caches"])]
+
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            plan.configure(*DecodeConfig().args(most))
+            ref_logits, ref_token, ref_caches = run()
+            for config in _every_config(most):
+                plan.configure(*config.args(most))
+                assert plan.tuning() == config.args(most)
+                logits, token, caches = run()
+                assert torch.equal(logits, ref_logits) and token == ref_token, (n, str(config))
+                assert all(torch.equal(c, r) for c, r in zip(caches, ref_caches)), (n, str(config))
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="rows per call must be 2, 4 or 8"):
+        plan.configure(3, 1, 3, False, 4, 1)
+
+
+@pytest.mark.slow
+def test_the_bound_step_tunes_at_its_first_step_and_keeps_the_tokens(monkeypatch, tmp_path):
+    """The plan the kernel interface binds measures at its first step (its caches as they were after), caches
+    the choice, and gives the tokens that the default configuration, forced, gives."""
+    from test_cpu_kernels import _decoder, _plan_args
+
+    _ext()
+    a = _decoder(torch.bfloat16)
+    bound = _plan_args(a)
+
+    def generate():
+        for c in (*a["k_caches"], *a["v_caches"]):
+            c.zero_()
+        step = decode.transformer_tkg_token.bind(*bound)
+        logits, out, seed = torch.empty(131, dtype=torch.bfloat16), torch.empty(1, dtype=torch.int64), torch.zeros(
+            2, dtype=torch.int64)
+        step(torch.tensor([[5, 17, 2]]), torch.arange(3), seed, 0.0, 0, 1.0, logits, out)
+        tokens = [out.item()]
+        for p in range(3, 8):
+            step(out.view(1, 1).clone(), torch.tensor([p]), seed, 0.8 if p % 2 else 0.0, 0, 0.9, logits, out)
+            tokens.append(out.item())
+        return step, tokens, [c.clone() for c in (*a["k_caches"], *a["v_caches"])]
+
+    measured = []
+    real = tune.search
+    monkeypatch.setattr(tune, "search", lambda *x, **kw: measured.append(1) or real(*x, **kw))
+    step, tuned, tuned_caches = generate()
+    assert measured == [1] and len(list((tmp_path / "tune").glob("decode-*.json"))) == 1
+    tuned_config = step.plan.tuning()
+    generate()
+    assert measured == [1]  # the second plan takes the cached choice
+    monkeypatch.setenv(tune.ENV, "default")
+    step, untuned, untuned_caches = generate()
+    assert step.plan.tuning() == DecodeConfig().args(build.extension().max_tile_tokens())
+    assert tuned == untuned and all(torch.equal(t, u) for t, u in zip(tuned_caches, untuned_caches)), tuned_config
+
+
+def test_choose_stops_after_two_rounds_past_its_deadline():
+    readings = []
+    chosen, _ = tune.choose(["a", "b"], lambda c: readings.append(c) or 1.0, rounds=5, deadline=0.0)
+    assert chosen == "a" and readings == ["a", "b"] * 2
