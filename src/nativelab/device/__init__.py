@@ -20,7 +20,7 @@ import torch
 from .. import stand_ins
 from . import (
     _private, autocast, config, conversion, crash_report, dynamo_interface, guard, int32_targets, memory, module, ops,
-    queue, rnn_cells, runtime, runtime_ops, tracking,
+    queue, rnn_cells, runtime, runtime_ops, sparse, tracking,
 )
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
@@ -78,6 +78,7 @@ def register() -> bool:
     dynamo_interface.install(cfg.num_cores)
     autocast.install(lib, aten_lib)
     int32_targets.install(aten_lib)
+    sparse.install(lib)  # sparse layouts: one clear error
     from . import multiprocessing as _multiprocessing  # torch.multiprocessing and fork: clear errors, no hang
 
     _multiprocessing.install()

@@ -19,7 +19,7 @@ from importlib import resources
 
 import torch
 
-from . import _private, gemm_policy, guard, memory, observe, queue, rng, tracking
+from . import _private, gemm_policy, guard, memory, observe, queue, rng, sparse, tracking
 
 DEVICE = memory.DEVICE
 _Tensor = torch.Tensor
@@ -728,6 +728,8 @@ def _one_to_device(rec, i, r, args, index):
         return args[alias]
     if r.device.type != "cpu":
         return r
+    if r.layout != torch.strided:  # a CPU fallback made a sparse result (`x.to_sparse()`): no device has it
+        raise sparse.error(rec.name)
     return memory.from_host(r, index)
 
 
