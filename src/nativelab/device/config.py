@@ -61,7 +61,7 @@ PHYSICAL_CORES = 8  # trn2.3xlarge: one Trainium2 chip, 8 physical NeuronCores, 
 HBM_GB = 96.0
 
 
-def _virtual_core_size() -> int:
+def virtual_core_size() -> int:
     """NEURON_RT_VIRTUAL_CORE_SIZE: physical cores per logical core (LNC), 2 by default on Trainium2."""
     lnc = _int_env("NEURON_RT_VIRTUAL_CORE_SIZE", 2, minimum=1)
     if lnc not in (1, 2):
@@ -75,7 +75,7 @@ def emulate_beside_cuda() -> bool:
 
 
 def load() -> Config:
-    lnc = _virtual_core_size()
+    lnc = virtual_core_size()
     return Config(
         # LNC=2 (the default): 8 physical cores appear as 4 logical ones
         num_cores=_int_env("NEURON_RT_NUM_CORES", PHYSICAL_CORES // lnc, minimum=1),

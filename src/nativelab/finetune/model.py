@@ -28,6 +28,13 @@ def load(model_path: str | Path | None = None, dtype: torch.dtype = torch.float3
         kwargs, source, name = {}, str(source), str(source.resolve())
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=dtype, **kwargs)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if (quantizer is not None and not getattr(quantizer, "packed_modules", None)
+            and all(p.is_floating_point() for p in model.parameters())):
+        # GGUF unpacked into plain float weights: transformers 5 still keeps its GGUF quantizer on the model,
+        # whose save_pretrained then refuses ("quantized with gguf and is not serializable"): a full
+        # fine-tune's model could not be saved. Nothing is quantized any more, so the model drops it.
+        quantizer.remove_quantization_config(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if getattr(tokenizer, "chat_template", None) is None:
