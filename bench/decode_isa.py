@@ -4,6 +4,7 @@ one run against the process's own flat read of the same bytes.
 
     python bench/decode_isa.py [--size small] [--dtype bfloat16] [--iters 100] [--repeats 5]
                                [--without ahead=1 ...]   # take configurations away from the tuner
+                               [--second]                # and what it chooses without its first choice
 
 Per thread count and build: the configuration the tuner chooses (measured now, the cache not used), the
 fastest and slowest it tried; then the chosen and the default configuration's step (ms, weight GB/s) against
@@ -63,6 +64,8 @@ def main() -> None:
     ap.add_argument("--without", action="append", default=[], metavar="FIELDS",
                     help="configurations the tuner may not choose: those matching all these fields, e.g. "
                          "ahead=1 or rows=4,hint=l1 (repeatable)")
+    ap.add_argument("--second", action="store_true",
+                    help="also tune with the chosen step configuration taken away, and time that choice too")
     args = ap.parse_args()
     try:
         without = [tune.parse_fields(w) for w in args.without]
@@ -92,7 +95,7 @@ def main() -> None:
             for isa, ext in exts.items():
                 plan, most = plan_for(ext, model), ext.max_tile_tokens()
                 t0 = time.perf_counter()
-                config, tried = tune.search(tune.plan_measure(plan, most), most, exclude=without)
+                config, tried, _ = tune.search(tune.plan_measure(plan, most), most, exclude=without, limit=60)
                 took = time.perf_counter() - t0
                 steps = sorted((t, str(c)) for (c, n), t in tried.items() if n == 1)
                 tiles = sorted((t, f"{c.tile_rows}x{c.tile_tokens or most}") for (c, n), t in tried.items() if n > 1)
@@ -102,21 +105,26 @@ def main() -> None:
                 if tiles:
                     print(f"  prefill of {tune.PREFILL_TOKENS} tokens, tiles (rows x tokens): "
                           + ", ".join(f"{s} {t * 1e3:.2f} ms" for t, s in tiles))
-                plans[isa], chosen[isa] = (plan, most), config
-            times = {(isa, which): [] for isa in plans for which in ("tuned", "default")}
+                plans[isa], chosen[isa] = (plan, most), {"tuned": config, "default": tune.DecodeConfig()}
+                if args.second:  # the same search with the winner's step fields excluded
+                    fields = {f: getattr(config, f) for f in ("rows", "ahead", "hint", "split")}
+                    second, _, _ = tune.search(tune.plan_measure(plan, most), most, exclude=[*without, fields], limit=60)
+                    print(f"  without it the tuner chooses {second}")
+                    chosen[isa]["second"] = second
+            times = {(isa, which): [] for isa in plans for which in chosen[isa]}
             flats = []
             for _ in range(args.repeats):
                 flats.append(flat_read_time(flat))
                 for (isa, which), ts in times.items():
                     plan, most = plans[isa]
-                    plan.configure(*(chosen[isa] if which == "tuned" else tune.DecodeConfig()).args(most))
+                    plan.configure(*chosen[isa][which].args(most))
                     ts.append(step_time(plan, args.iters))
             flat_t = min(flats)
             print(f"\n{nt} thread(s): flat read of the same bytes {flat_t * 1e3:.3f} ms {gbs(flat_t)}")
             for (isa, which), ts in times.items():
                 t = statistics.median(ts)
                 print(f"  {isa:<6} {which:<7} {t * 1e3:7.3f} ms/step {gbs(t)}  {flat_t / t:5.0%} of the flat read"
-                      + (f"  ({chosen[isa]})" if which == "tuned" else ""))
+                      f"  ({chosen[isa][which]})")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from nativelab.device import cpu_info
+from nativelab.device import cpu_info, threads
 from nativelab.kernels.cpu import build, decode, tune
 from nativelab.kernels.cpu.tune import DecodeConfig
 
@@ -61,7 +61,8 @@ def _fake_machine(best_rows=8, best_ahead=2, best_hint="l2", best_split="interle
 
 def test_search_finds_each_fields_best_value():
     measure, calls = _fake_machine()
-    chosen, tried = tune.search(measure, max_tile_tokens=6, rounds=3)
+    chosen, tried, complete = tune.search(measure, max_tile_tokens=6, rounds=3)
+    assert complete
     assert chosen == DecodeConfig(rows=8, ahead=2, hint="l2", split="interleave", tile_rows=2, tile_tokens=3)
     assert len(tried) <= 14 and len(calls) <= 3 * 11 + 3 * 4  # a handful of candidates, not the whole grid
     assert all(n == tune.PREFILL_TOKENS for c, n in calls if n > 1)
@@ -69,9 +70,9 @@ def test_search_finds_each_fields_best_value():
 
 def test_search_without_the_best_configuration_finds_another():
     measure, _ = _fake_machine(best_rows=4, best_ahead=1, best_hint="l1", best_split="block", best_tile=(4, 0))
-    chosen, _ = tune.search(measure, max_tile_tokens=6, rounds=2)
+    chosen, _, _ = tune.search(measure, max_tile_tokens=6, rounds=2)
     assert chosen == DecodeConfig()  # the defaults are this fake machine's best
-    chosen, tried = tune.search(measure, max_tile_tokens=6, rounds=2, exclude=[{"ahead": 1}])
+    chosen, tried, _ = tune.search(measure, max_tile_tokens=6, rounds=2, exclude=[{"ahead": 1}])
     assert chosen.ahead != 1 and all(c.ahead != 1 for c, _ in tried)
     assert chosen.rows == 4 and chosen.split == "block"  # the other fields' best values still found
     with pytest.raises(ValueError, match="every configuration is excluded"):
@@ -98,7 +99,7 @@ def test_the_choice_is_cached_and_redone_when_the_cpu_changes(monkeypatch, tmp_p
 
     def fake_search(measure, max_tile_tokens, **kw):
         searches.append(cpu_info.model())
-        return DecodeConfig(rows=8 if len(searches) == 1 else 2), {(DecodeConfig(rows=8), 1): 1e-3}
+        return DecodeConfig(rows=8 if len(searches) == 1 else 2), {(DecodeConfig(rows=8), 1): 1e-3}, True
 
     monkeypatch.setattr(tune, "search", fake_search)
     monkeypatch.setattr(cpu_info, "model", lambda: "Intel(R) Xeon(R) Processor")
@@ -217,19 +218,47 @@ def test_the_bound_step_tunes_at_its_first_step_and_keeps_the_tokens(monkeypatch
 
     measured = []
     real = tune.search
-    monkeypatch.setattr(tune, "search", lambda *x, **kw: measured.append(1) or real(*x, **kw))
+    # no time limit: a loaded test machine would cut a search short, which is then (rightly) not cached
+    monkeypatch.setattr(tune, "search", lambda *x, **kw: measured.append(1) or real(*x, **kw, limit=float("inf")))
     step, tuned, tuned_caches = generate()
-    assert measured == [1] and len(list((tmp_path / "tune").glob("decode-*.json"))) == 1
+    # at the first step: this thread count's, and the device's fewest and most threads' (not in a timed run later)
+    n = torch.get_num_threads()
+    counts = {1, n} if n == threads.ceiling() else {n}
+    assert len(measured) == len(counts) and len(list((tmp_path / "tune").glob("decode-*.json"))) == len(counts)
     tuned_config = step.plan.tuning()
     generate()
-    assert measured == [1]  # the second plan takes the cached choice
+    assert len(measured) == len(counts)  # the second plan takes the cached choices
     monkeypatch.setenv(tune.ENV, "default")
     step, untuned, untuned_caches = generate()
     assert step.plan.tuning() == DecodeConfig().args(build.extension().max_tile_tokens())
     assert tuned == untuned and all(torch.equal(t, u) for t, u in zip(tuned_caches, untuned_caches)), tuned_config
 
 
-def test_choose_stops_after_two_rounds_past_its_deadline():
+def test_choose_stops_after_two_rounds_past_its_deadline_and_at_once_past_its_limit():
     readings = []
     chosen, _ = tune.choose(["a", "b"], lambda c: readings.append(c) or 1.0, rounds=5, deadline=0.0)
     assert chosen == "a" and readings == ["a", "b"] * 2
+    readings.clear()
+    chosen, best = tune.choose(["a", "b"], lambda c: readings.append(c) or 1.0, rounds=5, limit=0.0)
+    assert chosen == "a" and readings == ["a"] and best == {"a": 1.0}
+
+
+def test_a_search_cut_short_on_a_loaded_machine_is_used_but_not_cached(monkeypatch, tmp_path):
+    """Each reading 0.3 s (a step with a descheduled thread): the search stops at its limit, the plan runs the
+    best found so far, and the next plan measures again rather than trust it."""
+    clock = [0.0]
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+
+    class SlowPlan:
+        def configure(self, *args):
+            self.args = args
+
+        def measure(self, n_tok, calls):
+            clock[0] += 0.3
+            return 0.3 if self.args[0] != 2 else 0.1  # rows=2 is the fastest
+
+    config, tried, complete = tune.search(tune.plan_measure(SlowPlan(), 6), 6, limit=2.0)
+    assert not complete and config.rows == 2 and len(tried) == 3  # the rows field only, 7 readings
+    key = tune.cache_key("b", 2, "bfloat16", (1,))
+    assert tune.config_for(SlowPlan(), key, 6).rows == 2
+    assert tune.cached(key) is None and not list((tmp_path / "tune").glob("decode-*.json"))

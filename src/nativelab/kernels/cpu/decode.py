@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ...device import threads as device_threads
 from . import build, tune
 
 _DTYPES = (torch.bfloat16, torch.float32)
@@ -109,13 +110,25 @@ def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms
     shape = (len(wqs), embed.shape[1], wqs[0].shape[0], wks[0].shape[0], gates[0].shape[0], lm_head.shape[0])
     kernel, most, threads, configs = Path(ext.__file__).parent.name, ext.max_tile_tokens(), [0], {}
 
+    def config(n: int) -> tuple:
+        if n not in configs:
+            key = tune.cache_key(kernel, n, str(embed.dtype).removeprefix("torch."), shape)
+            configs[n] = tune.config_for(plan, key, most).args(most)
+        return configs[n]
+
     def step(tokens, pos, seed_state, temperature, top_k, top_p, logits, out):
         if torch.get_num_threads() != threads[0]:  # the first step on this many threads: forced, cached or measured
             n = threads[0] = torch.get_num_threads()
-            if n not in configs:
-                key = tune.cache_key(kernel, n, str(embed.dtype).removeprefix("torch."), shape)
-                configs[n] = tune.config_for(plan, key, most).args(most)
-            plan.configure(*configs[n])
+            # the first step on all the device's cores (a quiet machine) also tunes one thread now, not in a
+            # timed run later when load shrinks the team
+            if not configs and n == device_threads.ceiling():
+                try:
+                    for m in sorted({1, n}):
+                        torch.set_num_threads(m)
+                        config(m)
+                finally:
+                    torch.set_num_threads(n)
+            plan.configure(*config(n))
         if temperature <= 0.0:
             plan.greedy(tokens, pos, seed_state, logits, out)
         else:  # the step and `sample`'s draw from its logits, in the one call

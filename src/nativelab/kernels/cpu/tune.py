@@ -123,12 +123,13 @@ def forced() -> DecodeConfig | None:
 # ---- choosing ----
 
 def choose(candidates: list, measure: Callable[[object], float], rounds: int = 5,
-           noise: float = NOISE, deadline: float = float("inf")) -> tuple[object, dict]:
+           noise: float = NOISE, deadline: float = float("inf"), limit: float = float("inf")) -> tuple[object, dict]:
     """The fastest candidate and every candidate's best time: `rounds` rounds, each timing every candidate once
     (interleaved: a burst of load on a shared machine slows all alike, not one), the fastest reading of each
     kept (load only ever slows a reading); past `deadline` (time.perf_counter) no round starts after the
-    second (a loaded machine makes every reading slow). Within `noise` of the fastest, the earliest candidate
-    wins: a tie keeps the incumbent (list it first) rather than follow the noise."""
+    second (a loaded machine makes every reading slow), and past `limit` no reading at all after the first
+    (the candidates not read yet are left out). Within `noise` of the fastest, the earliest candidate wins: a
+    tie keeps the incumbent (list it first) rather than follow the noise."""
     if not candidates:
         raise ValueError("choose: no candidates")
     best = {c: float("inf") for c in candidates}
@@ -136,7 +137,10 @@ def choose(candidates: list, measure: Callable[[object], float], rounds: int = 5
         if i >= 2 and time.perf_counter() > deadline:
             break
         for c in candidates:
+            if best[candidates[0]] < float("inf") and time.perf_counter() > limit:
+                break
             best[c] = min(best[c], measure(c))
+    best = {c: t for c, t in best.items() if t < float("inf")}
     fastest = min(best.values())
     return next(c for c in candidates if best[c] <= fastest * (1 + noise)), best
 
@@ -146,15 +150,18 @@ DECODE_FIELDS = (("rows", (4, 2, 8)), ("ahead", (1, 0, 2)), ("hint", ("l1", "l2"
 
 
 def search(measure: Callable[[DecodeConfig, int], float], max_tile_tokens: int, rounds: int = 5,
-           exclude: Iterable[dict] = (), start: DecodeConfig = DecodeConfig(),
-           budget: float = 0.5) -> tuple[DecodeConfig, dict]:
-    """The configuration to use, and the best time of every one tried: `measure(config, n_tok)` times a decode
+           exclude: Iterable[dict] = (), start: DecodeConfig = DecodeConfig(), budget: float = 0.5,
+           limit: float = 2.0) -> tuple[DecodeConfig, dict, bool]:
+    """The configuration to use, the best time of every one tried, and whether the search ran to its end (not
+    stopped at `limit` seconds, the rest untried): `measure(config, n_tok)` times a decode
     step (n_tok 1) or a prefill of n_tok tokens. Each field in turn: the best so far with that field's values
     (the decode step's fields on the step, the tile on a prefill of PREFILL_TOKENS). `exclude`: field sets
     no candidate may match (to see what is chosen without the winner). Past `budget` seconds each field
-    gets two rounds (~0.2-0.3 s in all on a quiet 2-core Xeon; seconds when a step takes 10x as long)."""
+    gets two rounds (~0.2-0.3 s in all on a quiet 2-core Xeon), past `limit` it stops (a loaded machine, where a
+    step with a descheduled thread took 0.1-0.4 s instead of 2 ms)."""
     exclude = list(exclude)
-    deadline = time.perf_counter() + budget
+    t0 = time.perf_counter()
+    deadline, stop = t0 + budget, t0 + limit
 
     def allowed(c: DecodeConfig) -> bool:
         return not any(c.matches(f) for f in exclude)
@@ -170,22 +177,27 @@ def search(measure: Callable[[DecodeConfig, int], float], max_tile_tokens: int, 
             raise ValueError(f"decode tuning: every configuration is excluded ({exclude})")
     best, tried = start, {}
     for field, values in DECODE_FIELDS:
+        if time.perf_counter() > stop:
+            return best, tried, False
         cands = list(dict.fromkeys(c for c in (norm(dataclasses.replace(best, **{field: v})) for v in values)
                                    if allowed(c)))
         cands = [best] + [c for c in cands if c != best]
         if len(cands) > 1:
-            best, times = choose(cands, lambda c: measure(c, 1), rounds, deadline=deadline)
+            best, times = choose(cands, lambda c: measure(c, 1), rounds, deadline=deadline, limit=stop)
             tried.update({(c, 1): t for c, t in times.items()})
     most = max_tile_tokens
     tiles = [(4, 0), (2, 0), (4, (most + 1) // 2), (2, (most + 1) // 2)]
     cands = list(dict.fromkeys(dataclasses.replace(best, tile_rows=r, tile_tokens=t) for r, t in tiles))
     cands = [c for c in cands if allowed(c)]
+    if time.perf_counter() > stop:
+        return best, tried, False
     if len(cands) > 1:
-        best, times = choose(cands, lambda c: measure(c, PREFILL_TOKENS), max(2, rounds - 2), deadline=deadline)
+        best, times = choose(cands, lambda c: measure(c, PREFILL_TOKENS), max(2, rounds - 2), deadline=deadline,
+                             limit=stop)
         tried.update({(c, PREFILL_TOKENS): t for c, t in times.items()})
     elif cands:
         best = cands[0]
-    return best, tried
+    return best, tried, time.perf_counter() <= stop
 
 
 def plan_measure(plan, max_tile_tokens: int, calls: int = 1) -> Callable[[DecodeConfig, int], float]:
@@ -243,8 +255,11 @@ def config_for(plan, key: dict, max_tile_tokens: int) -> DecodeConfig:
     if config is not None:
         return config
     t0 = time.perf_counter()
-    config, tried = search(plan_measure(plan, max_tile_tokens), max_tile_tokens)
+    config, tried, complete = search(plan_measure(plan, max_tile_tokens), max_tile_tokens)
     seconds = time.perf_counter() - t0
+    if not complete:  # cut short on a loaded machine: this process uses the best so far, the next one measures
+        log.info("decode tuning for %s cut short after %.1f s: %s for now", key, seconds, config)
+        return config
     try:
         store(key, config, tried, seconds)
     except OSError as e:  # a read-only cache: measure again next time
