@@ -303,3 +303,37 @@ def test_safetensors_load_onto_the_device_is_flagged_with_the_workaround(many, c
     f = _one(r, "safetensors-device")
     assert f["line"] == _line(script, "load_file(path, device=dev)") and f["severity"] == "error"
     assert "load_file(path).items()" in f["fix"] and ".to('neuron')" in f["fix"]
+
+
+TRAINER_ON_CPU = """\
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.lin(x).squeeze(-1), labels)}
+
+    data = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(8)]
+    args = TrainingArguments(output_dir=OUT, use_cpu=True, max_steps=2, per_device_train_batch_size=4,
+                             report_to=[], save_strategy="no", logging_strategy="no")
+    Trainer(model=Tiny(), args=args, train_dataset=data).train()
+    print("TRAINED")
+    """
+
+
+@pytest.mark.slow
+def test_a_trainer_kept_on_the_cpu_names_training_arguments_device(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    _write(tmp_path, {"hf.py": TRAINER_ON_CPU.replace("OUT", repr(str(tmp_path / "out")))})
+    script = tmp_path / "hf.py"
+    code, r = _check(tmp_path, str(script))
+    assert "TRAINED" in capsys.readouterr().out
+    f = next(f for f in r["findings"] if f["kind"] == "no-device")
+    assert code == 1 and f["line"] == _line(script, "use_cpu=True")  # the choice, in the program's text
+    assert "use_cpu=True" in f["title"]
+    trainer = [e for e in f["details"]["evidence"] if "TrainingArguments.device ('cpu')" in e["why"]]
+    assert trainer and trainer[0]["site"].endswith(f":{_line(script, '.train()')}")  # the run's move, at the call

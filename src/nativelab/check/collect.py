@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from . import findings as F
 from .drift import LIMIT
 from .hardware import Trainium2
-from .source import Site, _is_internal_path, short_path
+from .source import Site, _is_internal_path, is_library_path, short_path
 from .watch import FP32_EXACT, INT32_MAX, Watch
 
 GiB = 1 << 30
@@ -420,6 +421,9 @@ _CPU_CHOICES = (
 )
 
 
+_STRONG = {what for _, what in _CPU_CHOICES[:3]}  # choices of the CPU, not questions or copies
+
+
 def _source_choices(files) -> list[tuple[Site, str]]:
     found = []
     for path in files or ():
@@ -443,14 +447,24 @@ def no_device(watch: Watch, hw: Trainium2, files=None) -> list[F.Finding]:
     where the run or the program's text shows it."""
     if watch.dispatched or watch.allocations or any(st.kind != "compile" for st in watch.ops.values()):
         return []
-    evidence = []  # (Site, why), best first: what the run did, then what the program's text says
-    for site, (what, answer) in watch.device_choices.items():
-        if answer is False:
-            evidence.append((site, f"{what} returned False"))
+    evidence = []  # (Site, why)
+    asked = [(site, what, asker) for site, (what, answer, asker) in watch.device_choices.items() if answer is False]
+    text = _source_choices(files)
+    # best first: the program's own question, then a choice of the CPU in its text, then the moves the run made
+    # (the HF Trainer's), then a question a library asked (accelerate probing CUDA), then weaker text
+    evidence += [(site, f"{what} returned False") for site, what, asker in asked if not is_library_path(asker)]
+    evidence += [(site, f"{what} in the program's text") for site, what in text if what in _STRONG]
     for (caller, site), device in watch.module_moves.items():
-        evidence.append((site, f"nn.Module.to({device!r}) called at {short_path(caller)}"))
+        if f"{os.sep}transformers{os.sep}" in caller:  # the HF Trainer places the model on TrainingArguments.device
+            evidence.append((site, f"the Hugging Face Trainer moved the model to TrainingArguments.device "
+                                   f"({device!r}): nn.Module.to({device!r}) called at {short_path(caller)}"))
+        else:
+            evidence.append((site, f"nn.Module.to({device!r}) called at {short_path(caller)}"))
+    evidence += [(site, f"{what} returned False (asked at {short_path(asker)})") for site, what, asker in asked
+                 if is_library_path(asker)]
     seen = {site for site, _ in evidence}
-    evidence += [(site, f"{what} in the program's text") for site, what in _source_choices(files) if site not in seen]
+    evidence += [(site, f"{what} in the program's text") for site, what in text if what not in _STRONG
+                 and site not in seen]
     site = evidence[0][0] if evidence else None
     s, line, code = _site(site)
     why = evidence[0][1] if evidence else "no device was named: tensors and models stay on the CPU unless moved"

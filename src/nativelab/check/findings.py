@@ -89,6 +89,11 @@ FALLBACK_FIXES = {
     "aten::binary_cross_entropy": "F.binary_cross_entropy(p, y) -> -(y * p.log().clamp(min=-100) + (1 - y) * "
                                   "(1 - p).log().clamp(min=-100)).mean() (PyTorch's own clamp); from logits z: "
                                   "(F.softplus(z) - y * z).mean()",
+    "aten::leaky_relu": "F.leaky_relu(x, s) / nn.LeakyReLU(s) -> torch.where(x > 0, x, s * x): where and mul run on "
+                        "the device, forward and backward",
+    "aten::native_batch_norm": "BatchNorm in training: m = x.mean((0, 2, 3), keepdim=True); v = x.var((0, 2, 3), "
+                               "unbiased=False, keepdim=True); (x - m) * torch.rsqrt(v + eps) * w + b (mean, var, "
+                               "rsqrt run on the device; update the running statistics from m and v yourself)",
     "aten::binary_cross_entropy_with_logits": "F.binary_cross_entropy_with_logits(z, y) -> (F.softplus(z) - y * z)"
                                               ".mean(): softplus, mul and mean run on the device",
 }

@@ -85,6 +85,28 @@ def user_site(depth: int = 2) -> Site | None:
     return None
 
 
+_LIBRARY_DIRS = tuple(os.path.join(d, "") for d in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+
+
+def is_library_path(path: str) -> bool:
+    """An installed package's file (site-packages: transformers, accelerate), not the program's own."""
+    return path.startswith(_LIBRARY_DIRS)
+
+
+def program_site(depth: int = 2) -> Site | None:
+    """The innermost frame of the program's own code: outside PyTorch and nativelab's machinery, and outside
+    installed packages (where a library such as the HF Trainer made the call, the program's line that called it)."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    while f is not None:
+        if not _is_internal(f.f_code) and not is_library_path(f.f_code.co_filename):
+            return Site(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
 def compiled_call_sites(depth: int = 2) -> tuple[Site | None, Site | None]:
     """(the compiled function's def, the user's call of it), while Dynamo compiles a function or a compiled
     function runs: the innermost user frame is then the function at its def line (its body has not started),

@@ -26,7 +26,7 @@ from ..profile.session import Session
 from . import _private
 from .drift import Shadows
 from .graph_values import GraphValues
-from .source import Site, compiled_call_sites, library_call, user_site
+from .source import Site, compiled_call_sites, library_call, program_site, user_site
 
 INT32_MAX = 2**31 - 1
 FP32_EXACT = 2**24
@@ -187,9 +187,10 @@ class Watch(Session):
         self.step("optimizer")
 
     def one_time(self, ev: Event) -> bool:
-        """It happened in at most half the steps of a run of several: one-time or periodic work (a checkpoint,
-        an evaluation every N steps), not a cost of every step."""
-        return self.steps >= 2 and ev.steps_seen * 2 <= self.steps
+        """It happened in fewer than half the steps of a run of three or more: one-time or periodic work (a
+        checkpoint, an evaluation every N steps), not a cost of every step. (Half is not fewer: a program with
+        two optimizers steps twice per iteration.)"""
+        return self.steps >= 3 and ev.steps_seen * 2 < self.steps
 
     def _seen(self, ev: Event) -> Event:
         """Count one occurrence, and the step it happened in."""
@@ -563,9 +564,10 @@ def _asking(answers: dict, what: str):
 
     def asked(*args, **kwargs):
         answer = real(*args, **kwargs)
-        caller = sys._getframe(1).f_code
-        if not _is_internal(caller):
-            answers.setdefault(user_site(), (what, answer))
+        f = sys._getframe(1)
+        if not _is_internal(f.f_code) and len(answers) < 20:
+            asker = f"{f.f_code.co_filename}:{f.f_lineno}"
+            answers.setdefault(program_site(), (what, answer, asker))
         return answer
 
     asked.__wrapped__ = real
@@ -608,7 +610,8 @@ def _moving_modules(real, moves: dict):
         device = kwargs.get("device", args[0] if args else None)
         if isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu" and len(moves) < 20:
             f = sys._getframe(1)
-            moves.setdefault((f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})", user_site()), str(device))
+            moves.setdefault((f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})", program_site()),
+                             str(device))
         return real(self, *args, **kwargs)
 
     to.__wrapped__ = real
