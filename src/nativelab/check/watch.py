@@ -189,8 +189,9 @@ class Watch(Session):
     def one_time(self, ev: Event) -> bool:
         """It happened in fewer than half the steps of a run of three or more: one-time or periodic work (a
         checkpoint, an evaluation every N steps), not a cost of every step. (Half is not fewer: a program with
-        two optimizers steps twice per iteration.)"""
-        return self.steps >= 3 and ev.steps_seen * 2 < self.steps
+        two optimizers steps twice per iteration.) Tokens are counted after each generate() call, not as each
+        is made: no token-level answer."""
+        return self.step_kind != "token" and self.steps >= 3 and ev.steps_seen * 2 < self.steps
 
     def _seen(self, ev: Event) -> Event:
         """Count one occurrence, and the step it happened in."""
