@@ -1,6 +1,7 @@
-"""The Hugging Face Trainer on the device: it chooses `neuron` (through the `torch_neuronx` stand-in) and trains
-as on the CPU: losses, evaluation, gradient accumulation, checkpoint resume, pinned batches, bf16 mixed
-precision. Each side runs tests/hf_trainer_worker.py in its own process (accelerate's state is per process)."""
+"""The Hugging Face Trainer and accelerate on the device: they choose `neuron` (through the `torch_neuronx`
+stand-in) and train as on the CPU: losses, evaluation, gradient accumulation, checkpoint resume, pinned batches,
+bf16 mixed precision. Each side runs in its own process (accelerate's state is per process): the Trainer in
+tests/hf_trainer_worker.py, a plain accelerate loop below. (fp16 is accelerate's own refusal for neuron.)"""
 
 import pathlib
 import subprocess
@@ -58,3 +59,47 @@ def test_resuming_from_a_checkpoint_continues_the_same_run(runs):
     assert neuron["resumed"]["loss"] == neuron["fp32"]["loss"]
     assert neuron["resumed"]["eval_loss"] == neuron["fp32"]["eval_loss"]
     torch.testing.assert_close(neuron["resumed"]["weights"], neuron["fp32"]["weights"], rtol=0, atol=0)
+
+
+ACCELERATE_LOOP = """
+import json, sys, warnings
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+warnings.simplefilter("ignore")
+acc = Accelerator(mixed_precision=sys.argv[1], cpu=sys.argv[2] == "cpu", gradient_accumulation_steps=2)
+set_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(1)
+data = torch.utils.data.TensorDataset(torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g))
+model, opt, dl = acc.prepare(model, opt, torch.utils.data.DataLoader(data, batch_size=4))
+losses = []
+for x, y in dl:
+    with acc.accumulate(model):
+        with acc.autocast():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+acc.save_state(sys.argv[3])  # the device's RNG states go in (torch.neuron.get_rng_state_all) and come back
+acc.load_state(sys.argv[3])
+print(json.dumps({"device": str(acc.device), "batch": str(x.device), "losses": losses}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_an_accelerate_loop_runs_on_neuron_as_on_the_cpu(precision, tmp_path):
+    import json
+
+    out = {}
+    for device in ("neuron", "cpu"):
+        r = subprocess.run([sys.executable, "-c", ACCELERATE_LOOP, precision, device, str(tmp_path / device)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[device] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (out["neuron"]["device"], out["neuron"]["batch"], out["cpu"]["batch"]) == ("neuron", "neuron:0", "cpu")
+    assert len(out["neuron"]["losses"]) == 8
+    torch.testing.assert_close(out["neuron"]["losses"], out["cpu"]["losses"], rtol=1e-5, atol=0)
