@@ -184,8 +184,9 @@ def empty(size, dtype, index: int, memory_format=None) -> torch.Tensor:
     return empty_strided(size, stride, dtype, index)
 
 
-def host_view(t: torch.Tensor) -> torch.Tensor:
-    """A zero-copy CPU tensor over a device tensor's memory (keeping its lazy conjugate/negative bits).
+def host_view(t: torch.Tensor, what: str = "") -> torch.Tensor:
+    """A zero-copy CPU tensor over a device tensor's memory (keeping its lazy conjugate/negative bits); a tensor
+    it cannot view raises, naming `what` (the op) and why.
 
     Cached on the tensor (`_nl_hv`) and checked against its current pointer, sizes and strides, because
     in-place metadata ops (`resize_`, `set_`, `t_`) can change a tensor after the view was made.
@@ -194,7 +195,7 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     if hv is None or hv.data_ptr() != t.data_ptr() or hv.shape != t.shape or hv.stride() != t.stride():
         if _private.is_zero_tensor(t):  # no memory: its zeros (ZeroTensors are read-only)
             return zeros_view(t)
-        _rt.check_device_tensor(t, "")  # what the view assumes (layout, dtype, memory, bounds), or a clear error
+        _rt.check_device_tensor(t, what)  # what the view assumes (layout, dtype, memory, bounds), or a clear error
         host = host_storage(t.untyped_storage())
         hv = torch.empty(0, dtype=t.dtype, device="cpu").set_(host, t.storage_offset(), t.size(), t.stride())
         t._nl_hv = hv

@@ -253,19 +253,19 @@ def _scalar_tensor(v):
     return t
 
 
-def _to_host(x):
+def _to_host(x, what: str = ""):
     """Device tensors -> zero-copy CPU views; `device=neuron` arguments -> cpu (for work run at once: work
-    launched on the queue gets its host views from the launch)."""
+    launched on the queue gets its host views from the launch). `what`: the op, named by a view's error."""
     tx = type(x)
     if tx in _PLAIN:
         return x
     if isinstance(x, _Tensor):
         if x.device.type == DEVICE:
-            return memory.host_view(x)
+            return memory.host_view(x, what)
         return x
     if isinstance(x, (list, tuple)):
         if x and isinstance(x[0], (_Tensor, type(None))):
-            return [_to_host(t) if t is not None else None for t in x]
+            return [_to_host(t, what) if t is not None else None for t in x]
         return x
     if isinstance(x, torch.device) and x.type == DEVICE:
         return _cpu
@@ -354,7 +354,7 @@ def _view(rec: OpRecord, args: list, index: int):
         out = _call(rec, [_to_meta(a) for a in args])  # (PyTorch's ZeroTensor key passes views through)
         back = lambda r: memory.zero_tensor(r.shape, r.stride(), r.dtype, index)  # noqa: E731
         return back(out) if isinstance(out, _Tensor) else type(out)(back(r) for r in out)
-    hargs = [_to_host(a) for a in args]
+    hargs = [_to_host(a, rec.name) for a in args]
     out = _call(rec, hargs)
     sources = [a for a in args if isinstance(a, _Tensor) and a.device.type == DEVICE]
 
@@ -641,7 +641,7 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
         index = guard.current_index()
     if rec.gen_pos is not None:  # the CPU generator holding the device generator's state (default or given)
         args[rec.gen_pos] = guard.host_generator(args[rec.gen_pos], index)
-    hargs = [_to_host(a) for a in args]
+    hargs = [_to_host(a, rec.name) for a in args]
     for i in rec.mutable:  # the CPU kernel may resize what it writes (an out= argument too small for the result,
         a = args[i]  # nonzero's): it gets a view of the same memory whose storage it can grow, as on CPU
         if isinstance(a, _Tensor) and a.device.type == DEVICE and a.layout == torch.strided:
@@ -728,8 +728,13 @@ def _one_to_device(rec, i, r, args, index):
         return args[alias]
     if r.device.type != "cpu":
         return r
-    if r.layout != torch.strided:  # a CPU fallback made a sparse result (`x.to_sparse()`): no device has it
-        raise sparse.error(rec.name)
+    if r.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        raise sparse.error(rec.name)  # a CPU fallback made a sparse result (`x.to_sparse()`): no device has it
+    if r.layout != torch.strided:  # an mkldnn result (`x.to_mkldnn()`); quantized ones: memory's error
+        raise NotImplementedError(
+            f"neuron: {rec.name}: its result would be a {r.layout} tensor, which the device cannot hold "
+            "(strided tensors only, as on Neuron)"
+        )
     return memory.from_host(r, index)
 
 

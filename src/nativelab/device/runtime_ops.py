@@ -116,6 +116,11 @@ def set_source_storage_offset(t, source, storage_offset, size, stride=()):
         raise RuntimeError(f"set_: expected a storage on {t.device}, got one on {source.device}")
     if not stride:
         stride = memory.contiguous_strides(size)
+    if storage_offset < 0:
+        raise RuntimeError(f"Tensor: invalid storage offset {storage_offset}")
+    need = memory._nbytes_for(size, stride, t.dtype.itemsize)
+    if need and need + storage_offset * t.dtype.itemsize > source.nbytes():  # CPU's set_ grows the storage
+        source.resize_(need + storage_offset * t.dtype.itemsize)
     return memory.set_storage(t, source, storage_offset, size, stride)
 
 

@@ -47,8 +47,8 @@ void check_device_tensor(const at::Tensor& t, std::string_view what) {
   int64_t need = 0;
   overflow = overflow || __builtin_mul_overflow(last + 1, itemsize, &need);
   const auto have = static_cast<int64_t>(st.nbytes());
-  TORCH_CHECK(st.data() != nullptr || have == 0, where(what),
-              ": the tensor's storage has no memory (a storage-less or wrapper tensor reached the device)");
+  TORCH_CHECK(st.data() != nullptr, where(what), ": a tensor of ", t.numel(),
+              " elements whose storage has no memory (a storage-less or wrapper tensor reached the device)");
   TORCH_CHECK(!overflow && need <= have, where(what), ": a tensor of sizes ", t.sizes(), ", strides ", t.strides(),
               " and storage offset ", t.storage_offset(), " needs ", overflow ? std::string("more") : std::to_string(need),
               " bytes of its storage, which has ", have, " (was the storage resized or freed under it?)");
