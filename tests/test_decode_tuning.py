@@ -18,6 +18,8 @@ from nativelab.kernels.cpu.tune import DecodeConfig
 def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(tune.CACHE_ENV, str(tmp_path / "tune"))
     monkeypatch.delenv(tune.ENV, raising=False)
+    monkeypatch.setattr(threads, "others", lambda prev, now: 0.0)  # a quiet machine (the test machine is shared)
+    monkeypatch.setattr(tune, "_chosen", {})  # no choice from an earlier test
 
 
 def test_choose_takes_the_fastest_reading_of_each_candidate():
@@ -105,6 +107,7 @@ def test_the_choice_is_cached_and_redone_when_the_cpu_changes(monkeypatch, tmp_p
     monkeypatch.setattr(cpu_info, "model", lambda: "Intel(R) Xeon(R) Processor")
     key = lambda: tune.cache_key("nativelab_decode_avx512-0123", 2, "bfloat16", (8, 576, 576, 192, 1536, 32000))
     assert tune.config_for(object(), key(), 6) == DecodeConfig(rows=8)
+    tune._chosen.clear()  # a new process
     assert tune.config_for(object(), key(), 6) == DecodeConfig(rows=8)  # from the cache: no second search
     assert len(searches) == 1
     (entry,) = (tmp_path / "tune").glob("decode-*.json")
@@ -121,6 +124,7 @@ def test_the_choice_is_cached_and_redone_when_the_cpu_changes(monkeypatch, tmp_p
 
     entry.write_text("{not json")  # a damaged entry is measured again, not an error
     monkeypatch.setattr(cpu_info, "model", lambda: "Intel(R) Xeon(R) Processor")
+    tune._chosen.clear()
     tune.config_for(object(), key(), 6)
     assert len(searches) == 3
 
@@ -262,3 +266,15 @@ def test_a_search_cut_short_on_a_loaded_machine_is_used_but_not_cached(monkeypat
     key = tune.cache_key("b", 2, "bfloat16", (1,))
     assert tune.config_for(SlowPlan(), key, 6).rows == 2
     assert tune.cached(key) is None and not list((tmp_path / "tune").glob("decode-*.json"))
+    clock[0] = 0.0
+    assert tune.config_for(SlowPlan(), key, 6).rows == 2 and clock[0] == 0.0  # this process searched once
+
+
+def test_a_choice_made_while_other_processes_kept_the_machine_busy_is_not_cached(monkeypatch, tmp_path):
+    monkeypatch.setattr(tune, "search", lambda *a, **kw: (DecodeConfig(rows=8), {}, True))
+    key = tune.cache_key("b", 2, "bfloat16", (1,))
+    monkeypatch.setattr(threads, "others", lambda prev, now: 1.2)  # another process on 1.2 cores meanwhile
+    assert tune.config_for(object(), key, 6) == DecodeConfig(rows=8) and tune.cached(key) is None
+    monkeypatch.setattr(threads, "others", lambda prev, now: 0.1)
+    tune._chosen.clear()  # a new process
+    assert tune.config_for(object(), key, 6) == DecodeConfig(rows=8) and tune.cached(key) == DecodeConfig(rows=8)

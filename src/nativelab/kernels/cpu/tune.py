@@ -10,8 +10,10 @@ flat read with them), so a `DecodePlan` chooses them at its first step on a thre
    tile=2x3`; unnamed fields keep their defaults): nothing is measured.
 2. Else the choice cached for this CPU model, kernel build (ISA and source), thread count, dtype and shapes.
 3. Else it measures (`search`): the fastest of each field's values in turn, starting from the defaults, each
-   candidate timed on the plan's own weights in interleaved rounds (`choose`), ~0.1-0.3 s in all, and
-   writes the choice to the cache (atomically, as the build cache does).
+   candidate timed on the plan's own weights in interleaved rounds (`choose`), ~0.2-0.5 s in all, and
+   writes the choice to the cache (atomically, as the build cache does), unless other processes kept the
+   machine busy meanwhile or the search was cut short (its 2 s limit): then this process uses it, the next
+   one measures again.
 
 None of this changes a value (csrc/decode.cpp's Tuning): the tests check that every candidate gives the
 tokens of the default one.
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...device import cpu_info
+from ...device import cpu_info, threads
 from ...files import cache_root, write_atomic
 
 ENV = "NATIVELAB_DECODE_CONFIG"
@@ -37,6 +39,7 @@ CACHE_ENV = "NATIVELAB_TUNE_CACHE_DIR"
 HINTS = {"l1": 3, "l2": 2, "nta": 0}  # prefetcht0, prefetcht1, prefetchnta (csrc/decode.cpp: prefetch<HINT>)
 NOISE = 0.02  # candidates within 2% of the fastest count as equally fast: the earlier (the incumbent) wins
 PREFILL_TOKENS = 6  # the prompt length the prefill's tile is timed on (Lab 2's prompt)
+BUSY = 0.5  # cores' worth of other processes' CPU time during a search above which its choice is not cached
 log = logging.getLogger("nativelab.kernels.tune")
 
 
@@ -246,19 +249,30 @@ def store(key: dict, config: DecodeConfig, tried: dict, seconds: float) -> Path:
     return write_atomic(path, json.dumps(entry, indent=1).encode())
 
 
+_chosen: dict[str, DecodeConfig] = {}  # this process's choices, by key: one search per key, cached or not
+
+
 def config_for(plan, key: dict, max_tile_tokens: int) -> DecodeConfig:
-    """The configuration a plan runs with for `key`: forced, cached, or measured now (and cached)."""
+    """The configuration a plan runs with for `key`: forced, this process's earlier choice, cached, or measured
+    now (and cached)."""
     config = forced()
     if config is not None:
         return config
-    config = cached(key)
-    if config is not None:
-        return config
-    t0 = time.perf_counter()
+    memo = json.dumps(key, sort_keys=True)
+    config = _chosen.get(memo) or cached(key)
+    if config is None:
+        config = _chosen[memo] = _measure(plan, key, max_tile_tokens)
+    return config
+
+
+def _measure(plan, key: dict, max_tile_tokens: int) -> DecodeConfig:
+    t0, before = time.perf_counter(), threads.cpu_sample()
     config, tried, complete = search(plan_measure(plan, max_tile_tokens), max_tile_tokens)
-    seconds = time.perf_counter() - t0
-    if not complete:  # cut short on a loaded machine: this process uses the best so far, the next one measures
-        log.info("decode tuning for %s cut short after %.1f s: %s for now", key, seconds, config)
+    seconds, after = time.perf_counter() - t0, threads.cpu_sample()
+    busy = threads.others(before, after) if before and after else 0.0
+    if not complete or busy >= BUSY:  # this process uses it; the next one measures again, maybe on a quiet machine
+        log.info("decode tuning for %s: %s for now (%.1f s, other processes kept %.1f cores busy)", key, config,
+                 seconds, busy)
         return config
     try:
         store(key, config, tried, seconds)
