@@ -117,7 +117,8 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     one_time = _one_time(watch)
     fb = [ev for ev in watch.fallback_sites.values() if not one_time(ev)]
     fb_calls = sum(ev.count for ev in fb)
-    fallback_s = fb_calls * hw.host_round_trip_s + sum(ev.to_host + ev.to_device for ev in fb) / hw.host_link_bytes_per_s
+    fb_bytes = sum(ev.to_host + ev.to_device for ev in fb)
+    fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s
     sy = [ev for ev in watch.sync_sites.values() if not one_time(ev)]
     sync_calls = sum(ev.count for ev in sy)
     sync_s = sync_calls * hw.host_round_trip_s + sum(ev.to_host for ev in sy) / hw.host_link_bytes_per_s
