@@ -2,8 +2,10 @@
 optimizer steps (gradient accumulation 2, evaluation and a checkpoint every 3 steps) on an in-memory dataset, on
 whatever device the Trainer chooses (`cpu` as argv[1]: use_cpu=True). Then a fresh Trainer resumes from
 checkpoint-3 and trains to step 6 again; with `bf16`, a third run under the Trainer's bf16 mixed precision.
-Writes what each run logged, and where it ran, to argv[2]."""
+Writes what each run logged, and where it ran, to argv[2]. Under torchrun it is data-parallel (the `neuron`
+process-group backend on the device, gloo on the CPU)."""
 
+import os
 import sys
 
 import torch
@@ -59,4 +61,5 @@ if __name__ == "__main__":
     runs = {"fp32": train(f"{tmp}/fp32", use_cpu), "resumed": train(f"{tmp}/fp32", use_cpu, resume=True)}
     if "bf16" in sys.argv[4:]:
         runs["bf16"] = train(f"{tmp}/bf16", use_cpu, bf16=True)
-    torch.save(runs, result)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same history
+        torch.save(runs, result)

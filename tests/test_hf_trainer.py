@@ -61,6 +61,25 @@ def test_resuming_from_a_checkpoint_continues_the_same_run(runs):
     torch.testing.assert_close(neuron["resumed"]["weights"], neuron["fp32"]["weights"], rtol=0, atol=0)
 
 
+@pytest.mark.slow
+def test_data_parallel_trainer_under_torchrun_equals_the_cpus(tmp_path):
+    # accelerate picks the `neuron` process-group backend and one core per rank (neuron:0, neuron:1)
+    got = {}
+    for device in ("neuron", "cpu"):
+        result = tmp_path / f"{device}.pt"
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(WORKER),
+                            device, str(result), str(tmp_path / device)], capture_output=True, text=True, timeout=500)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[device] = torch.load(result)
+    neuron, cpu = got["neuron"], got["cpu"]
+    assert neuron["fp32"]["param_device"] == "neuron:0" and cpu["fp32"]["param_device"] == "cpu"
+    for kind in ("fp32", "resumed"):
+        for key in ("loss", "eval_loss"):
+            torch.testing.assert_close(neuron[kind][key], cpu[kind][key], rtol=2e-6, atol=0)
+        torch.testing.assert_close(neuron[kind]["weights"], cpu[kind]["weights"])
+    assert neuron["resumed"]["steps_run"] == [4, 5, 6]
+
+
 ACCELERATE_LOOP = """
 import json, sys, warnings
 import torch
