@@ -71,6 +71,17 @@ def test_a_two_file_program_runs_as_python_runs_it(tmp_path, capsys):
     assert str(tmp_path / "prog") not in sys.path and "helper" not in sys.modules
 
 
+def test_modules_reachable_before_the_run_stay_imported(tmp_path, monkeypatch, capsys):
+    """Only what the run found through the folder it put first is dropped after: a folder already on the path
+    (nativelab's own checkout, run from it) keeps its modules, one copy of each."""
+    _write(tmp_path, TWO_FILES)
+    monkeypatch.syspath_prepend(str(tmp_path / "prog"))
+    monkeypatch.delitem(sys.modules, "helper", raising=False)
+    code, _ = _check(tmp_path, str(tmp_path / "prog" / "main.py"))
+    assert code == 0 and "helper" in sys.modules
+    del sys.modules["helper"]
+
+
 def test_a_module_runs_with_dash_m(tmp_path, capsys, monkeypatch):
     _write(tmp_path, {"pkg/__init__.py": "", "pkg/train.py": """\
         import sys

@@ -66,7 +66,7 @@ def run_script(argv: list[str]) -> int:
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
-        _forget_modules(before, root)
+        _forget_modules(before, root, saved_path)
     return 0
 
 
@@ -78,12 +78,15 @@ def _with_path(root: str, fn):
         sys.path.remove(root)
 
 
-def _forget_modules(before: set, root: str) -> None:
-    """Drop the modules the run imported from its own folder (`model`, `data`): another program's are not these."""
+def _forget_modules(before: set, root: str, path: list) -> None:
+    """Drop the modules the run imported from its own folder (`model`, `data`): another program's are not these.
+    Only those found through the folder the run put first: a module also reachable from the path as it was
+    (nativelab itself, run from its checkout) stays."""
     inside = os.path.join(root, "")
+    others = tuple(os.path.join(os.path.abspath(p or os.getcwd()), "") for p in path)
     for name in set(sys.modules) - before:
         f = getattr(sys.modules.get(name), "__file__", None) or ""
-        if f.startswith(inside):
+        if f.startswith(inside) and not f.startswith(others):
             del sys.modules[name]
 
 
