@@ -294,12 +294,22 @@ def _matmul_into(s, m, buffer):
 
 @nki.jit
 def _psum_banks(x):
-    tiles = []
-    for i in nl.static_range(9):
-        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
+    for p in tiles:
         nisa.memset(dst=p, value=0.0)  # LIMIT
-        tiles.append(p)
     return x
+
+
+@nki.jit
+def _psum_tile_per_iteration(x):
+    for i in nl.affine_range(9):  # one bank per iteration: the body's tiles are live for their iteration
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.memset(dst=p, value=0.0)
+    return x
+
+
+def test_tiles_allocated_in_a_loop_body_live_for_one_iteration():
+    sim(_psum_tile_per_iteration)(torch.zeros(1))
 
 
 @nki.jit

@@ -46,7 +46,11 @@ def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored)
 
 
 def _new(t: torch.Tensor, buf: Buffer, name: str):
-    return (Storage(t, buf, name),)
+    st = Storage(t, buf, name)
+    tr = trace.active()
+    if tr is not None and tr.scopes:  # allocated in a loop body: live for this iteration
+        tr.scopes[-1].append(st)
+    return (st,)
 
 
 

@@ -7,10 +7,12 @@ instructions its trace issued. Every constant is AWS's and cited once, here:
           per-engine cost rules, stated for NeuronCore-v2 and applied here to v3's clocks
   [act]   the nki.isa.activation_reduce API page (MIN_II)
 
-The model: each engine (Tensor, Vector, Scalar, GpSimd, and the DMA queues as one lane sharing the core's
-HBM bandwidth) runs its instructions in program order; an instruction starts when its engine is free and
-the instructions it depends on (read-after-write, write-after-read and write-after-write on overlapping
-regions of the same tensor) have finished; independent work on different engines overlaps.
+The model: each compute engine (Tensor, Vector, Scalar, GpSimd) runs its instructions in program order; an
+instruction starts when its engine is free and the instructions it depends on (read-after-write,
+write-after-read and write-after-write on overlapping regions of the same tensor) have finished. The DMA
+queues (16 per core [trn2]) are one lane of the core's HBM bandwidth that is not in program order: a
+transfer takes the first free stretch of bandwidth after its inputs are ready (a load for the next tile
+does not wait behind the store of the previous one). Independent work on different engines overlaps.
 What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank conflicts, DMA descriptor
 and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
 LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and
@@ -18,6 +20,7 @@ the other seven cores' demand beyond their equal share of HBM. No constant is fi
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,16 +106,40 @@ class Estimate:
         write_atomic(Path(path), json.dumps(self.chrome_trace()).encode())
 
 
+class _Bandwidth:
+    """Busy stretches of a shared resource (sorted, merged); `place` books the first gap that fits."""
+
+    def __init__(self):
+        self.starts: list = []
+        self.ends: list = []
+
+    def place(self, ready: float, length: float) -> float:
+        i = bisect.bisect_right(self.ends, ready)
+        start = ready
+        while i < len(self.starts) and self.starts[i] < start + length:
+            start = max(start, self.ends[i])
+            i += 1
+        self.starts.insert(i, start)
+        self.ends.insert(i, start + length)
+        # merge with touching neighbours (keeps the list short for kernels that stream)
+        for j in (i, i - 1):
+            if 0 <= j < len(self.starts) - 1 and self.ends[j] >= self.starts[j + 1] - 1e-15:
+                self.ends[j] = max(self.ends[j], self.ends[j + 1])
+                del self.starts[j + 1], self.ends[j + 1]
+        return start
+
+
 def estimate(kernel: str, instructions) -> Estimate:
     """Schedule the instructions on their engines (see the module docstring) and time them."""
     free = dict.fromkeys(ENGINES, 0.0)
     busy = dict.fromkeys(ENGINES, 0.0)
+    dma = _Bandwidth()
     reads: dict = {}  # storage id -> [(lo, hi, end time)] of the reads so far
     writes: dict = {}  # ... of the writes
     events = []
     for ins in instructions:
         occupy, latency = instruction_seconds(ins)
-        ready = free[ins.engine]
+        ready = free[ins.engine] if ins.engine != "dma" else 0.0
         for sid, lo, hi in ins.reads:  # read after write
             for a_lo, a_hi, end in writes.get(sid, ()):
                 if lo <= a_hi and a_lo <= hi and end > ready:
@@ -122,7 +149,7 @@ def estimate(kernel: str, instructions) -> Estimate:
                 for a_lo, a_hi, end in table.get(sid, ()):
                     if lo <= a_hi and a_lo <= hi and end > ready:
                         ready = end
-        start = ready
+        start = dma.place(ready, occupy) if ins.engine == "dma" else ready
         end = start + occupy + latency
         free[ins.engine] = start + occupy
         busy[ins.engine] += occupy

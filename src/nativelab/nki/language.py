@@ -117,19 +117,35 @@ def shared_identity_matrix(n: int, dtype=bfloat16, **_ignored) -> NkiTensor:
 # --- loops and programs (a trace unrolls loops: Python runs their bodies with plain ints)
 
 
+def _loop(start, stop, step):
+    """The iterations, each a scope: on-chip tensors allocated in an iteration's body are live for that
+    iteration only (their SBUF/PSUM space is free for the next one, as the NKI compiler allocates them)."""
+    tr = trace.active()
+    for i in range(start, stop, step) if stop is not None else range(start):
+        if tr is None:
+            yield i
+            continue
+        tr.scopes.append([])
+        try:
+            yield i
+        finally:
+            for st in tr.scopes.pop():
+                st.free()
+
+
 def affine_range(start, stop=None, step=1, **_hints):
     """Iterations without loop-carried dependencies (the compiler may reorder or pipeline them)."""
-    return range(start, stop, step) if stop is not None else range(start)
+    return _loop(start, stop, step)
 
 
 def sequential_range(start, stop=None, step=1, **_hints):
     """Iterations that depend on each other, run in order."""
-    return range(start, stop, step) if stop is not None else range(start)
+    return _loop(start, stop, step)
 
 
 def static_range(start, stop=None, step=1, **_hints):
     """Fully unrolled at trace time."""
-    return range(start, stop, step) if stop is not None else range(start)
+    return _loop(start, stop, step)
 
 
 def program_id(axis: int = 0) -> int:

@@ -126,9 +126,13 @@ class Storage:
                 b.owned, b.lender = True, None
         self.borrowers = []
 
-    def __del__(self):
+    def free(self) -> None:
+        """Its on-chip space is available again (dropped, or its loop iteration ended)."""
         if self.release is not None:
-            self.release(self.buffer.name, self.bytes_per_partition, self.banks)
+            release, self.release = self.release, None
+            release(self.buffer.name, self.bytes_per_partition, self.banks)
+
+    __del__ = free
 
 
 def _dtype_name(dtype) -> str:

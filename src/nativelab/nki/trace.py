@@ -58,6 +58,7 @@ class Trace:
     instructions: list = field(default_factory=list)
     pending_reads: list = field(default_factory=list)  # regions the running instruction call read ...
     pending_writes: list = field(default_factory=list)  # ... and wrote
+    scopes: list = field(default_factory=list)  # per running nl loop iteration: the tiles allocated in it
     depth: int = 0  # nesting of instruction calls (nl.matmul issues a transpose and an nc_matmul)
     constants: list = field(default_factory=list)  # tensors baked into the trace (part of its cache key)
     quiet: bool = False  # the second pass: the first has warned already

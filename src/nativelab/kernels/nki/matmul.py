@@ -14,17 +14,6 @@ from ..interface import nki_op, wrap_nki
 _B_BLOCK_BYTES = 128 * 1024  # per partition: b's resident block (SBUF has 224 KiB per partition)
 
 
-def _k_tiles(k_size, tk, free, dtype, fill):
-    """SBUF tiles [k rows, free] for each tile of the contraction, filled by fill(tile, k0, k1)."""
-    tiles = []
-    for k in nl.affine_range((k_size + tk - 1) // tk):
-        k0, k1 = k * tk, min(k_size, k * tk + tk)
-        t = nl.ndarray((k1 - k0, free), dtype=dtype, buffer=nl.sbuf)
-        fill(t, k0, k1)
-        tiles.append(t)
-    return tiles
-
-
 @jit
 def matmul_kernel(a, b):
     m_size, k_size = a.shape
@@ -36,16 +25,22 @@ def matmul_kernel(a, b):
     out = nl.ndarray((m_size, n_size), dtype=a.dtype, buffer=nl.shared_hbm)
     for nb in nl.affine_range((n_size + block - 1) // block):
         n0, n1 = nb * block, min(n_size, nb * block + block)
-        b_tiles = _k_tiles(k_size, tk, n1 - n0, b.dtype, lambda t, k0, k1: nisa.dma_copy(dst=t, src=b[k0:k1, n0:n1]))
+        b_block = nl.ndarray((tk, k_tiles, n1 - n0), dtype=b.dtype, buffer=nl.sbuf)  # [k, k tile, n]
+        for k in nl.affine_range(k_tiles):
+            k0, k1 = k * tk, min(k_size, k * tk + tk)
+            nisa.dma_copy(dst=b_block[0:k1 - k0, k, :], src=b[k0:k1, n0:n1])
         for m in nl.affine_range((m_size + tm - 1) // tm):
             m0, m1 = m * tm, min(m_size, m * tm + tm)
-            a_tiles = _k_tiles(k_size, tk, m1 - m0, a.dtype,
-                               lambda t, k0, k1: nisa.dma_transpose(dst=t, src=a[m0:m1, k0:k1]))
+            a_block = nl.ndarray((tk, k_tiles, m1 - m0), dtype=a.dtype, buffer=nl.sbuf)  # a's rows, transposed
+            for k in nl.affine_range(k_tiles):
+                k0, k1 = k * tk, min(k_size, k * tk + tk)
+                nisa.dma_transpose(dst=a_block[0:k1 - k0, k, :], src=a[m0:m1, k0:k1])
             for n in nl.affine_range((n1 - n0 + tn - 1) // tn):
                 c0, c1 = n * tn, min(n1 - n0, n * tn + tn)
                 acc = nl.ndarray((m1 - m0, c1 - c0), dtype=nl.float32, buffer=nl.psum)
                 for k in nl.affine_range(k_tiles):
-                    nisa.nc_matmul(dst=acc, stationary=a_tiles[k], moving=b_tiles[k][:, c0:c1])
+                    kk = min(k_size, k * tk + tk) - k * tk
+                    nisa.nc_matmul(dst=acc, stationary=a_block[0:kk, k, :], moving=b_block[0:kk, k, c0:c1])
                 res = nl.ndarray((m1 - m0, c1 - c0), dtype=a.dtype, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=res, src=acc)
                 nisa.dma_copy(dst=out[m0:m1, n0 + c0:n0 + c1], src=res)
