@@ -115,6 +115,23 @@ def test_bad_programs_are_refused_by_name(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_two_optimizers_stepping_once_each_make_one_step(tmp_path):
+    _write(tmp_path, {"gan.py": """\
+        import torch
+        g, d = torch.nn.Linear(2, 2).to("neuron"), torch.nn.Linear(2, 1).to("neuron")
+        og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+        for _ in range(3):
+            d(g(torch.ones(1, 2, device="neuron"))).sum().backward()
+            od.step()
+            og.step()
+            print(d.weight.sum().item())  # once per iteration: 1 per step
+        """})
+    code, r = _check(tmp_path, str(tmp_path / "gan.py"))
+    assert code == 0 and r["steps"] == 3
+    item = next(f for f in r["findings"] if f["details"].get("sync") == "item")
+    assert item["count"] == 3 and item["per_step"] == 1.0
+
+
 STAYS_ON_CPU = """\
     import torch
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # no CUDA here: the CPU

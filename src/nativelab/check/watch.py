@@ -123,6 +123,7 @@ class Watch(Session):
         self._compile_wrapper = None
         self._real_compile = None
         self._step_hook = None
+        self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its steps
         self._op_info: dict = {}  # op overload -> (name, runs on the device, out= names, integer-fp32 op)
         self.sources: dict[str, tuple] = {}
         self.probe_errors: list[str] = []  # graphs whose values could not be read (reported, not raised)
@@ -184,7 +185,12 @@ class Watch(Session):
         self.steps += 1
 
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
-        self.step("optimizer")
+        """A step is one step of the optimizer that has stepped most: a GAN's two optimizers (or a model's
+        several) stepping once each per iteration make one step, not two."""
+        n = self._optimizer_steps.get(optimizer, 0) + 1
+        self._optimizer_steps[optimizer] = n
+        if self.step_kind != "optimizer" or n > self.steps:
+            self.step("optimizer")
 
     def one_time(self, ev: Event) -> bool:
         """It happened in fewer than half the steps of a run of three or more: one-time or periodic work (a
