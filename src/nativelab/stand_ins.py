@@ -17,6 +17,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 import types
 
 _targets: dict[str, str] = {}  # stand-in top-level name -> the nativelab module that serves it
@@ -61,11 +62,11 @@ def _version() -> str:
 
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self):
-        self._asking = False
+        self._local = threading.local()  # `asking`: this thread is asking the other finders (answer nothing)
 
     def find_spec(self, fullname, path=None, target=None):
         top, _, rest = fullname.partition(".")
-        if top not in _targets or self._asking:
+        if top not in _targets or getattr(self._local, "asking", False):
             return None
         if rest:  # a submodule: only below our own stand-in, never below a real package
             parent = sys.modules.get(fullname.rpartition(".")[0])
@@ -96,7 +97,7 @@ def _later_spec(finder: _Finder, fullname, path, target):
 
 
 def _ask(finder: _Finder, finders, fullname, path=None, target=None):
-    finder._asking = True
+    finder._local.asking = True
     try:
         for f in finders:
             find = getattr(f, "find_spec", None)
@@ -105,7 +106,7 @@ def _ask(finder: _Finder, finders, fullname, path=None, target=None):
                 return spec
         return None
     finally:
-        finder._asking = False
+        finder._local.asking = False
 
 
 _finder = _Finder()
