@@ -217,6 +217,8 @@ class GuideCommand:
     stdin: tuple[str, ...] = ()  # the interpreter lines typed after `python` (printed with `>>> `)
     then: str = ""  # shell run after the command, for the check (what `cd` or `source` changed)
     env: tuple[tuple[str, str], ...] = ()  # a short run, through variables the script honours
+    edit: Callable[[Path], None] | None = None  # a line the guide says to add to a file: typing it in (lab folder)
+    after_step6_edit: bool = False  # runs in a run.py with Step 6's line added (once that row is not pending)
     slow: bool = False
     pending: str | None = None  # why it cannot run here yet
 
@@ -229,6 +231,23 @@ TORCHRUN = ("NEURON_RT_VIRTUAL_CORE_SIZE=2 \\\nNEURON_RT_NUM_CORES=4 \\\ntorchru
             "    --rdzv_backend c10d \\\n    --rdzv_endpoint localhost:29500 \\\n    distributed_fsdp.py")
 SFT_ENV = (("MAX_STEPS", str(SFT_STEPS)), ("LOG_EVERY", "1"))
 FALLBACK_LINE = '    print(f"\\nCPU fallback ops: {torch_neuronx.get_fallback_ops()}")'
+
+
+
+def add_step6_line(lab2: Path) -> None:
+    """Step 6: 'Add just one line right after the Generated IDs output in run.py', indented as printed."""
+    run_py = lab2 / "run.py"
+    lines = run_py.read_text().splitlines(keepends=True)
+    at = next((i for i, ln in enumerate(lines) if "print(" in ln and "Generated IDs" in ln), None)
+    assert at is not None, f"{run_py} has no print of the Generated IDs to add the guide's line after"
+    lines.insert(at + 1, FALLBACK_LINE + "\n")
+    run_py.write_text("".join(lines))
+
+
+def check_step6_edit(out: str, home: Path) -> None:
+    # run.py still compiles with the line in it (the runs after it show what it prints)
+    compile((home / "workspace" / "lab2" / "run.py").read_text(), "run.py", "exec")
+
 
 GUIDE_COMMANDS = [
     GuideCommand("Lab 0, 0-1", "neuron-ls", check_neuron_ls),
@@ -255,13 +274,16 @@ GUIDE_COMMANDS = [
                  slow=True),
     GuideCommand("Lab 2, Step 4", "python run.py --model experimental --compile --greedy", check_run("experimental"),
                  lab="lab2", slow=True),
-    GuideCommand("Lab 2, Step 6", FALLBACK_LINE, None, lab="lab2", pending=STEP6_EDIT),
+    GuideCommand("Lab 2, Step 6", FALLBACK_LINE, check_step6_edit, lab="lab2", edit=add_step6_line,
+                 pending=STEP6_EDIT),
     # nativelab run prints the fallback line itself, so these pass before the edit above is possible
     GuideCommand("Lab 2, Step 6", "python run.py --model base --compile --greedy",
-                 check_run("base", "['aten::argmax.out']"), lab="lab2", slow=True),
+                 check_run("base", "['aten::argmax.out']"), lab="lab2", after_step6_edit=True, slow=True),
     GuideCommand("Lab 2, Step 6", "python run.py --model base --compile",
-                 check_run("base", "['aten::sort.values_stable', 'aten::multinomial']"), lab="lab2", slow=True),
+                 check_run("base", "['aten::sort.values_stable', 'aten::multinomial']"), lab="lab2",
+                 after_step6_edit=True, slow=True),
 ]
+STEP6_EDIT_ROW = next(c for c in GUIDE_COMMANDS if c.edit is add_step6_line)
 
 
 def flat(table: list[GuideCommand]) -> list[str]:
@@ -318,8 +340,14 @@ _outputs: dict[tuple, str] = {}  # a command run twice in the guide (Lab 2 Steps
 
 
 def run_guide_command(cmd: GuideCommand, tmp_path: Path) -> tuple[str, Path]:
-    key = (cmd.command, cmd.lab, cmd.stdin, cmd.then, cmd.env)
     home = _home(tmp_path)
+    edited = cmd.after_step6_edit and STEP6_EDIT_ROW.pending is None
+    if edited:
+        add_step6_line(home / "workspace" / "lab2")
+    if cmd.edit is not None:  # typed into a file, not at the prompt
+        cmd.edit(home / "workspace" / cmd.lab)
+        return "", home
+    key = (cmd.command, cmd.lab, cmd.stdin, cmd.then, cmd.env, edited)
     if key in _outputs:
         return _outputs[key], home
     script = "\n".join(filter(None, [f"cd ~/workspace/{cmd.lab}" if cmd.lab else "", cmd.command, cmd.then]))
