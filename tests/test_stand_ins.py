@@ -115,7 +115,9 @@ def test_accelerate_and_the_trainer_choose_neuron():
         from transformers import TrainingArguments
         args = TrainingArguments(output_dir="/nonexistent", report_to=[])
         print(args.device, Accelerator().device, torch.accelerator.current_accelerator())
+        compiled = TrainingArguments(output_dir="/nonexistent", report_to=[], torch_compile=True)
+        print(compiled.torch_compile_backend)  # the Trainer's torch_compile=True picks the device's backend
     """)
     r = run_python(code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["neuron:0", "neuron", "neuron"]
+    assert r.stdout.split() == ["neuron:0", "neuron", "neuron", "neuron"]
