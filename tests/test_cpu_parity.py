@@ -176,3 +176,20 @@ def test_a_warning_turned_into_an_error_raises_at_the_sync():
 def test_quantized_tensors_get_one_clear_error(make):
     with pytest.raises(NotImplementedError, match=r"neuron: quantized tensors \(torch\.q.*int8\) are not supported"):
         make()
+
+
+@pytest.mark.parametrize("shape,fmt", [((4, 6, 2, 3), torch.channels_last), ((2, 6, 2, 3, 2), torch.channels_last_3d)])
+def test_group_norm_gradients_of_a_channels_last_input_keep_its_layout_as_on_cpu(shape, fmt):
+    x = torch.randn(shape).to(memory_format=fmt)
+    torch.manual_seed(0)
+    cpu = nn.GroupNorm(3, 6)
+    dev = nn.GroupNorm(3, 6).to(DEV)
+    dev.load_state_dict(cpu.state_dict())
+    grads = []
+    for m, xi in ((cpu, x.clone().requires_grad_()), (dev, x.to(DEV).requires_grad_())):
+        y = m(xi)
+        go = torch.empty_like(y).copy_(torch.linspace(-1, 1, y.numel()).view(y.shape))
+        grads.append(torch.autograd.grad(y, [xi, m.weight, m.bias], go))
+    for want, got in zip(*grads):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)

@@ -88,3 +88,68 @@ def test_opinfo_sweep_bf16_forward():
           f"(target 0.99)", file=sys.stderr)
     assert ratio >= 0.99  # today 511 / 514: the two sparse ops and BF16_EXPECTED's
     assert len(passed) > 500  # the sweep really ran the database
+
+
+# --- Variants (issue 24's siblings): channels_last / non-contiguous inputs, out= arguments, warnings, error inputs.
+
+def _run_sweep(call: str, timeout: int = 900):
+    code = (
+        "import json, sys, torch\n"
+        "sys.path.insert(0, 'tests')\n"
+        "import nativelab, op_sweep\n"
+        f"p, f = {call}\n"
+        "print(json.dumps({'passed': p, 'failed': f}))\n"
+    )
+    r = run_python(code, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    return result["passed"], result["failed"]
+
+
+VARIANT_EXPECTED = {
+    "to_sparse": EXPECTED_FAILURES["to_sparse"],
+    "sparse.mm.reduce": EXPECTED_FAILURES["sparse.mm.reduce"],
+    # PyTorch's composite kernel, which every device but CPU runs (CUDA too), returns a contiguous result for a
+    # channels_last input where CPU's own kernel keeps channels_last: the values agree.
+    "nn.functional.pixel_shuffle": "channels_last strides as CUDA's (PyTorch's composite), values equal to CPU's",
+}
+
+# The ops whose bugs issue 24 found: every sample, every variant (pads on channels_last, out= that must grow or
+# has the wrong dtype, spurious warnings, checks the dtype policy hid).
+ISSUE_24_OPS = (
+    "nn.functional.pad.reflect", "nn.functional.pad.replicate", "nn.functional.pad.circular", "nonzero", "mode",
+    "all", "any", "index_select", "index_add", "softmax.with_dtype", "log_softmax.with_dtype",
+    "nn.functional.mse_loss", "nn.functional.smooth_l1_loss", "nn.functional.group_norm", "index_put", "scatter",
+)
+
+
+def test_variants_of_the_ops_issue_24_found_agree_with_cpu():
+    passed, failed = _run_sweep(f"op_sweep.sweep_variants(torch.float32, ops={ISSUE_24_OPS!r}, samples=100)")
+    assert failed == {}
+    assert len(passed) == len(ISSUE_24_OPS)
+
+
+# OpInfo error inputs the device does not reject at the call, with the cause.
+ERROR_INPUTS_EXPECTED = {
+    "index_select": "an out= with internal overlap (stride 0) of an int64-index call: the dtype policy's "
+                    "probe sees it on a copy and CPU's check passes there",
+}
+
+
+def test_opinfo_error_inputs_raise_at_the_call():
+    """OpInfo's error inputs are the checks every device makes at the call (CUDA included); each raises its
+    error at the call on the device, never only at the sync."""
+    passed, failed = _run_sweep("op_sweep.sweep_error_inputs()")
+    unexpected = {k: v for k, v in failed.items() if k not in ERROR_INPUTS_EXPECTED}
+    assert not unexpected, unexpected
+    assert len(passed) > 200  # the sweep really ran the database
+
+
+@pytest.mark.slow
+def test_opinfo_variants_sweep_fp32():
+    """Every op's first three samples on channels_last and non-contiguous inputs and with out= arguments of every
+    kind (right shape, empty, too small, wrong dtype): values, output strides, errors and warnings as CPU's."""
+    passed, failed = _run_sweep("op_sweep.sweep_variants(torch.float32, samples=3)")
+    unexpected = {k: v for k, v in failed.items() if k not in VARIANT_EXPECTED}
+    assert not unexpected, unexpected
+    assert len(passed) > 600

@@ -112,8 +112,11 @@ def host_storage(st: torch.UntypedStorage, resizable: bool = False) -> torch.Unt
     return _rt.mem_host_storage(st, resizable)
 
 
-def resizable_host_view(t: torch.Tensor) -> torch.Tensor:
+def resizable_host_view(t: torch.Tensor, what: str = "") -> torch.Tensor:
     """A CPU tensor over a device tensor's memory that a CPU kernel may resize (grow) as it resizes its own."""
+    hv = host_view(t, what)  # what a view assumes, checked (or a clear error)
+    if t.is_conj() or t.is_neg() or _private.is_zero_tensor(t):
+        return hv
     host = host_storage(t.untyped_storage(), resizable=True)
     return torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
 

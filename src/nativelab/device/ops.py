@@ -381,9 +381,12 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
         try:
             spec = _meta_spec(rec, args)
         except Exception:  # noqa: BLE001 - no usable meta kernel; the host run reports real errors
-            spec = rec.meta_cache[key] = None
+            spec = None
     if spec is None:  # output metadata unknown without running: run it now, still "on the device"
-        return run_on_host(rec.name, rec, args, index, fallback=False)
+        res = run_on_host(rec.name, rec, args, index, fallback=False, check=first)
+        if first:  # (a call that raised is not cached: the next one is checked again)
+            rec.meta_cache[key] = None
+        return res
     kind, outs_spec, resizes, policy = spec
     for i, shape in resizes:  # out= arguments the op resizes
         t = args[i]
@@ -392,7 +395,7 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
             resize_(t, shape)
     if kind == "mutating":
         if first:
-            _first_call(rec, key, spec, _run_mutating, args)
+            _first_call(rec, key, spec, _run_mutating_checked if policy else _run_mutating, args)
         else:
             queue.launch("op", rec.name, _run_mutating, rec, args)
         tracking.executed[rec.name] += 1
@@ -402,7 +405,7 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
     if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, args):
         run = _run_upcast_gemm
     if first:
-        _first_call(rec, key, spec, run, args, outs)
+        _first_call(rec, key, spec, _run_functional_checked if run is _run_functional_policy else run, args, outs)
     else:
         queue.launch("op", rec.name, run, rec, args, outs)
     tracking.executed[rec.name] += 1
@@ -479,6 +482,35 @@ def _run_mutating(rec, hargs):
         _call(rec, hargs)
 
 
+def _run_mutating_checked(rec, hargs):
+    """A signature's first call of an op that writes its arguments and that the dtype policy narrows: CPU's
+    kernel first sees the call as the user made it, on scratch copies of what it writes, so that its dtype checks
+    raise as on CPU (the policy computes an out= op's functional form and casts into `out`, which would accept
+    `index_select(out=int64)` of a float input)."""
+    _probe(rec, hargs)
+    _run_mutating(rec, hargs)
+
+
+def _probe(rec, hargs) -> None:
+    """Run the call as made on copies of the storages it writes (every argument in such a storage viewed onto
+    the copy, so that CPU's overlap checks still see an out= that is also an input), dropping the result."""
+    written = {a.untyped_storage().data_ptr() for i in rec.mutable for a in _tensors((hargs[i],))}
+    copies: dict = {}
+
+    def onto_copy(t):
+        if not isinstance(t, _Tensor) or t.layout != torch.strided or t.untyped_storage().data_ptr() not in written:
+            return t
+        st = t.untyped_storage()
+        copy = copies.get(st.data_ptr())
+        if copy is None:
+            copy = copies[st.data_ptr()] = st.clone()
+        return torch.empty(0, dtype=t.dtype).set_(copy, t.storage_offset(), t.size(), t.stride())
+
+    probe = [[onto_copy(t) for t in a] if isinstance(a, (list, tuple)) else onto_copy(a) for a in hargs]
+    _widen_indices(rec, probe)  # the device takes int32 indices (the guide's labels): not a CPU check to keep
+    _call(rec, probe)
+
+
 def _call_narrowed(rec: OpRecord, hargs: list):
     """Call an op that writes its arguments after the policy narrowed an input. The written arguments follow:
     an out= op computes its functional form and the copy into `out` casts back (as functional ops do:
@@ -546,6 +578,14 @@ def _run_functional_policy(rec, hargs, houts):
         _run_functional_copy(rec, hargs, houts)
     else:
         _run_functional(rec, hargs, houts)
+
+
+def _run_functional_checked(rec, hargs, houts):
+    """A signature's first call of a functional op the dtype policy may narrow: CPU's kernel sees the call as
+    made first (its result dropped), so its dtype checks raise as on CPU (scatter of a float64 tensor with a
+    float32 source, which narrowing would make agree)."""
+    _probe(rec, hargs)
+    _run_functional_policy(rec, hargs, houts)
 
 
 def _run_functional(rec, hargs, houts):
@@ -626,11 +666,13 @@ def _alias_returns(rec: OpRecord, args: list):
     return rets[0] if len(rets) == 1 else tuple(rets)
 
 
-def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool = True):
+def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool = True, check: bool = False):
     """Run an op now: drain the queue, run the CPU kernel on host views, bring the results back.
 
     A CPU fallback (recorded and warned about once), or a device op whose outputs cannot be known before it
     runs (no meta kernel, data-dependent shapes), which the real device would also have to wait for.
+    `check`: the first call of its signature, which CPU's kernel first sees as made when the dtype policy
+    narrows it (its dtype errors are CPU's).
     """
     queue.drain()
     if not fallback:
@@ -642,22 +684,31 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
     if rec.gen_pos is not None:  # the CPU generator holding the device generator's state (default or given)
         args[rec.gen_pos] = guard.host_generator(args[rec.gen_pos], index)
     hargs = [_to_host(a, rec.name) for a in args]
+    grown = []
     for i in rec.mutable:  # the CPU kernel may resize what it writes (an out= argument too small for the result,
         a = args[i]  # nonzero's): it gets a view of the same memory whose storage it can grow, as on CPU
         if isinstance(a, _Tensor) and a.device.type == DEVICE and a.layout == torch.strided:
-            hargs[i] = memory.resizable_host_view(a)
+            hargs[i] = memory.resizable_host_view(a, rec.name)
+            grown.append(a)
     narrowed = False
     if not fallback:
+        as_called = list(hargs)
         narrowed = _finish_policy(rec, hargs)
+        if narrowed and (rec.mutable or check):  # CPU's dtype checks of the call as made (_run_mutating_checked;
+            _probe(rec, as_called)  # `check`: a signature's first call)
     elif rec.int64_args:
         _widen_indices(rec, hargs)
     call = _call_narrowed if narrowed and rec.mutable else _call
     obs = queue.observer  # the profiler times the host run and counts the bytes moved
     run = call if obs is None else (lambda *a: obs.host_op(name, fallback, call, a, args))
-    with rng.default_generator_drawn_from(index) if rec.random and rec.gen_pos is None else _no_context:
-        # A CPU fallback is host work; a device op that had to run at once (its outputs unknown until it runs,
-        # or random) is the device's: launched to run now (the session above counts it through host_op).
-        res = run(rec, hargs) if fallback else queue.run_now("op", name, run, rec, hargs, observed=False)
+    try:
+        with rng.default_generator_drawn_from(index) if rec.random and rec.gen_pos is None else _no_context:
+            # A CPU fallback is host work; a device op that had to run at once (its outputs unknown until it
+            # runs, or random) is the device's: launched to run now (the session above counts it via host_op).
+            res = run(rec, hargs) if fallback else queue.run_now("op", name, run, rec, hargs, observed=False)
+    finally:
+        for a in grown:  # the host storage that stayed the device's is not resizable for anyone else
+            memory.host_storage(a.untyped_storage())
     if narrowed:
         res = _widen_results(res, args)
     for i in rec.mutable:  # the CPU kernel may have resized an out= argument
@@ -772,6 +823,9 @@ def direct_kernels() -> dict:
 # Native ops whose CompositeExplicitAutograd kernel would win over the device's fallback and compute them from
 # ops the device does not have: native_layer_norm's math version goes through native_batch_norm (a CPU fallback).
 _OVER_COMPOSITE = {"aten.native_layer_norm.default"}
+# all/any over a tuple of dims with out=: the composite reduces dim by dim and copies into `out`, so CPU's check
+# of out's dtype never ran (all(x, (0, 1), out=float64) was accepted).
+_OVER_COMPOSITE |= {"aten.all.dims_out", "aten.any.dims_out"}
 # Ops the device does not have whose CompositeExplicitAutograd kernel would win over the CPU fallback and
 # decompose them into bf16 device steps, each rounding to bf16, where CPU's kernel keeps fp32 intermediates
 # (group_norm's error vs float64 0.079 against CPU's 0.046). Registered, they run as the fallback: CPU's kernel.
@@ -809,7 +863,42 @@ def _device_kernel(op, *args, **kwargs):
     index = _device_index(full, rec.cpu_ok)
     if route == "view":
         return _view(rec, full, index)
-    return run_on_host(rec.name, rec, full, index)
+    res = run_on_host(rec.name, rec, full, index)
+    keep = _KEEP_LAYOUT.get(rec.name)
+    return res if keep is None else keep(full, res)
+
+
+def _channels_last_format(t):
+    """channels_last(_3d) if `t` is laid out so (and not also contiguous), else None."""
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    if fmt is None or t.is_contiguous() or not t.is_contiguous(memory_format=fmt):
+        return None
+    return fmt
+
+
+def _group_norm_forward(args, res):
+    """PyTorch's derivative of native_group_norm makes the gradient and the input contiguous on every device but
+    CPU (`device().is_cpu() ? input.suggest_memory_format() : Contiguous`), so the input gradient of a
+    channels_last GroupNorm came back contiguous where CPU's is channels_last. The forward's rstd reaches the
+    backward unchanged (its storage: autograd saves a shallow copy), so its storage remembers the input's layout."""
+    fmt = _channels_last_format(args[0])
+    if fmt is not None:
+        res[2].untyped_storage()._nl_group_norm_format = fmt
+    return res
+
+
+def _group_norm_backward(args, res):
+    fmt = getattr(args[3].untyped_storage(), "_nl_group_norm_format", None)
+    if fmt is None or res[0] is None or res[0].is_contiguous(memory_format=fmt):
+        return res
+    return (res[0].contiguous(memory_format=fmt), *res[1:])
+
+
+# CPU fallbacks whose results must keep a layout the composite or autograd code around them loses
+_KEEP_LAYOUT = {
+    "aten::native_group_norm": _group_norm_forward,
+    "aten::native_group_norm_backward": _group_norm_backward,
+}
 
 
 def resize_(t: torch.Tensor, shape, memory_format=None) -> torch.Tensor:

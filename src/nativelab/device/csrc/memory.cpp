@@ -15,6 +15,7 @@
 #include <array>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 namespace nativelab {
 namespace {
@@ -228,14 +229,39 @@ namespace {
 void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
 }  // namespace
 
+// One host storage per device storage (while any host view of it lives): CPU kernels tell aliasing apart by
+// StorageImpl, so two host views of one device storage must share theirs, or CPU's overlap checks ("more than one
+// element of the written-to tensor refers to a single memory location", an out= that is also an input) pass
+// on the device where they raise on CPU. Weak: the host storage holds the device storage, not the reverse.
+static std::mutex g_host_mutex;
+static std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> g_host_storages;
+
 c10::Storage mem_host_storage(const c10::Storage& st, bool resizable) {
   // Holds the device storage, not its memory: a cached host view must not keep memory that a resize gave back
-  // (a resize waits for queued work first, and memory.py's views check the pointer before use). A resizable
-  // one is for a CPU kernel that may grow an out= argument: growing it moves the host storage to new CPU
-  // memory (the caller then grows the device storage to match, ops._follow_host_resize).
+  // (a resize waits for queued work first, and memory.py's views check the pointer before use). `resizable`
+  // (for a CPU kernel that may grow an out= argument; the next plain request turns it off again): growing it
+  // moves the host storage to new CPU memory, and the caller grows the device storage to match
+  // (ops._follow_host_resize); this device storage then gets a fresh host storage.
+  std::lock_guard<std::mutex> lock(g_host_mutex);
+  const auto* key = st.unsafeGetStorageImpl();
+  auto it = g_host_storages.find(key);
+  if (it != g_host_storages.end()) {
+    auto impl = it->second.lock();
+    if (impl && impl->data_ptr().get() == st.data_ptr().get() && impl->nbytes() == st.nbytes()) {
+      impl->set_resizable(resizable);
+      return c10::Storage(std::move(impl));
+    }
+  }
   c10::DataPtr dp(st.mutable_data(), new c10::Storage(st), &release_storage, c10::Device(c10::DeviceType::CPU));
-  return c10::Storage(c10::Storage::use_byte_size_t(), st.nbytes(), std::move(dp),
-                      resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+  auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), st.nbytes(), std::move(dp),
+                                                    c10::GetCPUAllocator(), resizable);
+  if (g_host_storages.size() >= 4096) {  // forget the host storages that died
+    for (auto e = g_host_storages.begin(); e != g_host_storages.end();) {
+      e = e->second.expired() ? g_host_storages.erase(e) : std::next(e);
+    }
+  }
+  g_host_storages.insert_or_assign(key, c10::weak_intrusive_ptr<c10::StorageImpl>(impl));
+  return c10::Storage(std::move(impl));
 }
 
 void mem_resize(const c10::Storage& st, size_t nbytes) {

@@ -20,6 +20,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -478,6 +479,10 @@ void push_empty(torch::jit::Stack* stack, size_t n, std::vector<int64_t> sizes, 
   stack->emplace_back(std::move(t));
 }
 
+bool has_negative(const std::vector<int64_t>& sizes) {
+  return std::any_of(sizes.begin(), sizes.end(), [](int64_t s) { return s < 0; });
+}
+
 // empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype, Layout? layout, Device? device, bool? pin_memory)
 void empty_strided_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   auto* a = stack->data() + stack->size() - 6;
@@ -485,7 +490,7 @@ void empty_strided_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, to
   if (index < 0 || !a[0].isIntList() || !a[1].isIntList()) return python_runtime("empty_strided", op, stack);
   auto sizes = a[0].toIntVector();
   auto strides = a[1].toIntVector();
-  if (sizes.size() != strides.size()) return python_runtime("empty_strided", op, stack);
+  if (sizes.size() != strides.size() || has_negative(sizes)) return python_runtime("empty_strided", op, stack);
   push_empty(stack, 6, std::move(sizes), std::move(strides), dtype_of(a[2]), index);
 }
 
@@ -498,6 +503,7 @@ void empty_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
                      a[5].toMemoryFormat() == c10::MemoryFormat::Preserve;
   if (index < 0 || !plain || !a[0].isIntList()) return python_runtime("empty.memory_format", op, stack);
   auto sizes = a[0].toIntVector();
+  if (has_negative(sizes)) return python_runtime("empty.memory_format", op, stack);  // CPU's error, worded there
   auto strides = contiguous_strides(sizes);
   push_empty(stack, 6, std::move(sizes), std::move(strides), dtype_of(a[1]), index);
 }
