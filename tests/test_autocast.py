@@ -1,5 +1,6 @@
 """torch.autocast('neuron', dtype=torch.bfloat16)."""
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -34,3 +35,20 @@ def test_autocast_disabled_region_and_nesting():
             assert (d @ d).dtype == torch.float32
         assert (d @ d).dtype == torch.bfloat16
     assert torch.get_autocast_dtype("neuron") in (torch.bfloat16, torch.float16)
+
+
+def test_an_unsupported_autocast_dtype_warns_and_disables_autocast_naming_the_supported_ones():
+    with pytest.warns(UserWarning, match="In neuron autocast, but the target dtype is not supported. Disabling "
+                      "autocast.\nneuron Autocast only supports dtypes of torch.float16, torch.bfloat16 currently."):
+        with torch.autocast("neuron", dtype=torch.float32):
+            assert not torch.is_autocast_enabled("neuron")
+
+
+def test_binary_cross_entropy_is_refused_under_autocast_as_on_cuda():
+    p, y = torch.rand(2, 3, device="neuron"), torch.rand(2, 3, device="neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast"):
+            torch.nn.functional.binary_cross_entropy(p, y)
+        torch.nn.functional.binary_cross_entropy_with_logits(p, y)  # the safe form runs
+    want = torch.nn.functional.binary_cross_entropy(p.cpu(), y.cpu())
+    torch.testing.assert_close(torch.nn.functional.binary_cross_entropy(p, y).cpu(), want)  # outside: as CPU

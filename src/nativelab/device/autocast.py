@@ -28,6 +28,25 @@ FP32 = (
 )
 
 
+# Refused under autocast, as CUDA refuses them (autocast_mode.cpp's "banned" list, its message).
+BANNED = {
+    "binary_cross_entropy": (
+        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+        "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+        "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+        "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+        "safe to autocast."
+    ),
+}
+
+
+def _banned(message):
+    def banned_kernel(*args, **kwargs):
+        raise RuntimeError(message)
+
+    return banned_kernel
+
+
 def _cast(x, dtype):
     if isinstance(x, torch.Tensor):
         if x.is_floating_point() and x.device.type == DEVICE and x.dtype != dtype:
@@ -67,3 +86,6 @@ def install(lib: torch.library.Library, aten_lib: torch.library.Library) -> None
                 mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
                 if not mutates and any("Tensor" in str(a.type) for a in schema.arguments):
                     aten_lib.impl(op, _kernel(op, target), "AutocastPrivateUse1")
+    for name, message in BANNED.items():
+        for op in _overloads(name):
+            aten_lib.impl(op, _banned(message), "AutocastPrivateUse1")

@@ -298,7 +298,8 @@ def stream(s: torch.Stream | None):
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    return [torch.bfloat16, torch.float16]
+    # CUDA's order, which PyTorch's "only supports dtypes of ..." warning for an unsupported dtype lists
+    return [torch.float16, torch.bfloat16]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
