@@ -260,6 +260,32 @@ def test_copies_are_snapshots_when_the_source_is_written(run, tmp_path, monkeypa
     torch.testing.assert_close(arg, x_after)  # the kernel wrote its argument
 
 
+@nki.jit
+def _matmul_sees_rewritten_operand(s, m):
+    """A bf16 operand read by one matmul, then partly overwritten, then read by a second."""
+    out = nl.ndarray((2, s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    st = nl.load(s)
+    mv = nl.ndarray(m.shape, dtype=m.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=mv, src=m)
+    for i in nl.affine_range(2):
+        acc = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=st, moving=mv)
+        nl.store(out[i], nl.copy(acc))
+        nisa.memset(dst=mv[0:4, :], value=1.0)
+    return out
+
+
+@pytest.mark.parametrize("run", ["simulate", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_a_matmul_operand_written_between_matmuls(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    s, m = _bf16(torch.randn(16, 8)), _bf16(torch.randn(16, 32))
+    got = (sim(_matmul_sees_rewritten_operand) if run == "simulate" else _matmul_sees_rewritten_operand)(s, m)
+    m2 = m.clone()
+    m2[0:4] = 1.0
+    torch.testing.assert_close(got[0], s.float().T @ m.float())
+    torch.testing.assert_close(got[1], s.float().T @ m2.float())
+
+
 # --- limits: one error each, naming the instruction, the kernel's line, the value and the limit
 
 

@@ -12,7 +12,7 @@ import torch
 from . import limits, trace
 from .core import compute, instruction, ndarray, record
 from .ops import as_op
-from .tensor import NkiTensor, psum, read, sbuf, write, written
+from .tensor import NkiTensor, psum, read, read_float, sbuf, write, written
 
 
 class engine:  # noqa: N801 - NKI's names
@@ -201,8 +201,8 @@ def nc_matmul(dst, stationary: NkiTensor, moving: NkiTensor = None, is_stationar
     limits.check(dst.buffer is psum, ins, f"writes its result to PSUM; dst is in {dst.buffer}")
     limits.check(dst.numel() == m * n and dst.shape[0] == m, ins,
                  f"dst has shape {dst.shape}; stationary {stationary.shape} x moving {moving.shape} gives ({m}, {n})")
-    s = read(stationary, ins).reshape(k, m).float()
-    mv = read(moving, ins).reshape(k, n).float()
+    s = read_float(stationary, ins).reshape(k, m)
+    mv = read_float(moving, ins).reshape(k, n)
     out = (s.t() @ mv).reshape(dst.shape)
     add = bool(accumulate) if accumulate is not None else (not is_transpose and written(dst))
     record(ins, "tensor", moving, flops=2 * k * m * n)

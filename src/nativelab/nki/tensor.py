@@ -98,6 +98,7 @@ class Storage:
         self.accounted = False
         self.banks = 0
         self.release = None
+        self.float_value = None  # (value, its fp32 upcast): upcast once, however many matmuls read it
 
     def describe(self) -> str:
         return f"{self.name + ' ' if self.name else ''}{self.shape} {_dtype_name(self.dtype)}"
@@ -114,6 +115,7 @@ class Storage:
 
     def before_in_place_write(self) -> None:
         """Make an in-place write safe: own the value, and give borrowers of it their own copies first."""
+        self.float_value = None
         if not self.owned and not self.pinned:
             self.tensor = self.tensor.clone()
             _bind(self.tensor)
@@ -461,6 +463,21 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
             st.written[:] = True
         else:
             st.written[idx] = True
+
+
+def read_float(t: NkiTensor, instruction: str) -> torch.Tensor:
+    """`read(t).float()`, the upcast taken once per value of the whole allocation and viewed (a Tensor
+    Engine operand read by many matmuls, each K tile of a resident block, is converted once)."""
+    v = read(t, instruction)
+    if v.dtype == torch.float32:
+        return v
+    st = t.storage
+    if any(op[0] == "dtype" or (op[0] == "ap" and op[4] is not None) for op in t.chain):
+        return v.float()
+    cached = st.float_value
+    if cached is None or cached[0] is not st.tensor:
+        cached = st.float_value = (st.tensor, st.tensor.float())
+    return _apply(cached[1], t.chain) if t.chain else cached[1]
 
 
 def written(t: NkiTensor) -> bool:
