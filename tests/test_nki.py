@@ -286,6 +286,57 @@ def test_a_matmul_operand_written_between_matmuls(run, tmp_path, monkeypatch):
     torch.testing.assert_close(got[1], s.float().T @ m2.float())
 
 
+@nki.jit
+def _masks_and_scans(x, pred, a, b):
+    out = nl.ndarray((3,) + x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    top = nl.ndarray((x.shape[0], 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    idx = nl.ndarray((x.shape[0], 8), dtype=nl.uint32, buffer=nl.shared_hbm)
+    row_max = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    t, pt, at, bt = nl.load(x), nl.load(pred), nl.load(a), nl.load(b)
+    r = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    # causal mask: keep column j of row p where p - j >= 0
+    nisa.affine_select(dst=r, pattern=[[-1, x.shape[1]]], offset=0, channel_multiplier=1, on_true_tile=t,
+                       on_false_value=-1e4, cmp_op=nl.greater_equal)
+    nl.store(out[0], r)
+    m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.select_reduce(dst=r, predicate=pt, on_true=t, on_false=0.0, reduce_res=m, reduce_op=nl.maximum)
+    nl.store(out[1], r)
+    nl.store(row_max, m)
+    nisa.tensor_tensor_scan(dst=r, data0=at, data1=bt, initial=0.0, op0=nl.multiply, op1=nl.add)
+    nl.store(out[2], r)
+    v = nl.ndarray((x.shape[0], 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.max8(dst=v, src=t)
+    nl.store(top, v)
+    i = nl.ndarray((x.shape[0], 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(dst=i, data=t, vals=v)
+    nl.store(idx, i)
+    return out, top, idx, row_max
+
+
+@pytest.mark.parametrize("run", ["simulate", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_affine_select_select_reduce_scan_max8_find_index8(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    torch.manual_seed(0)
+    x = torch.randn(16, 24)
+    pred = (torch.rand(16, 24) > 0.5).to(torch.int8)
+    a, b = torch.rand(16, 24), torch.randn(16, 24)
+    out, top, idx, row_max = (sim(_masks_and_scans) if run == "simulate" else _masks_and_scans)(x, pred, a, b)
+    p, j = torch.arange(16)[:, None], torch.arange(24)[None, :]
+    torch.testing.assert_close(out[0], torch.where(p - j >= 0, x, torch.tensor(-1e4)))
+    sel = torch.where(pred != 0, x, torch.tensor(0.0))
+    torch.testing.assert_close(out[1], sel)
+    torch.testing.assert_close(row_max, sel.amax(1, keepdim=True))
+    scan = torch.zeros(16, 24)
+    prev = torch.zeros(16)
+    for i in range(24):  # r[i] = a[i] * r[i-1] + b[i]
+        prev = a[:, i] * prev + b[:, i]
+        scan[:, i] = prev
+    torch.testing.assert_close(out[2], scan)
+    ref_top = torch.topk(x, 8, dim=1)
+    torch.testing.assert_close(top, ref_top.values)
+    assert torch.equal(idx.to(torch.int64), ref_top.indices)
+
+
 # --- limits: one error each, naming the instruction, the kernel's line, the value and the limit
 
 

@@ -446,18 +446,22 @@ def memset(dst: NkiTensor, value, engine=None, name=None, **_kw):
     return dst
 
 
-def iota(dst, expr=None, offset=0, channel_multiplier=0, pattern=None, dtype=None, name=None, **_kw):
+def iota(dst, pattern=None, offset=0, channel_multiplier=0, name=None, **_kw):
     """dst[p, i0, i1, ...] = offset + p * channel_multiplier + sum(i_k * step_k) for pattern [[step, num], ...]
     over the free dimensions (GpSimd engine). A pattern of None counts 0, 1, 2, ... along the free axes."""
     ins = "iota"
-    if isinstance(dst, NkiTensor):
-        shape = dst.shape
-    else:
-        limits.check(expr is not None, ins, "needs a destination tile")
-        raise limits.fail(ins, "the expression form of iota (nl.arange expressions) is not emulated; pass dst=")
+    limits.check(isinstance(dst, NkiTensor), ins,
+                 "needs a destination tile (the nl.arange expression form is not emulated)")
     _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
-    p = shape[0]
-    free = shape[1:]
+    record(ins, "gpsimd", dst)
+    write(dst, _affine(ins, dst, pattern, offset, channel_multiplier), ins)
+    return dst
+
+
+def _affine(ins: str, dst: NkiTensor, pattern, offset, channel_multiplier) -> torch.Tensor:
+    """offset + p * channel_multiplier + sum(i_k * step_k) for pattern [[step, num], ...] over dst's free
+    elements (a pattern of None counts 0, 1, 2, ... along them), in float64, shaped like dst."""
+    p, free = dst.shape[0], dst.shape[1:]
     if pattern is None:
         steps, nums = [math.prod(free[i + 1:]) for i in range(len(free))], list(free)
     else:
@@ -471,13 +475,113 @@ def iota(dst, expr=None, offset=0, channel_multiplier=0, pattern=None, dtype=Non
         shape_k = [1] * (len(nums) + 1)
         shape_k[k + 1] = n
         v = v + (torch.arange(n, dtype=torch.float64, device=dev) * s).reshape(shape_k)
+    return v.reshape(dst.shape)
+
+
+def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile: NkiTensor, on_false_value,
+                  cmp_op=None, name=None, **_kw):
+    """dst = on_true_tile where cmp_op(affine value, 0), else on_false_value; the affine value as in iota
+    (cmp_op defaults to nl.equal). GpSimd engine: the causal mask of attention in one instruction."""
+    ins = "affine_select"
+    _tile(ins, on_true_tile, "on_true_tile", "gpsimd", ("sbuf",))
+    dst = _out(dst, on_true_tile.shape, on_true_tile.dtype)
+    _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
+    cmp = as_op(cmp_op if cmp_op is not None else "equal")
+    keep = cmp.apply(_affine(ins, dst, pattern, offset, channel_multiplier), 0.0) != 0
+    x = read(on_true_tile, ins).float().reshape(dst.shape)
     record(ins, "gpsimd", dst)
-    write(dst, v.reshape(dst.shape), ins)
+    write(dst, torch.where(keep, x, float(on_false_value)), ins)
+    return dst
+
+
+def select_reduce(dst, predicate: NkiTensor, on_true: NkiTensor, on_false, reduce_res=None,
+                  reduce_cmd=reduce_cmd.idle, reduce_op=None, reverse_pred=False, name=None, **_kw):
+    """dst = where(predicate, on_true, on_false) (on_false a scalar or [P, 1] vector), and with reduce_res
+    the row maximum of the result (reduce_op must be nl.maximum). Vector Engine."""
+    ins = "select_reduce"
+    _tile(ins, predicate, "predicate", "vector")
+    _tile(ins, on_true, "on_true", "vector")
+    limits.check(not (predicate.buffer is psum and on_true.buffer is psum), ins,
+                 "at most one of predicate and on_true may be in PSUM")
+    keep = read(predicate, ins).reshape(on_true.shape) != 0
+    if reverse_pred:
+        keep = ~keep
+    out = torch.where(keep, read(on_true, ins).float(), _scalar_or_vector(ins, on_false, on_true, "on_false"))
+    dst = _out(dst, on_true.shape, on_true.dtype)
+    _tile(ins, dst, "dst", "vector")
+    record(ins, "vector", on_true, inputs=2)
+    write(dst, out, ins)
+    if reduce_res is not None:
+        limits.check(reduce_op is None or as_op(reduce_op).name == "maximum", ins,
+                     f"reduce_op must be nl.maximum, got {reduce_op!r}")
+        write(reduce_res, out.reshape(out.shape[0], -1).amax(dim=1, keepdim=True), ins)
+    return dst
+
+
+def tensor_tensor_scan(dst, data0: NkiTensor, data1: NkiTensor, initial, op0, op1, reverse0=False,
+                       reverse1=False, name=None, **_kw):
+    """Along the free dimension of each partition: r[0] = (data0[0] <op0> initial) <op1> data1[0],
+    r[i] = (data0[i] <op0> r[i-1]) <op1> data1[i] (initial: a scalar or [P, 1] vector). Vector Engine."""
+    ins = "tensor_tensor_scan"
+    for what, t in (("data0", data0), ("data1", data1)):
+        _tile(ins, t, what, "vector")
+    limits.check(data0.numel() == data1.numel() and data0.shape[0] == data1.shape[0], ins,
+                 f"data0 {data0.shape} and data1 {data1.shape} must match")
+    limits.check(not (data0.buffer is psum and data1.buffer is psum), ins, "data0 and data1 cannot both be in PSUM")
+    p = data0.shape[0]
+    a = read(data0, ins).float().reshape(p, -1)
+    b = read(data1, ins).float().reshape(p, -1)
+    prev = _scalar_or_vector(ins, initial, data0, "initial")
+    prev = prev.reshape(p, 1) if isinstance(prev, torch.Tensor) else torch.full((p, 1), prev, device=a.device)
+    cols = []
+    for i in range(a.shape[1]):  # a recurrence: one step per free element (unrolled in the trace)
+        prev = _binary(op1, _binary(op0, a[:, i:i + 1], prev, reverse0), b[:, i:i + 1], reverse1)
+        cols.append(prev)
+    dst = _out(dst, data0.shape, data0.dtype)
+    _tile(ins, dst, "dst", "vector")
+    record(ins, "vector", data0, inputs=2)
+    write(dst, torch.cat(cols, dim=1).reshape(dst.shape), ins)
+    return dst
+
+
+def max8(dst, src: NkiTensor = None, name=None, **_kw):
+    """dst[P, 8] = the 8 largest values of each partition of src, in descending order (Vector Engine)."""
+    if src is None:
+        dst, src = None, dst
+    ins = "max8"
+    _tile(ins, src, "src", "vector")
+    n = _free(src)
+    limits.check(8 <= n <= 16384, ins, f"reads 8 to 16384 elements per partition, got {n}")
+    top = torch.topk(read(src, ins).float().reshape(src.shape[0], n), 8, dim=1).values
+    dst = _out(dst, (src.shape[0], 8), src.dtype)
+    _tile(ins, dst, "dst", "vector")
+    record(ins, "vector", src)
+    write(dst, top, ins)
+    return dst
+
+
+def nc_find_index8(dst, data: NkiTensor, vals: NkiTensor, name=None, **_kw):
+    """dst[P, 8] (uint32) = for each of the 8 values per partition in vals, the index of its first
+    occurrence in that partition of data (Vector Engine; vals is what max8 gives)."""
+    ins = "nc_find_index8"
+    _tile(ins, data, "data", "vector")
+    _tile(ins, vals, "vals", "vector")
+    p, n = data.shape[0], _free(data)
+    limits.check(vals.shape[0] == p and _free(vals) == 8, ins, f"vals must be ({p}, 8), got {vals.shape}")
+    x = read(data, ins).float().reshape(p, 1, n)
+    v = read(vals, ins).float().reshape(p, 8, 1)
+    hit = x == v
+    idx = torch.where(hit.any(dim=2), hit.float().argmax(dim=2), torch.full((p, 8), -1, device=x.device))
+    dst = _out(dst, (p, 8), torch.uint32)
+    _tile(ins, dst, "dst", "vector")
+    record(ins, "vector", data)
+    write(dst, idx.to(torch.int64).to(dst.dtype), ins)
     return dst
 
 
 for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activation", "activation_reduce",
               "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_copy", "tensor_copy_predicated",
-              "reciprocal", "exponential", "tensor_reduce", "tensor_partition_reduce", "memset", "iota"):
+              "reciprocal", "exponential", "tensor_reduce", "tensor_partition_reduce", "memset", "iota",
+              "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8"):
     globals()[_name] = instruction(globals()[_name])
 del _name
