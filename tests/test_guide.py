@@ -204,8 +204,8 @@ def check_run(tier: str, fallbacks: str | None = None) -> Callable[[str, Path], 
 # -- the table ------------------------------------------------------------------------------------------------
 
 LAB2_LAYOUT = "issue 26: labs/lab2 gets the guide's folder layout (llama_base/, llama_nki_core/, nki_ops.py)"
-STEP6_EDIT = ('issue 26: labs/lab2/run.py prints "Generated IDs" itself (it calls nativelab run) and '
-              "torch_neuronx is not imported there yet")
+STEP6_EDIT = ("issue 26: labs/lab2/run.py calls nativelab run, which prints the Generated IDs: there is no print "
+              "in run.py to add the guide's line after")
 
 
 @dataclasses.dataclass(frozen=True)
