@@ -85,7 +85,9 @@ def test_a_reaped_child_counts_as_this_process():
     import sys
 
     prev = threads.cpu_sample()
-    busy = "import os, time\nt = time.time() + 0.5\nwhile time.time() < t: pass\nprint(sum(os.times()[:2]))"
+    # spins until it has used 0.5 s of CPU (not of wall time: on a loaded machine half a second of wall time
+    # gave the child 0.15 s of CPU)
+    busy = "import os\nwhile sum(os.times()[:2]) < 0.5: pass\nprint(sum(os.times()[:2]))"
     child_cpu = float(subprocess.run([sys.executable, "-c", busy], capture_output=True, text=True,
                                      check=True).stdout)  # the child's own account of its CPU time
     now = threads.cpu_sample()
