@@ -79,3 +79,15 @@ def test_pip_install_provides_the_command():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, func = scripts["neuron-ls"].partition(":")
     assert module == neuron_ls.__name__ and callable(getattr(neuron_ls, func))
+
+
+def test_a_reader_that_left_is_no_traceback():
+    """`neuron-ls | head -1`: when the pipe's reader has gone, the tool exits 0 without a BrokenPipe traceback."""
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader left before the tool writes: its first write meets a closed pipe
+    r = subprocess.run([sys.executable, "-c", MAIN], stdout=write, stderr=subprocess.PIPE, text=True,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_")})
+    os.close(write)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -125,5 +125,8 @@ def main(argv=None) -> int:
         print("neuron-ls: torch_neuronx is installed, so `neuron` is the real device, but AWS's neuron-ls is "
               f"not on PATH (it comes with aws-neuronx-tools, in {os.path.dirname(AWS_TOOL)})", file=sys.stderr)
         return 1
-    print(report())
+    try:
+        print(report(), flush=True)
+    except BrokenPipeError:  # `neuron-ls | head`: the reader left; say nothing more, as coreutils do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
