@@ -222,6 +222,24 @@ def test_spmd_grid_program_ids():
     torch.testing.assert_close(got, x + torch.arange(4.0).repeat_interleave(2)[:, None])
 
 
+@nki.jit
+def _with_defaults(x, scale=1.0, shift=0.0, negate=False):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    r = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=-scale if negate else scale, op1=nl.add,
+                       operand1=shift)
+    nl.store(out, r)
+    return out
+
+
+def test_keyword_arguments_after_skipped_defaults():
+    """A keyword given past defaults left out reaches its own parameter (AWS's RoPE is called this way)."""
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(sim(_with_defaults)(x, negate=True), -x)
+    torch.testing.assert_close(sim(_with_defaults)(x, shift=2.0), x + 2.0)
+
+
 def test_numpy_arrays_in_and_out():
     a, b = np.random.rand(4, 8).astype(np.float32), np.random.rand(4, 8).astype(np.float32)
     got = sim(_add)(a, b)

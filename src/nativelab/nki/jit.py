@@ -36,10 +36,9 @@ class _Signature:
     """What a trace depends on: the grid, each tensor argument's shape and dtype, every other value."""
 
     def __init__(self, fn, grid, args, kwargs):
-        bound = inspect.signature(fn).bind(*args, **kwargs)
-        self.names = list(bound.arguments)
-        self.values = list(bound.arguments.values())
-        self.kinds = {name: p.kind for name, p in inspect.signature(fn).parameters.items()}
+        self.bound = inspect.signature(fn).bind(*args, **kwargs)
+        self.names = list(self.bound.arguments)
+        self.values = list(self.bound.arguments.values())
         self.tensor_pos = [i for i, v in enumerate(self.values) if isinstance(v, torch.Tensor)]
         self.tensors = [self.values[i] for i in self.tensor_pos]
         statics = tuple((n, repr(v)) for i, (n, v) in enumerate(zip(self.names, self.values))
@@ -49,22 +48,11 @@ class _Signature:
         self.key = (tuple(grid), tuple(zip(self.shapes, (t.dtype for t in self.tensors))), statics)
 
     def call(self, fn, hbm_inputs):
-        """fn(*arguments) with the tensor arguments replaced by `hbm_inputs`."""
-        values = list(self.values)
+        """fn(*arguments) with the tensor arguments replaced by `hbm_inputs` (keywords stay keywords)."""
+        bound = inspect.BoundArguments(self.bound.signature, dict(self.bound.arguments))
         for i, t in zip(self.tensor_pos, hbm_inputs):
-            values[i] = t
-        args, kwargs = [], {}
-        for name, v in zip(self.names, values):
-            kind = self.kinds[name]
-            if kind is inspect.Parameter.VAR_POSITIONAL:
-                args.extend(v)
-            elif kind is inspect.Parameter.VAR_KEYWORD:
-                kwargs.update(v)
-            elif kind is inspect.Parameter.KEYWORD_ONLY:
-                kwargs[name] = v
-            else:
-                args.append(v)
-        return fn(*args, **kwargs)
+            bound.arguments[self.names[i]] = t
+        return fn(*bound.args, **bound.kwargs)
 
 
 class _Traced:
