@@ -388,6 +388,10 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
             rec.meta_cache[key] = None
         return res
     kind, outs_spec, resizes, policy = spec
+    if first and resizes:  # CPU's kernel resizes them itself the first time: its checks of the out= arguments
+        res = run_on_host(rec.name, rec, args, index, fallback=False, check=True)  # come before its resize
+        rec.meta_cache[key] = spec
+        return res
     for i, shape in resizes:  # out= arguments the op resizes
         t = args[i]
         if t.shape != shape:
