@@ -130,7 +130,7 @@ def _reduce_copy(x):
     r = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=r, data=t, op=nl.max, axis=1, keepdims=True)
     nl.store(out_max, r)
-    nisa.tensor_reduce(dst=r, data=t, op=nl.add, axis=1, negate=True, keepdims=True)
+    nisa.tensor_reduce(r, nl.add, t, 1, negate=True, keepdims=True)  # positional: (dst, op, data, axis)
     nl.store(out_sum, r)
     c = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_copy(dst=c, src=t, engine=nisa.engine.scalar)
@@ -527,6 +527,10 @@ def test_import_nki_is_nativelabs_stand_in():
     assert stand_ins.is_stand_in(stand_in) and stand_in.jit is nki.jit
     assert stand_in_nl.ndarray is nl.ndarray and stand_in_nl.tile_size.pmax == 128
     assert stand_in_isa.nc_matmul is nisa.nc_matmul
+    from nki.isa.constants import dge_mode, oob_mode  # nkilib's imports
+
+    assert dge_mode.hwdge is not None and oob_mode.error and stand_in.dtype is torch.dtype
+    assert stand_in_isa.dma_engine.gpsimd_dma
     x = torch.randn(4, 8)
     torch.testing.assert_close(stand_in.simulate(_add)(x, x), 2 * x)
 

@@ -9,12 +9,16 @@ resolve here (nativelab's stand-in); where it is, AWS's package serves them and 
 
 from __future__ import annotations
 
+import torch
+
 from . import isa, language
 from .jit import JitKernel, jit
 from .limits import NkiError, NkiWarning
 
 __version__ = "0.5.0+nativelab"
-__all__ = ["jit", "language", "isa", "JitKernel", "NkiError", "NkiWarning", "simulate"]
+__all__ = ["jit", "language", "isa", "JitKernel", "NkiError", "NkiWarning", "simulate", "dtype"]
+
+dtype = torch.dtype  # NKI's dtype type (kernels annotate `dtype: nki.dtype = nl.bfloat16`)
 
 
 def simulate(kernel):

@@ -9,63 +9,16 @@ import math
 
 import torch
 
-from . import limits, trace
-from .core import compute, instruction, ndarray, record
-from .ops import as_op
-from .tensor import NkiTensor, psum, read, read_float, sbuf, write, written
-
-
-class engine:  # noqa: N801 - NKI's names
-    tensor = "tensor"
-    vector = "vector"
-    scalar = "scalar"
-    activation = "scalar"
-    gpsimd = "gpsimd"
-    pool = "gpsimd"
-    sync = "sync"
-    unknown = "unknown"
-
-
-class reduce_cmd:  # noqa: N801
-    idle = "idle"
-    reset = "reset"
-    reduce = "reduce"
-    reset_reduce = "reset_reduce"
-
-
-class dge_mode:  # noqa: N801
-    unknown = 0
-    none = 0
-    swdge = 1
-    hwdge = 2
-
-
-class oob_mode:  # noqa: N801
-    error = "error"
-    skip = "skip"
-
-
-class matmul_perf_mode:  # noqa: N801
-    none = "none"
-    double_row = "double_row"
-
-
-class nc_version:  # noqa: N801
-    gen2 = 2
-    gen3 = 3
-    gen4 = 4
+from .. import limits, trace
+from ..core import compute, instruction, ndarray, record
+from ..ops import as_op
+from ..tensor import NkiTensor, psum, read, read_float, sbuf, write, written
+from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
 
 
 def get_nc_version():
     """The emulated core is a NeuronCore-v3 (Trainium2)."""
     return nc_version.gen3
-
-
-class constants:  # noqa: N801 - nki.isa.constants.<enum>
-    engine = engine
-    reduce_cmd = reduce_cmd
-    dge_mode = dge_mode
-    oob_mode = oob_mode
 
 
 _FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -386,9 +339,11 @@ def exponential(dst, data: NkiTensor, max_value=0.0, reduce_res=None, name=None,
     return dst
 
 
-def tensor_reduce(dst, data: NkiTensor, op, axis, negate=False, keepdims=False, name=None, **_kw):
+def tensor_reduce(dst, op, data: NkiTensor, axis, negate=False, keepdims=False, name=None, **_kw):
     """dst = reduce(op, data, free axes `axis`) (negated if asked), on the Vector Engine."""
     ins = "tensor_reduce"
+    if isinstance(op, NkiTensor) and not isinstance(data, NkiTensor):  # (dst, data, op): older NKI's order
+        op, data = data, op
     _tile(ins, data, "data", "vector")
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(a % data.ndim for a in axes)
@@ -585,3 +540,5 @@ for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activat
               "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8"):
     globals()[_name] = instruction(globals()[_name])
 del _name
+
+from . import constants  # noqa: E402,F401 - nki.isa.constants.<enum>, as nkilib imports it
