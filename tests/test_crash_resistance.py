@@ -205,3 +205,32 @@ def test_queued_work_whose_inputs_die_first(fast):
     torch.neuron.synchronize()
     assert [o.cpu()[0].item() for o in outs] == [2.0 * i for i in range(50)]
     """, NATIVELAB_FAST_PATH=fast)
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_bad_sizes_strides_and_shapes_raise_at_the_call_as_on_cpu(fast):
+    """Negative or overflowing sizes and strides never make a tensor over too little memory (the C++ allocation
+    kernels hand them to CPU, whose error they raise); a copy whose source does not broadcast raises at the call."""
+    run("""
+    cases = {
+        "empty neg": lambda d: torch.empty(-1, device=d),
+        "empty overflow": lambda d: torch.empty(2**62, device=d),
+        "empty 2d overflow": lambda d: torch.empty(2**40, 2**40, device=d),
+        "empty_strided neg size": lambda d: torch.empty_strided((-2,), (1,), device=d),
+        "empty_strided neg stride": lambda d: torch.empty_strided((3,), (-1,), device=d),
+        "empty_strided stride overflow": lambda d: torch.empty_strided((3,), (2**61,), device=d),
+        "full neg": lambda d: torch.full((-1,), 1.0, device=d),
+        "zero tensor neg": lambda d: torch._efficientzerotensor((-1,), device=d),
+        "storage neg": lambda d: torch.UntypedStorage(-1, device=d),
+        "set_ neg offset": lambda d: torch.empty(0, device=d).set_(torch.UntypedStorage(16, device=d), -1, (2,), (1,)),
+        "copy_ from cpu": lambda d: (torch.ones(4, device=d).copy_(torch.ones(3)), torch.neuron.synchronize()),
+        "copy_ on device": lambda d: (torch.ones(4, device=d).copy_(torch.ones(3, device=d)), torch.neuron.synchronize()),
+        "copy_ more dims": lambda d: (torch.ones(2, device=d).copy_(torch.ones(1, 1, 2, device=d)), torch.neuron.synchronize()),
+    }
+    for name, make in cases.items():
+        want = raises(lambda: make("cpu"), RuntimeError)
+        got = raises(lambda: make(dev), RuntimeError)
+        if got.split()[:4] != want.split()[:4]:  # CPU's error (its opening words: the same cause)
+            raise AssertionError(f"{name}: device {got!r}, cpu {want!r}")
+    assert (torch.ones(3, device=dev) + 1).cpu().tolist() == [2.0] * 3
+    """, NATIVELAB_FAST_PATH=fast)

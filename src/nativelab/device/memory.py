@@ -164,7 +164,9 @@ def empty_strided(size, stride, dtype, index: int) -> torch.Tensor:
     try:
         host = torch.empty_strided(size, stride, dtype=dtype, device="cpu")  # not torch.set_default_device's
     except RuntimeError:  # the host itself could not provide it: report it against the core's capacity
-        _check_capacity(index, _nbytes_for(size, stride, dtype.itemsize))
+        nbytes = _nbytes_for(size, stride, dtype.itemsize)
+        if 0 < nbytes < 2**63:  # (else CPU's own error: negative sizes, a size that overflows)
+            _check_capacity(index, nbytes)
         raise
     return from_host(host, index)
 

@@ -62,6 +62,9 @@ def _check_layout(layout) -> None:
 
 
 def copy_(dst, src, non_blocking=False):
+    if src.shape != dst.shape and dst.device.type == DEVICE and not (dst.dim() == 0 and src.numel() == 1):
+        # CPU's broadcast check and error, at the call (as CUDA's), not at a later sync
+        torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
     if dst.device.type == DEVICE and src.device.type == DEVICE:  # device to device (any two cores)
         queue.launch("copy", "aten::copy_", _Tensor_copy, dst, src)
     elif dst.device.type == DEVICE:  # host to device

@@ -7,6 +7,7 @@
 // goes to the Python kernel, ops.device_kernel.
 #include "queue.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -470,6 +471,21 @@ at::ScalarType dtype_of(const c10::IValue& v) {
   return v.isNone() ? c10::typeMetaToScalarType(c10::get_default_dtype()) : v.toScalarType();
 }
 
+// Whether sizes and strides make an allocation CPU would make: none negative, no overflow in the element count or
+// the bytes. Anything else goes to the Python kernel, whose CPU allocation raises CPU's own error.
+bool allocatable(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t itemsize) {
+  int64_t numel = 1, last = 0, bytes = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0 || strides[i] < 0 || __builtin_mul_overflow(numel, sizes[i], &numel)) return false;
+  }
+  if (numel == 0) return true;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    int64_t step = 0;
+    if (__builtin_mul_overflow(sizes[i] - 1, strides[i], &step) || __builtin_add_overflow(last, step, &last)) return false;
+  }
+  return !__builtin_mul_overflow(last + 1, itemsize, &bytes);
+}
+
 void push_empty(torch::jit::Stack* stack, size_t n, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                 at::ScalarType dtype, int index) {
   OutSpec o{std::move(sizes), std::move(strides), dtype, 0};
@@ -490,7 +506,9 @@ void empty_strided_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, to
   if (index < 0 || !a[0].isIntList() || !a[1].isIntList()) return python_runtime("empty_strided", op, stack);
   auto sizes = a[0].toIntVector();
   auto strides = a[1].toIntVector();
-  if (sizes.size() != strides.size() || has_negative(sizes)) return python_runtime("empty_strided", op, stack);
+  if (sizes.size() != strides.size() || !allocatable(sizes, strides, c10::elementSize(dtype_of(a[2])))) {
+    return python_runtime("empty_strided", op, stack);
+  }
   push_empty(stack, 6, std::move(sizes), std::move(strides), dtype_of(a[2]), index);
 }
 
@@ -505,6 +523,7 @@ void empty_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
   auto sizes = a[0].toIntVector();
   if (has_negative(sizes)) return python_runtime("empty.memory_format", op, stack);  // CPU's error, worded there
   auto strides = contiguous_strides(sizes);
+  if (!allocatable(sizes, strides, c10::elementSize(dtype_of(a[1])))) return python_runtime("empty.memory_format", op, stack);
   push_empty(stack, 6, std::move(sizes), std::move(strides), dtype_of(a[1]), index);
 }
 
@@ -536,7 +555,9 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   const bool dst_dev = dst.device().type() == kDevice;
   const bool src_dev = src.device().type() == kDevice;
   if (!g_fast.load(std::memory_order_relaxed) || !dst_dev || !plain_tensor(dst) || !plain_tensor(src) ||
-      !(src_dev || (src.device().is_cpu() && (src.dim() == 0 || src.sizes() == dst.sizes())))) {
+      !(src_dev || (src.device().is_cpu() && (src.dim() == 0 || src.sizes() == dst.sizes()))) ||
+      (src_dev && src.sizes() != dst.sizes() && !at::is_expandable_to(src.sizes(), dst.sizes()))) {
+    // (a source that does not broadcast to dst: the Python kernel raises CPU's error at the call, as CUDA does)
     return python_runtime("copy_", op, stack);
   }
   if (!src_dev && queue_size() == 0) {  // nothing queued may still read dst: copy now

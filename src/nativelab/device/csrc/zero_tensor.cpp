@@ -33,7 +33,9 @@ void efficient_zero_tensor_kernel(const c10::OperatorHandle& /*op*/, c10::Dispat
   auto* a = stack->data() + stack->size() - 5;
   TORCH_CHECK(a[0].isIntList(), "neuron: aten::_efficientzerotensor: symbolic sizes are not supported");
   const auto sizes = a[0].toIntVector();
-  for (auto s : sizes) TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", sizes);
+  for (auto s : sizes) {
+    TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", c10::IntArrayRef(sizes));
+  }
   const auto dtype = a[1].isNone() ? c10::typeMetaToScalarType(c10::get_default_dtype()) : a[1].toScalarType();
   TORCH_CHECK_NOT_IMPLEMENTED(a[2].isNone() || a[2].toLayout() == c10::kStrided,
                               "neuron: aten::_efficientzerotensor: only strided zero tensors, got layout ", a[2].toLayout());
