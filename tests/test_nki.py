@@ -240,6 +240,19 @@ def test_keyword_arguments_after_skipped_defaults():
     torch.testing.assert_close(sim(_with_defaults)(x, shift=2.0), x + 2.0)
 
 
+@nki.jit
+def _returns_a_reshape(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))
+    return out.reshape((1,) + tuple(x.shape))
+
+
+def test_a_kernel_may_return_a_view_of_its_output():
+    x = torch.randn(4, 8)
+    got = sim(_returns_a_reshape)(x)
+    assert got.shape == (1, 4, 8) and torch.equal(got[0], x)
+
+
 def test_numpy_arrays_in_and_out():
     a, b = np.random.rand(4, 8).astype(np.float32), np.random.rand(4, 8).astype(np.float32)
     got = sim(_add)(a, b)

@@ -26,7 +26,7 @@ from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
 from . import cost, limits, trace
 from ._private import is_fake
-from .tensor import NkiTensor, Storage, hbm, new_trace
+from .tensor import NkiTensor, Storage, hbm, new_trace, view_of
 
 NKI_VERSION = "nativelab-nki 1"  # bump when tracing changes the graphs it records
 DEVICE = memory.DEVICE
@@ -103,14 +103,11 @@ def _result_spec(result, tr: trace.Trace, inputs):
         return "dict", {k: _result_spec(v, tr, inputs) for k, v in result.items()}
     if isinstance(result, NkiTensor):
         for j, st in enumerate(tr.outputs):
-            if result.storage is st:
-                limits.check(not result.indexed and result.shape == st.shape, "return",
-                             f"the kernel returns a view {result!r} of its output {st.describe()}: return "
-                             f"the tensor it allocated")
-                return "out", j
+            if result.storage is st:  # the tensor, or a view of it (a reshape): the caller gets that view
+                return "out", (j, result.chain)
         for k, t in enumerate(inputs):
             if result.storage is t.storage:
-                return "in", k
+                return "in", (k, result.chain)
         raise limits.NkiError(f"nki: the kernel returns {result!r}, which is not in HBM: store it into an "
                               f"nl.shared_hbm tensor and return that")
     return "value", result
@@ -120,10 +117,10 @@ def _build_result(spec, outs, ins):
     if spec is None:
         return None
     kind, v = spec
-    if kind == "out":
-        return outs[v]
-    if kind == "in":
-        return ins[v]
+    if kind in ("out", "in"):
+        index, chain = v
+        t = (outs if kind == "out" else ins)[index]
+        return view_of(t, chain) if chain else t
     if kind == "value":
         return v
     if kind == "dict":

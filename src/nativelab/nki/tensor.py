@@ -380,6 +380,11 @@ def _apply(t: torch.Tensor, chain) -> torch.Tensor:
     return t
 
 
+def view_of(t: torch.Tensor, chain) -> torch.Tensor:
+    """The view `chain` (a kernel's view of an HBM tensor) taken of the real tensor a launch passes."""
+    return _apply(t, chain)
+
+
 def _flat_indices(t: NkiTensor) -> np.ndarray | None:
     """The allocation's elements (row-major) the view covers; None when its dtype was reinterpreted."""
     if any(op[0] == "dtype" or (op[0] == "ap" and op[4] is not None) for op in t.chain):

@@ -433,7 +433,7 @@ def _affine(ins: str, dst: NkiTensor, pattern, offset, channel_multiplier) -> to
     return v.reshape(dst.shape)
 
 
-def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile: NkiTensor, on_false_value,
+def affine_select(dst, pattern, offset=0, channel_multiplier=0, on_true_tile: NkiTensor = None, on_false_value=0.0,
                   cmp_op=None, name=None, **_kw):
     """dst = on_true_tile where cmp_op(affine value, 0), else on_false_value; the affine value as in iota
     (cmp_op defaults to nl.equal). GpSimd engine: the causal mask of attention in one instruction."""
