@@ -5,7 +5,12 @@ memory roofline measured in the same process.
                           [--traced-too]      # also experimental on its traced kernel (hand-written one off)
     python bench/lab2.py --device cuda      # on a GPU: Triton kernels, Inductor, a CUDA-graph decode
 
-Per tier: decode throughput (tok/s, median of interleaved repeats) and the ratio to base. Roofline: the bytes
+Per tier: decode throughput (tok/s, median of interleaved repeats) and the ratio to base; compiled greedy also
+the est. trn2 tok/s, the porting check's first-order estimate of the same generation (`trn2_estimate` in
+nativelab/apps/run.py: published Trainium2 figures and one constant, launch_s, fitted once to the guide's base
+359 tok/s), beside the guide's measured trn2 figures (359 / 435 / 537).
+
+Roofline: the bytes
 a decode step must read (weights + the KV cache it attends over) divided by the bandwidth measured by
 streaming those same bytes once, the faster of one read per tensor and one read of a flat copy of them all,
 read before and after the tiers and the faster reading kept (on CUDA: a device-to-device copy of a buffer far larger than the L2, reads + writes); efficiency = roofline
@@ -22,6 +27,7 @@ import time
 import torch
 
 import nativelab  # noqa: F401
+from nativelab.apps.run import GUIDE_TOK_S, trn2_estimate
 from nativelab.device import threads
 from nativelab.kernels.cpu.build import host_kernels
 from nativelab.models.llama import TIERS, Generator, Llama, Sampling, checkpoint
@@ -96,7 +102,8 @@ def stream_bandwidth(model: Llama, repeats: int = 10) -> tuple[float, int]:
     return nbytes / best, nbytes
 
 
-def measure(args, compiled: bool, greedy: bool, source: Llama, dtype, prompt) -> dict[str, list[float]]:
+def measure(args, compiled: bool, greedy: bool, source: Llama, dtype, prompt) -> tuple[dict, dict]:
+    """tok/s per tier over interleaved repeats, and the tiers' generators."""
     sampling = Sampling(greedy=greedy, temperature=0.8, top_p=0.9, seed=0)
     gens = {t: build(source, t, dtype, sampling, compiled, args.device) for t in TIERS}
     if args.traced_too and args.device == "neuron":  # the experimental tier with its hand-written host kernel off
@@ -111,19 +118,25 @@ def measure(args, compiled: bool, greedy: bool, source: Llama, dtype, prompt) ->
             for t, g in gens.items():
                 with host_kernels(False) if t == TRACED else contextlib.nullcontext():
                     results[t].append(tok_per_s(g, prompt, args.tokens))
-    return results
+    return results, gens
 
 
 TRACED = "exp. (traced)"
 
 
-def report(title: str, results: dict[str, list[float]], roof_tok_s: float | None = None) -> None:
+def report(title: str, results: dict[str, list[float]], roof_tok_s: float | None = None,
+           trn2: dict[str, float | None] | None = None) -> None:
+    """One table; with `trn2`, each tier's est. trn2 tok/s (the porting check's estimate) beside the guide's."""
     base = statistics.median(results["base"])
     print(f"\n{title}")
-    print(f"  {'tier':<14} {'tok/s (min-max)':>22} {'vs base':>8}" + ("  roofline" if roof_tok_s else ""))
+    print(f"  {'tier':<14} {'CPU tok/s (min-max)':>22} {'vs base':>8}" + ("  roofline" if roof_tok_s else "")
+          + (f"  {'est. trn2 tok/s':>15} {'guide trn2':>10}" if trn2 else ""))
     for t, xs in results.items():
         med = statistics.median(xs)
         roof = f"  {med / roof_tok_s:7.0%}" if roof_tok_s else ""
+        if trn2:
+            est, guide = trn2.get(t), GUIDE_TOK_S.get(t)
+            roof += f"  {f'{est:.1f}' if est is not None else '-':>15} {f'{guide:.1f}' if guide else '-':>10}"
         print(f"  {t:<14} {f'{med:.1f} ({min(xs):.1f}-{max(xs):.1f})':>22} {med / base:>7.2f}x{roof}")
 
 
@@ -159,15 +172,18 @@ def main() -> None:
     print(f"bytes per decode step {nbytes / 1e6:.1f} MB (weights + KV cache), {how} at {before / 1e9:.1f} GB/s "
           f"before the tiers", flush=True)
     prompt = [t % probe.cfg.vocab_size for t in PROMPT]  # the fixed prompt, within any size's vocabulary
-    greedy = measure(args, True, True, source, dtype, prompt)
-    sampled = None if args.skip_top_p else measure(args, True, False, source, dtype, prompt)
-    eager = None if args.skip_eager else measure(args, False, True, source, dtype, prompt)
+    greedy, greedy_gens = measure(args, True, True, source, dtype, prompt)
+    # est. trn2 tok/s: one more (untimed) generation per tier under the porting check (nativelab.apps.run)
+    trn2 = {t: trn2_estimate(g, prompt, args.tokens) for t, g in greedy_gens.items() if t in TIERS} \
+        if args.device == "neuron" else None
+    sampled = None if args.skip_top_p else measure(args, True, False, source, dtype, prompt)[0]
+    eager = None if args.skip_eager else measure(args, False, True, source, dtype, prompt)[0]
     after = read_bandwidth()
     bandwidth = max(before, after)  # the stricter roofline (see stream_bandwidth)
     roof = bandwidth / nbytes
     print(f"{how} again after the tiers at {after / 1e9:.1f} GB/s -> the faster, {bandwidth / 1e9:.1f} GB/s: "
           f"roofline {roof:.0f} tok/s")
-    report("compiled, greedy", greedy, roof)
+    report("compiled, greedy", greedy, roof, trn2)
     ratio = statistics.median(greedy["experimental"]) / statistics.median(greedy["base"])
     target = "on a GPU: >= 3x" if args.device == "cuda" else "on the device: >= 1.5x"
     print(f"  experimental / base (compiled): {ratio:.2f}x (target {target})")

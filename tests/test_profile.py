@@ -275,7 +275,7 @@ assert main(['profile', '--compare', 'base', 'experimental', '--size', 'tiny', '
 """
     r = run_python(code, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "CPU fallback ops: ['aten::argmax.out']" in r.stdout and "sum 32.0 arg1" in r.stdout
+    assert "sum 32.0 arg1" in r.stdout
     prof = json.loads((tmp_path / "run" / "profile.json").read_text())
     assert prof["tokens"] == 4 and prof["fallback_ops"] == ["aten::argmax.out"]
     assert prof["device_bytes_per_token"] > 0

@@ -1,5 +1,7 @@
 """Lab 2 profiling utilities (the guide's profile_utils.py) and Step 6: which ops fall back to the CPU.
 
+The tiers are this folder's (Llama.copy_as(tier) builds llama_base/, llama_nki_core/, llama_nki_experimental/).
+
     python labs/lab2/profile_utils.py            # Step 6 for every tier, greedy and top-p (compiled, tiny model)
     python labs/lab2/profile_utils.py --size small
 
@@ -15,20 +17,15 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch_neuronx  # the guide's API; nativelab's stand-in where AWS's torch_neuronx is not installed
 
-import nativelab
 from nativelab.models.llama import TIERS, Generator, Llama, Sampling
 from nativelab.profile import Session, print_report
-
-try:  # on a real Trainium machine the guide's API answers
-    from torch_neuronx import get_fallback_ops
-except ImportError:
-    from nativelab import get_fallback_ops
 
 
 def fallback_report() -> list[str]:
     """The ops that fell back to the CPU so far in this process (torch_neuronx.get_fallback_ops())."""
-    return get_fallback_ops()
+    return torch_neuronx.get_fallback_ops()
 
 
 def profile_generation(gen: Generator, prompt: list[int], tokens: int, name: str = "generate",
@@ -53,7 +50,7 @@ def step6(size: str = "tiny", tokens: int = 16, compile: bool = True) -> dict[tu
             if compile:
                 gen.compile()
             gen.generate(prompt, tokens)  # warm up (compiles)
-            nativelab.clear_op_tracking()
+            torch_neuronx.clear_op_tracking()
             gen.generate(prompt, tokens)
             found[tier, mode] = fallback_report()
             print(f"{tier:<13} {mode:<7} CPU fallback ops: {found[tier, mode]}")

@@ -1,8 +1,9 @@
 """`nativelab run`: the guide's Lab 2 benchmark (`python run.py --model base --compile --greedy`).
 
-Builds the Llama in the chosen tier(s) on one set of weights, optionally compiles the decode and prefill steps
-with `torch.compile(backend="neuron")`, warms up, then times the generation of `--tokens` tokens between
-`synchronize()` fences and prints the guide's report, the CPU fallback ops, and with `--model all` a table.
+`nativelab run ARGS` runs Lab 2's own run.py (labs/lab2/run.py, packaged as nativelab/lab2/run.py) with ARGS,
+as `python run.py ARGS` in the lab's folder does; its tiers are the folder's code. This module holds what run.py
+shares with the rest of the package: the flags, the weights, the prompt, the fences, the untimed figures
+(device traffic and the est. trn2 tok/s) and the table.
 
 `--device cuda` runs the same on a GPU: the library kernels in Triton, `--compile` with Inductor, and the
 experimental tier's decode step replayed as one CUDA graph per token.
@@ -11,22 +12,25 @@ experimental tier's decode step replayed as one CUDA graph per token.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 import nativelab
-from ..device import threads
+from ..check import Check
 from ..device.config import DEVICE_NAME
-from ..models.llama import SIZES, TIERS, Generator, Llama, Sampling, check_fits
+from ..files import write_atomic
+from ..models.llama import SIZES, TIERS, Generator, Llama, check_fits
 from ..models.llama import checkpoint
+from ..models.llama.model import lab2_on_path
 from ..models.llama.tokenizer import Tokenizer
 from ..profile import plots as _plots
 from ..profile import traffic_per_token
-from .timed_section import timed_section
 
 REAL_SIZES = ("smollm2-135m",)
 
@@ -96,67 +100,70 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_tier(tier: str, args, base: Llama, tokenizer: Tokenizer | None) -> dict:
-    dtype = getattr(torch, args.dtype)
-    model = base.copy_as(tier, dtype, args.device)
-    sampling = Sampling(greedy=args.greedy, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    gen = Generator(model, sampling)
-    if args.compile:
-        gen.compile()
-    prompt = prompt_ids(args, model.cfg.vocab_size, tokenizer)
-    print(f"Model   : {tier} — {DESCRIPTIONS[tier]}")
-    print(f"Size    : {args.size}")
-    print(f"Compile : {args.compile}")
-    if gen.cuda_graph:
-        print("Decode  : one CUDA graph replay per token")
-    print(f"Tokens  : {args.tokens}")
-    if args.device != "cuda":
-        print(f"Host    : {threads.describe()}")
-    n = model.num_parameters()
-    print(f"\nParams  : {n:,}  ({n * dtype.itemsize / 2**20:.1f} MB {args.dtype})\n")
-    print("Warmup...", flush=True)
-    for _ in range(args.warmup):
-        gen.generate(prompt, args.tokens)
-    nativelab.clear_op_tracking()
-    print("Timing...", flush=True)
-    times, tokens = [], []
-    with timed_section() as section:  # no garbage collection inside; compiles and other processes' load counted
-        for _ in range(args.repeat):
-            sync(args.device)  # fence
-            t0 = time.perf_counter()
-            tokens = gen.generate(prompt, args.tokens)
-            sync(args.device)  # wait for completion
-            times.append(time.perf_counter() - t0)
-    total = statistics.median(times)
-    print(f"Total time      : {total:.3f}s" + (f" (median of {len(times)} runs)" if len(times) > 1 else ""))
-    print(f"Tokens generated: {len(tokens)}")
-    print(f"Throughput      : {len(tokens) / total:.1f} tok/s")
-    for w in section.warnings():
-        print(f"Warning         : {w}")
-    print(f"\nGenerated IDs: {tokens[:16]}{' ...' if len(tokens) > 16 else ''}")
-    if tokenizer is not None:
-        print(f"Text: {tokenizer.decode(prompt)!r} -> {tokenizer.decode(tokens)!r}")
-    fallbacks = nativelab.get_fallback_ops()
-    print(f"\nCPU fallback ops: {fallbacks}\n", flush=True)
-    # One more, untimed generation under the profiler's traffic counter (it would slow the timed ones).
-    traffic = traffic_per_token(lambda: gen.generate(prompt, args.tokens)) if args.device == DEVICE_NAME else None
-    return {
-        "model": tier, "size": args.size, "compile": args.compile, "greedy": args.greedy, "dtype": args.dtype,
-        "device": args.device, "tokens": len(tokens), "seconds": times, "tok_per_s": [len(tokens) / t for t in times],
-        "fallback_ops": fallbacks, "generated": tokens, "device_bytes_per_token": traffic,
-        "timed_section": section.as_dict(),
-    }
+GUIDE_TOK_S = {"base": 359.0, "core": 435.3, "experimental": 537.4}  # the guide's trn2 figures (compiled, greedy)
+
+
+def lab2_run():
+    """Lab 2's run.py (labs/lab2/run.py, packaged as nativelab/lab2/run.py), the code `nativelab run` runs."""
+    path = lab2_on_path() / "run.py"
+    mod = sys.modules.get(_LAB2_RUN)
+    if mod is None or getattr(mod, "__file__", None) != str(path):
+        spec = importlib.util.spec_from_file_location(_LAB2_RUN, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[_LAB2_RUN] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+_LAB2_RUN = "nativelab_lab2_run"
 
 
 def main(argv=None) -> list[dict]:
-    args = parse_args(argv)
+    """`nativelab run`: Lab 2's run.py with these arguments (as `python run.py ...` in the lab's folder)."""
+    return lab2_run().main(argv)
+
+
+def load_weights(args) -> tuple[Llama, Tokenizer | None]:
+    """The weights every tier shares, after checking that the prompt and --tokens fit (one clear line if not)."""
     if args.size in SIZES and args.model_path is None:  # check the request before building anything
         check_request(args, SIZES[args.size], of=f"size {args.size!r}")
-    base, tokenizer = load_model(args)
+    weights, tokenizer = load_model(args)
     if tokenizer is not None:
-        check_request(args, base.cfg, tokenizer=tokenizer)
-    tiers = list(TIERS) if args.model == "all" else [args.model]
-    results = [run_tier(t, args, base, tokenizer) for t in tiers]
+        check_request(args, weights.cfg, tokenizer=tokenizer)
+    return weights, tokenizer
+
+
+def tiers_of(args) -> list[str]:
+    return list(TIERS) if args.model == "all" else [args.model]
+
+
+def trn2_estimate(gen: Generator, prompt: list[int], tokens: int) -> float | None:
+    """Estimated Trainium2 tok/s of one generation: the porting check's first-order estimate (check/estimate.py:
+    launches, kernels, each unit's max(bytes / HBM bandwidth, FLOPs / peak), fallbacks and syncs, with the
+    published trn2 figures and one fitted constant, launch_s; see check/hardware.py). None where the emulator
+    stepped aside or a check is already watching (checks do not nest)."""
+    if not nativelab.device.is_registered():
+        return None
+    try:
+        with Check("est. trn2", tokens=True) as c:
+            gen.generate(prompt, tokens)
+    except RuntimeError:
+        return None
+    return c.report().rate()
+
+
+def untimed_figures(gen: Generator, prompt: list[int], args) -> dict:
+    """After the timed runs: device bytes per token (the profiler's traffic counter) and the est. trn2 tok/s,
+    each from one more generation (their counters would slow the timed ones)."""
+    on_device = args.device == DEVICE_NAME
+    return {
+        "device_bytes_per_token": traffic_per_token(lambda: gen.generate(prompt, args.tokens)) if on_device else None,
+        "est_trn2_tok_per_s": trn2_estimate(gen, prompt, args.tokens) if on_device else None,
+    }
+
+
+def finish(results: list[dict], args) -> list[dict]:
+    """With several tiers the table and the plot; --json."""
     if len(results) > 1:
         print_table(results)
         _plots.plot_throughput([r["model"] for r in results], [statistics.median(r["tok_per_s"]) for r in results],
@@ -164,8 +171,7 @@ def main(argv=None) -> list[dict]:
                                f"{'compiled' if args.compile else 'eager'}, {'greedy' if args.greedy else 'top-p'})")
         print(f"Plot: {args.plot}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_atomic(Path(args.json), json.dumps(results, indent=2).encode())
     return results
 
 
@@ -196,13 +202,18 @@ def load_model(args) -> tuple[Llama, Tokenizer | None]:
 
 def print_table(results: list[dict]) -> None:
     base = statistics.median(results[0]["tok_per_s"])
-    print(f"{'Variant':<14} {'Throughput (tok/s)':>26} {'vs. base':>9} {'Device MB/token':>16}  CPU fallback ops")
+    print(f"{'Variant':<14} {'Throughput (tok/s)':>26} {'vs. base':>9} {'est. trn2 tok/s':>16} {'guide trn2':>11} "
+          f"{'Device MB/token':>16}  CPU fallback ops")
     for r in results:
         med, lo, hi = statistics.median(r["tok_per_s"]), min(r["tok_per_s"]), max(r["tok_per_s"])
         span = f"{med:.1f} ({lo:.1f}-{hi:.1f})"
-        traffic = r.get("device_bytes_per_token")
+        traffic, est = r.get("device_bytes_per_token"), r.get("est_trn2_tok_per_s")
         mb = f"{traffic / 1e6:.3f}" if traffic is not None else "-"
-        print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x {mb:>16}  {r['fallback_ops']}")
+        est_s = f"{est:.1f}" if est is not None else "-"
+        guide = GUIDE_TOK_S.get(r["model"])
+        guide_s = f"{guide:.1f}" if guide is not None and r.get("compile") and r.get("greedy") else "-"
+        print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x {est_s:>16} {guide_s:>11} {mb:>16}  "
+              f"{r['fallback_ops']}")
     for r in results:
         for w in r["timed_section"]["warnings"]:
             print(f"Warning ({r['model']}): {w}")

@@ -1,0 +1,40 @@
+"""Attention: Q/K/V projections, RoPE, the static KV cache, attention over it, output projection."""
+
+import torch
+import torch.nn as nn
+
+from nativelab.models.llama import LlamaConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, rope: nn.Module):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.rope = rope  # transformer_block.py's RoPE
+        self.register_buffer("k_cache", None, persistent=False)  # allocated by Llama.setup_cache
+        self.register_buffer("v_cache", None, persistent=False)
+
+    def forward(self, x, input_pos, cos, sin, mask):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        out = self.attend(q, k, v, input_pos, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def attend(self, q, k, v, input_pos, mask):
+        """Write k, v into the static cache at input_pos, then attend over the whole cache (masked)."""
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+        keys, values = self.k_cache, self.v_cache
+        if self.n_kv_heads != self.n_heads:
+            rep = self.n_heads // self.n_kv_heads
+            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        scores = (q @ keys.transpose(-1, -2)) * self.head_dim**-0.5
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).type_as(q) @ values

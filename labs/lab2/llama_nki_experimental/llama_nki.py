@@ -1,0 +1,29 @@
+"""The experimental tier's model: core's layers for a prompt's logits, the mega-kernel (self_attention.py) for
+every generated token, and `next_token`, the generator's step off CUDA: token ids in, the drawn token out,
+one kernel per step (the prompt included)."""
+
+import torch
+
+from llama_nki_core.llama_nki import Llama as CoreLlama
+
+from . import self_attention
+from .transformer_block import TransformerBlock
+
+
+class Llama(CoreLlama):
+    Block = TransformerBlock
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > 1:  # a prompt's logits: layer by layer, as core
+            return super().forward(tokens, input_pos)
+        if self.layers[0].self_attn.k_cache is None:
+            raise RuntimeError("call setup_cache() before running the model")
+        dtype = self.embed_tokens.weight.dtype
+        cos, sin = self.rope_cos[input_pos].to(dtype), self.rope_sin[input_pos].to(dtype)
+        return self_attention.decode_logits(self, self.embed_tokens(tokens), input_pos, cos, sin)
+
+    def next_token(self, tokens: torch.Tensor, input_pos: torch.Tensor, seed_state: torch.Tensor,
+                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+        if self.layers[0].self_attn.k_cache is None:
+            raise RuntimeError("call setup_cache() before running the model")
+        return self_attention.next_token(self, tokens, input_pos, seed_state, temperature, top_k, top_p)
