@@ -11,7 +11,7 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     r = run_python(
         "import sys; from nativelab.cli import main; "
         f"sys.exit(main(['run', '--model', 'all', '--size', 'tiny', '--greedy', '--tokens', '8', '--warmup', '1', "
-        f"'--dtype', 'float32', '--json', {str(out)!r}, '--plot', {str(tmp_path / 'tiers.png')!r}]))",
+        f"'--dtype', 'float32', '--estimate', '--json', {str(out)!r}, '--plot', {str(tmp_path / 'tiers.png')!r}]))",
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]

@@ -62,6 +62,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--estimate", action="store_true",
+                    help="also estimate each tier's Trainium2 tok/s (the porting check's estimate of one more, "
+                         "untimed generation; off by default: under the check the kernels run their traced code, "
+                         "which compiles once more the first time)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--plot", default="lab2_tiers.png", help="--model all: a PNG bar chart of tok/s per tier")
     args = ap.parse_args(argv)
@@ -153,12 +157,12 @@ def trn2_estimate(gen: Generator, prompt: list[int], tokens: int) -> float | Non
 
 
 def untimed_figures(gen: Generator, prompt: list[int], args) -> dict:
-    """After the timed runs: device bytes per token (the profiler's traffic counter) and the est. trn2 tok/s,
-    each from one more generation (their counters would slow the timed ones)."""
+    """After the timed runs: device bytes per token (the profiler's traffic counter) and, with --estimate, the
+    est. trn2 tok/s, each from one more generation (their counters would slow the timed ones)."""
     on_device = args.device == DEVICE_NAME
     return {
         "device_bytes_per_token": traffic_per_token(lambda: gen.generate(prompt, args.tokens)) if on_device else None,
-        "est_trn2_tok_per_s": trn2_estimate(gen, prompt, args.tokens) if on_device else None,
+        "est_trn2_tok_per_s": trn2_estimate(gen, prompt, args.tokens) if on_device and args.estimate else None,
     }
 
 
@@ -202,18 +206,19 @@ def load_model(args) -> tuple[Llama, Tokenizer | None]:
 
 def print_table(results: list[dict]) -> None:
     base = statistics.median(results[0]["tok_per_s"])
-    print(f"{'Variant':<14} {'Throughput (tok/s)':>26} {'vs. base':>9} {'est. trn2 tok/s':>16} {'guide trn2':>11} "
+    est_col = any(r.get("est_trn2_tok_per_s") is not None for r in results)  # with --estimate
+    est_head = f" {'est. trn2 tok/s':>16}" if est_col else ""
+    print(f"{'Variant':<14} {'Throughput (tok/s)':>26} {'vs. base':>9}{est_head} {'guide trn2':>11} "
           f"{'Device MB/token':>16}  CPU fallback ops")
     for r in results:
         med, lo, hi = statistics.median(r["tok_per_s"]), min(r["tok_per_s"]), max(r["tok_per_s"])
         span = f"{med:.1f} ({lo:.1f}-{hi:.1f})"
         traffic, est = r.get("device_bytes_per_token"), r.get("est_trn2_tok_per_s")
         mb = f"{traffic / 1e6:.3f}" if traffic is not None else "-"
-        est_s = f"{est:.1f}" if est is not None else "-"
-        guide = GUIDE_TOK_S.get(r["model"])
-        guide_s = f"{guide:.1f}" if guide is not None and r.get("compile") and r.get("greedy") else "-"
-        print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x {est_s:>16} {guide_s:>11} {mb:>16}  "
-              f"{r['fallback_ops']}")
+        est_s = (f" {f'{est:.1f}' if est is not None else '-':>16}") if est_col else ""
+        guide = GUIDE_TOK_S.get(r["model"]) if r.get("compile") and r.get("greedy") else None  # the guide's setting
+        guide_s = f"{guide:.1f}" if guide is not None else "-"
+        print(f"{r['model']:<14} {span:>26} {med / base:>8.2f}x{est_s} {guide_s:>11} {mb:>16}  {r['fallback_ops']}")
     for r in results:
         for w in r["timed_section"]["warnings"]:
             print(f"Warning ({r['model']}): {w}")
