@@ -13,7 +13,10 @@ import statistics
 import time
 
 import torch
-import torch_neuronx  # the guide's API; nativelab's stand-in where AWS's torch_neuronx is not installed
+try:
+    import torch_neuronx  # the guide's API: AWS's, or nativelab's stand-in for it where AWS's is not installed
+except ImportError:  # no neuron device in this process (the emulator could not start): --device cpu or cuda
+    import nativelab.device.torch_neuronx_api as torch_neuronx
 
 from nativelab.apps.run import (DESCRIPTIONS, finish, load_weights, parse_args, prompt_ids, sync, tiers_of,
                                 untimed_figures)
