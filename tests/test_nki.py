@@ -253,6 +253,42 @@ def test_a_kernel_may_return_a_view_of_its_output():
     assert got.shape == (1, 4, 8) and torch.equal(got[0], x)
 
 
+@nki.jit
+def _scalar_reduce_and_fills(x):
+    out = nl.ndarray((2,) + x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    row = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    r = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_reduce(r, data=t, op0=nl.multiply, operand0=0.5, reduce_op=nl.maximum, reduce_res=m)
+    nl.store(out[0], r)
+    nl.store(row, m)
+    nisa.memset(dst=r, value=-1e300)  # beyond bf16's and fp32's range: saturates to -inf
+    nl.store(out[1], r)
+    return out, row
+
+
+def test_tensor_scalar_reduce_and_out_of_range_fills():
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    out, row = sim(_scalar_reduce_and_fills)(x)
+    torch.testing.assert_close(out[0], (x.float() * 0.5).to(torch.bfloat16))
+    torch.testing.assert_close(row, (x.float() * 0.5).amax(1, keepdim=True))
+    assert torch.all(out[1] == -torch.inf)
+
+
+def test_nki_objects_take_their_class_attributes_as_fields():
+    """nkilib's configuration classes: @dataclass over nl.NKIObject with unannotated defaults."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Params(nl.NKIObject):
+        index = None
+        offset = 0
+
+    p = Params(index=3)
+    assert (p.index, p.offset) == (3, 0)
+
+
 def test_numpy_arrays_in_and_out():
     a, b = np.random.rand(4, 8).astype(np.float32), np.random.rand(4, 8).astype(np.float32)
     got = sim(_add)(a, b)

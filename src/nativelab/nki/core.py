@@ -106,6 +106,15 @@ def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flo
 
 
 
+def fill(t: NkiTensor, value) -> torch.Tensor:
+    """A constant of t's shape: made in fp32 for float tiles and rounded by the write (a value beyond bf16's
+    range saturates to inf, as the engines' output conversion does), in t's dtype for integer tiles."""
+    dtype = t.dtype
+    if t.dtype.is_floating_point:
+        dtype = torch.float64 if abs(float(value)) > torch.finfo(torch.float32).max else torch.float32
+    return torch.full(t.shape, value, dtype=dtype, device=t.data.device)
+
+
 def value_of(x, instruction: str):
     if isinstance(x, NkiTensor):
         return read(x, instruction)

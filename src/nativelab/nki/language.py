@@ -65,7 +65,18 @@ class tile_size:  # noqa: N801 - NKI's name
 
 
 class NKIObject:
-    """Base class nkilib uses for its configuration objects (plain Python objects here)."""
+    """Base class of a kernel's configuration objects. Its public class attributes are fields: under
+    @dataclass they become keyword arguments of the constructor even without annotations (as nkilib writes
+    them: `section_idx = None`)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in cls.__dict__.items():
+            if (not name.startswith("_") and name not in annotations and not callable(value)
+                    and not isinstance(value, (property, staticmethod, classmethod, list, dict, set))):
+                annotations[name] = object
+        cls.__annotations__ = annotations
 
 
 # --- allocation
@@ -82,7 +93,7 @@ def ones(shape, dtype=float32, buffer=sbuf, name: str = "", **kw) -> NkiTensor:
 def full(shape, fill_value, dtype=float32, buffer=sbuf, name: str = "", **kw) -> NkiTensor:
     t = ndarray(shape, dtype, buffer, name, **kw)
     record("memset", "vector" if t.buffer.on_chip else "dma", t)
-    write(t, torch.full(t.shape, fill_value, dtype=t.dtype, device=t.data.device), "memset")
+    write(t, core.fill(t, fill_value), "memset")
     return t
 
 
@@ -205,7 +216,7 @@ def copy_into(dst: NkiTensor, value) -> None:
                 "vector" if dst.buffer.on_chip and value.buffer.on_chip else "dma", dst)
         write(dst, v, "assignment", source=value)
     else:
-        write(dst, torch.full(dst.shape, value, dtype=dst.dtype, device=dst.data.device), "assignment")
+        write(dst, core.fill(dst, value), "assignment")
 
 
 # --- elementwise math

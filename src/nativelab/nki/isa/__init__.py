@@ -10,7 +10,7 @@ import math
 import torch
 
 from .. import limits, trace
-from ..core import compute, instruction, ndarray, record
+from ..core import compute, fill, instruction, ndarray, record
 from ..ops import as_op
 from ..tensor import NkiTensor, psum, read, read_float, sbuf, write, written
 from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
@@ -63,7 +63,14 @@ def _scalar_or_vector(instruction: str, x, data: NkiTensor, what: str):
                      f"got {x.shape}")
         v = read(x, instruction).float().reshape((data.shape[0],) + (1,) * (data.ndim - 1))
         return v
-    return float(x)
+    return _f32(x)
+
+
+def _f32(x) -> float:
+    """A scalar operand as the engines see it, an fp32 value (beyond fp32's range: +-inf)."""
+    x = float(x)
+    big = torch.finfo(torch.float32).max
+    return x if abs(x) <= big or x != x else math.copysign(math.inf, x)
 
 
 def _binary(op, x, y, reverse: bool):
@@ -269,6 +276,23 @@ def tensor_scalar(dst, data: NkiTensor, op0, operand0, reverse0=False, op1=None,
     return _emit(ins, eng, dst, data, out)
 
 
+def tensor_scalar_reduce(dst, data: NkiTensor, op0, operand0, reduce_op, reduce_res: NkiTensor, reverse0=False,
+                         name=None, **_kw):
+    """dst = data <op0> operand0 (a scalar or [P, 1] vector), and reduce_res = reduce_op of it along the
+    free dimension, one value per partition (Vector Engine)."""
+    ins = "tensor_scalar_reduce"
+    _tile(ins, data, "data", "vector")
+    out = _binary(op0, read(data, ins).float(), _scalar_or_vector(ins, operand0, data, "operand0"), reverse0)
+    f = as_op(reduce_op)
+    limits.check(f.reduce_fn is not None, ins, f"{f!r} is not a reduction operator")
+    _tile(ins, reduce_res, "reduce_res", "vector")
+    limits.check(reduce_res.shape[0] == data.shape[0] and _free(reduce_res) == 1, ins,
+                 f"reduce_res must hold one value per partition ({data.shape[0]}, 1), got {reduce_res.shape}")
+    dst = _emit(ins, "vector", dst, data, out)
+    write(reduce_res, f.reduce_fn(out.reshape(data.shape[0], -1), dim=1, keepdim=True), ins)
+    return dst
+
+
 def scalar_tensor_tensor(dst, data: NkiTensor, op0, operand0, op1, operand1: NkiTensor, reverse0=False,
                          reverse1=False, engine=None, name=None, **_kw):
     """dst = (data <op0> operand0) <op1> operand1: operand0 a scalar or [P, 1] vector, operand1 a tile of
@@ -397,7 +421,7 @@ def memset(dst: NkiTensor, value, engine=None, name=None, **_kw):
     eng = _engine(ins, engine, ("vector", "gpsimd", "scalar"))
     _tile(ins, dst, "dst", eng, _memories(eng))
     record(ins, eng, dst)
-    write(dst, torch.full(dst.shape, value, dtype=dst.dtype, device=dst.data.device), ins)
+    write(dst, fill(dst, value), ins)
     return dst
 
 
@@ -445,7 +469,7 @@ def affine_select(dst, pattern, offset=0, channel_multiplier=0, on_true_tile: Nk
     keep = cmp.apply(_affine(ins, dst, pattern, offset, channel_multiplier), 0.0) != 0
     x = read(on_true_tile, ins).float().reshape(dst.shape)
     record(ins, "gpsimd", dst)
-    write(dst, torch.where(keep, x, float(on_false_value)), ins)
+    write(dst, torch.where(keep, x, _f32(on_false_value)), ins)
     return dst
 
 
@@ -535,7 +559,7 @@ def nc_find_index8(dst, data: NkiTensor, vals: NkiTensor, name=None, **_kw):
 
 
 for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activation", "activation_reduce",
-              "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_copy", "tensor_copy_predicated",
+              "tensor_tensor", "tensor_scalar", "tensor_scalar_reduce", "scalar_tensor_tensor", "tensor_copy", "tensor_copy_predicated",
               "reciprocal", "exponential", "tensor_reduce", "tensor_partition_reduce", "memset", "iota",
               "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8"):
     globals()[_name] = instruction(globals()[_name])
