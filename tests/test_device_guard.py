@@ -71,9 +71,13 @@ def test_backward_in_a_thread_that_never_set_the_device(core):
 
 
 def test_invalid_index_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="Invalid device index neuron:9"):
-        torch.neuron.set_device(9)
-    with pytest.raises(RuntimeError, match="neuron"):
+    # A RuntimeError, as CUDA's "invalid device ordinal"; OpenReg's tests match "The device index is out of range".
+    n = torch.neuron.device_count()
+    for call in (torch.neuron.set_device, torch.accelerator.set_device_index,
+                 lambda i: torch.empty(2, device=f"neuron:{i}"), torch.neuron.get_device_properties):
+        with pytest.raises(RuntimeError, match=f"Invalid device index neuron:{n}: The device index is out of range"):
+            call(n)
+    with pytest.raises(RuntimeError, match=f"neuron:0..neuron:{n - 1}"):
         torch.accelerator.set_device_index(9)
     assert torch.neuron.current_device() == 0
 

@@ -495,3 +495,17 @@ def test_compiler_reads_functionalized_custom_ops_and_dispatch_modes():
         assert cc_private.python_modes_active()
         with cc_private.no_python_modes():
             assert not cc_private.python_modes_active()
+
+
+def test_cpp_backend_meta_registry_as_csrc_calls_it():
+    """csrc/backend_meta.cpp registers the device's tensor metadata with torch::jit::TensorBackendMetaRegistry
+    (pickler_helper.h), which torch._utils.get_tensor_metadata / set_tensor_metadata and torch.save reach."""
+    from pathlib import Path
+
+    header = Path(torch.__file__).parent / "include/torch/csrc/jit/serialization/pickler_helper.h"
+    text = header.read_text()
+    assert "void(const at::Tensor&, std::unordered_map<std::string, bool>&)>;" in text
+    assert "inline void TensorBackendMetaRegistry(" in text and "GetBackendMetaSerialization();" in text
+    t = torch.empty(2, device="neuron")
+    torch._utils.set_tensor_metadata(t, {"canary": True})
+    assert torch._utils.get_tensor_metadata(t) == {"canary": True}

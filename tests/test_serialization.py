@@ -40,3 +40,32 @@ def test_views_share_storage_after_load():
     d = torch.load(buf, map_location="neuron")
     d["view"].fill_(-1)
     assert d["base"].cpu()[2:5].tolist() == [-1.0, -1.0, -1.0]
+
+
+def test_backend_metadata_goes_through_save_and_load_as_on_openreg(tmp_path):
+    # torch._utils.set_tensor_metadata / get_tensor_metadata, asserted as OpenReg's serialization test does:
+    # flags set on a device tensor are saved and restored on the device, dropped on CPU (which keeps none:
+    # a CPU tensor given the same flags still reports {}).
+    flags = {"version_number": True, "format_number": False}
+    t = torch.randn(3, 3).to("neuron")
+    assert torch._utils.get_tensor_metadata(t) == {}
+    torch._utils.set_tensor_metadata(t, flags)
+    assert torch._utils.get_tensor_metadata(t) == flags
+    assert torch._utils.get_tensor_metadata(t.detach()) == flags  # the same tensor's metadata, as on CPU
+    assert torch._utils.get_tensor_metadata(t + 1) == {}  # a new tensor starts without
+    cpu = torch.randn(3, 3)
+    torch._utils.set_tensor_metadata(cpu, flags)
+    assert torch._utils.get_tensor_metadata(cpu) == {}
+    path = tmp_path / "t.pt"
+    torch.save({"t": t, "plain": torch.ones(2).to("neuron")}, path)
+    for where in (None, "neuron:2"):
+        d = torch.load(path, map_location=where)
+        assert d["t"].device.type == "neuron" and torch.equal(d["t"].cpu(), t.cpu())
+        assert torch._utils.get_tensor_metadata(d["t"]) == flags
+        assert torch._utils.get_tensor_metadata(d["plain"]) == {}
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu["t"].is_cpu and torch._utils.get_tensor_metadata(on_cpu["t"]) == {}
+    # PyTorch's own flags still travel with ours.
+    z = torch.randn(2, dtype=torch.complex64).to("neuron").conj()
+    torch._utils.set_tensor_metadata(z, {"version_number": True})
+    assert torch._utils.get_tensor_metadata(z) == {"conj": True, "version_number": True}

@@ -37,7 +37,8 @@ def check_index(index: int) -> int:
         raise TypeError(f"neuron device index must be an int, got {type(index).__name__}")
     if not 0 <= index < num_cores:
         raise RuntimeError(
-            f"Invalid device index neuron:{index}: this host has {num_cores} logical NeuronCores "
+            f"Invalid device index neuron:{index}: The device index is out of range; this host has {num_cores} "
+            f"logical NeuronCores "
             f"(neuron:0..neuron:{num_cores - 1}; set NEURON_RT_NUM_CORES to change it)"
         )
     return index

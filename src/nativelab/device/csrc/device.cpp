@@ -22,9 +22,10 @@ int device_count() noexcept { return g_count.load(); }
 c10::DeviceIndex check_device(c10::DeviceIndex index) {
   if (index == -1) return t_current;
   const int n = device_count();
+  // "The device index is out of range" is OpenReg's wording (its tests match it); the rest says what is valid.
   TORCH_CHECK(index >= 0 && index < n, "Invalid device index neuron:", static_cast<int>(index),
-              ": this host has ", n, " logical NeuronCores (neuron:0..neuron:", n - 1,
-              "; set NEURON_RT_NUM_CORES to change it)");
+              ": The device index is out of range; this host has ", n, " logical NeuronCores (neuron:0..neuron:",
+              n - 1, "; set NEURON_RT_NUM_CORES to change it)");
   return index;
 }
 
