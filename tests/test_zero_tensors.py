@@ -7,7 +7,10 @@ tests/zero_tensor_formulas.py (how they were found is written there).
 """
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,8 +86,9 @@ def test_zero_tensors_are_not_fallbacks_and_take_no_memory():
 
 @pytest.fixture(scope="module")
 def formulas():
-    r = run_python("import sys; sys.path.insert(0, 'tests'); import runpy; "
-                   "runpy.run_path('tests/zero_tensor_formulas.py', run_name='__main__')", timeout=600)
+    # as a script: through runpy, OpInfo's sample_inputs (inspect.stack() in torch's common_utils) is ~10x slower
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("zero_tensor_formulas.py"))],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert r.returncode == 0, r.stderr[-3000:]  # a crash (a signal) in any formula fails here
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -105,10 +109,11 @@ def test_every_zero_tensor_formula_runs_on_the_device_as_on_cpu(formulas, case):
 @pytest.mark.slow
 def test_the_formula_lists_are_complete():
     """Re-run the probe that found them (CPU only): PyTorch's formulas that make zero tensors are all listed."""
-    r = run_python("import sys, json; sys.path.insert(0, 'tests'); import zero_tensor_formulas as z; "
-                   "a, b, c = z.find(); print(json.dumps([sorted(a), sorted(b), sorted(map(list, c))]))", timeout=600)
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("zero_tensor_formulas.py")), "find"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert r.returncode == 0, r.stderr[-3000:]
-    rev, gg, fwd = json.loads(r.stdout.strip().splitlines()[-1])
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    rev, gg, fwd = found["reverse"], found["gradgrad"], found["forward"]
     assert set(rev) <= set(zero_tensor_formulas.REVERSE), rev
     assert set(gg) <= set(zero_tensor_formulas.GRADGRAD), gg
     assert {tuple(x) for x in fwd} <= set(zero_tensor_formulas.FORWARD), fwd
