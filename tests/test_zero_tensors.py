@@ -117,3 +117,25 @@ def test_the_formula_lists_are_complete():
     assert set(rev) <= set(zero_tensor_formulas.REVERSE), rev
     assert set(gg) <= set(zero_tensor_formulas.GRADGRAD), gg
     assert {tuple(x) for x in fwd} <= set(zero_tensor_formulas.FORWARD), fwd
+
+
+def test_formulas_that_crash_cpu_run_on_the_device_against_their_formula():
+    """ldexp's and index_add's forward formulas with a zero tangent for the second input segfault on CPU itself
+    (torch 2.13); on the device they run, and their tangents are what the formula says: d ldexp(x, e) = 2**e dx,
+    d index_add(x, ...) = dx when the source has no tangent."""
+    code = (
+        "import json, sys, torch, nativelab\n"
+        "sys.path.insert(0, 'tests')\n"
+        "import zero_tensor_formulas as z\n"
+        "ops, out = z._ops(), {}\n"
+        "for name in ('ldexp', 'index_add'):\n"
+        "    (t,), made = z._run(ops[(name, '')], 'forward', 'neuron')\n"
+        "    torch.manual_seed(0)  # the sample _run made\n"
+        "    s = z._first_sample(ops[(name, '')], 'cpu')\n"
+        "    want = 2.0 ** s.args[0] if name == 'ldexp' else torch.ones_like(s.input)\n"
+        "    out[name] = [made, bool(torch.allclose(t.cpu(), want.to(t.dtype)))]\n"
+        "print(json.dumps(out))\n"
+    )
+    r = run_python(code, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"ldexp": [True, True], "index_add": [True, True]}
