@@ -77,7 +77,23 @@ def test_numpy_is_refused_like_cuda():
 def test_device_properties_and_name():
     p = torch.neuron.get_device_properties(1)
     assert p.index == 1 and p.total_memory == 24 * (1 << 30)
+    assert torch.neuron.get_device_properties("neuron:1") == torch.neuron.get_device_properties(torch.device("neuron", 1))
     assert "emulated" in torch.neuron.get_device_name()
+    with pytest.raises(ValueError, match="Expected a neuron device, got cpu"):  # CUDA: a ValueError too
+        torch.neuron.get_device_properties("cpu")
+
+
+def test_device_capability_lists_every_dtype_as_openreg_asserts():
+    # OpenReg's test_device_capability: every dtype PyTorch has (complex32 and the quantized ones included),
+    # the same on every core; torch.neuron's answer is torch.accelerator's, with the index checked.
+    from torch.testing._internal.common_dtype import get_all_dtypes
+
+    caps = [torch.neuron.get_device_capability(i) for i in range(torch.neuron.device_count())]
+    assert caps[0] == torch.accelerator.get_device_capability("neuron:0")
+    assert isinstance(caps[0]["supported_dtypes"], set) and all(c == caps[0] for c in caps)
+    assert set(get_all_dtypes(include_complex32=True, include_qint=True)) <= caps[0]["supported_dtypes"]
+    with pytest.raises(RuntimeError, match="The device index is out of range"):
+        torch.neuron.get_device_capability(torch.neuron.device_count())
 
 
 def test_synchronize_accepts_devices_and_rejects_bad_ones():

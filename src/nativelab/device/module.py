@@ -100,8 +100,9 @@ def get_device_properties(device=None):
 
 
 def get_device_capability(device=None) -> dict:
-    guard.index_of(device)
-    return {}
+    # torch.accelerator's answer for the core ({"supported_dtypes": {...}}, from the device guard), after the index
+    # check that torch.accelerator.get_device_capability does not make.
+    return torch.accelerator.get_device_capability(guard.index_of(device))
 
 
 # -- rng (the state lives in rng.py) ------------------------------------------------------------------------
