@@ -289,6 +289,33 @@ def test_nki_objects_take_their_class_attributes_as_fields():
     assert (p.index, p.offset) == (3, 0)
 
 
+@nki.jit
+def _ap_writes_and_shuffle(x):
+    out = nl.ndarray((4, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+    shuffled = nl.ndarray((32, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=x[0:4, :])
+    t = nl.load(x[4:6, 0:4])
+    nisa.dma_copy(dst=out.ap(pattern=[[8, 4], [2, 4]], offset=1)[0:2, :], src=t)  # odd columns, rows 0-1
+    s = nl.ndarray((32, 8), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=s, src=x[0:32, :])
+    nisa.nc_stream_shuffle(dst=s, src=s, shuffle_mask=[3] * 16 + [255] * 16)  # rows 0-15 <- row 3
+    nl.store(shuffled, s)
+    return out, shuffled
+
+
+@pytest.mark.parametrize("run", ["simulate", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_writes_through_access_patterns_and_stream_shuffle(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    x = torch.randn(32, 8)
+    out, shuffled = (sim(_ap_writes_and_shuffle) if run == "simulate" else _ap_writes_and_shuffle)(x)
+    ref = x[0:4].clone()
+    ref[0:2, 1::2] = x[4:6, 0:4]
+    torch.testing.assert_close(out, ref)
+    ref_s = x.clone()
+    ref_s[0:16] = x[3]
+    torch.testing.assert_close(shuffled, ref_s)
+
+
 def test_numpy_arrays_in_and_out():
     a, b = np.random.rand(4, 8).astype(np.float32), np.random.rand(4, 8).astype(np.float32)
     got = sim(_add)(a, b)

@@ -341,8 +341,16 @@ class NkiTensor:
     __lt__, __le__ = _op("less"), _op("less_equal")
     __gt__, __ge__ = _op("greater"), _op("greater_equal")
     __and__, __or__, __xor__ = _op("bitwise_and"), _op("bitwise_or"), _op("bitwise_xor")
-    __eq__ = _op("equal")
-    __ne__ = _op("not_equal")
+    def __eq__(self, other):  # a tile against a tile or a number: elementwise; `t == None`: plain Python
+        if isinstance(other, (NkiTensor, int, float)):
+            return _language["ops"]["equal"](self, other)
+        return self is other
+
+    def __ne__(self, other):
+        if isinstance(other, (NkiTensor, int, float)):
+            return _language["ops"]["not_equal"](self, other)
+        return self is not other
+
     __hash__ = object.__hash__
     del _op
 
@@ -459,6 +467,8 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
         st.owned, st.lender = True, None
         if source is not None:
             source.storage.lend(st)
+    elif any(op[0] == "ap" for op in t.chain):
+        _write_through_access_pattern(t, value)
     else:
         st.before_in_place_write()
         t.data.copy_(value)
@@ -483,6 +493,34 @@ def read_float(t: NkiTensor, instruction: str) -> torch.Tensor:
     if cached is None or cached[0] is not st.tensor:
         cached = st.float_value = (st.tensor, st.tensor.float())
     return _apply(cached[1], t.chain) if t.chain else cached[1]
+
+
+def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor) -> None:
+    """A partial write through an .ap() view, computed as a new value of the whole allocation
+    (as_strided_scatter): PyTorch cannot trace an in-place write through an as_strided view."""
+    st = t.storage
+    k = next(i for i, op in enumerate(t.chain) if op[0] == "ap")
+    _, nums, steps, offset, dtype = t.chain[k]
+    flat = _apply(st.tensor, t.chain[:k]).contiguous().view(-1)
+    if flat.storage_offset():
+        flat = flat.clone()
+    if dtype is not None and dtype != flat.dtype:
+        flat = flat.view(dtype)
+    region = value
+    if t.chain[k + 1:]:  # indexed further after the access pattern: update that part of the region
+        region = torch.as_strided(flat, nums, steps, offset).clone()
+        _apply(region, t.chain[k + 1:]).copy_(value)
+    new = torch.as_strided_scatter(flat, region.to(flat.dtype), nums, steps, offset)
+    if dtype is not None and dtype != st.dtype:
+        new = new.view(st.dtype)
+    new = new.view(st.shape)
+    st.before_in_place_write()
+    if st.pinned:
+        st.tensor.copy_(new)
+    else:
+        st.tensor = new
+        _bind(new)
+        st.owned, st.lender = True, None
 
 
 def written(t: NkiTensor) -> bool:

@@ -523,6 +523,34 @@ def tensor_tensor_scan(dst, data0: NkiTensor, data1: NkiTensor, initial, op0, op
     return dst
 
 
+def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask, name=None, **_kw):
+    """Within each quadrant of 32 partitions: dst partition i = src partition shuffle_mask[i] (255: dst's
+    partition i unchanged); the same mask for every quadrant (Vector Engine)."""
+    ins = "nc_stream_shuffle"
+    _tile(ins, src, "src", "vector")
+    _tile(ins, dst, "dst", "vector")
+    mask = [int(m) for m in shuffle_mask]
+    limits.check(len(mask) == 32, ins, f"shuffle_mask has 32 entries (one per partition of a quadrant), got {len(mask)}")
+    limits.check(src.dtype == dst.dtype and _free(src) == _free(dst), ins,
+                 f"src {src.shape} {src.dtype} and dst {dst.shape} {dst.dtype} must match in dtype and free size")
+    ps, pd = src.shape[0], dst.shape[0]
+    rows = []
+    for r in range(pd):
+        m = mask[r % 32]
+        if m == 255:
+            rows.append(ps + r)  # dst's own row
+            continue
+        row = (r // 32) * 32 + m if ps > 32 else m
+        limits.check(row < ps, ins, f"dst partition {r} reads src partition {row}; src has {ps}")
+        rows.append(row)
+    both = torch.cat([read(src, ins).reshape(ps, -1), read(dst, ins).reshape(pd, -1)]) if 255 in mask else \
+        read(src, ins).reshape(ps, -1)
+    out = both[torch.tensor(rows, device=both.device)]
+    record(ins, "vector", dst)
+    write(dst, out.reshape(dst.shape), ins)
+    return dst
+
+
 def max8(dst, src: NkiTensor = None, name=None, **_kw):
     """dst[P, 8] = the 8 largest values of each partition of src, in descending order (Vector Engine)."""
     if src is None:
@@ -561,7 +589,7 @@ def nc_find_index8(dst, data: NkiTensor, vals: NkiTensor, name=None, **_kw):
 for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activation", "activation_reduce",
               "tensor_tensor", "tensor_scalar", "tensor_scalar_reduce", "scalar_tensor_tensor", "tensor_copy", "tensor_copy_predicated",
               "reciprocal", "exponential", "tensor_reduce", "tensor_partition_reduce", "memset", "iota",
-              "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8"):
+              "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8", "nc_stream_shuffle"):
     globals()[_name] = instruction(globals()[_name])
 del _name
 
