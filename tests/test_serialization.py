@@ -69,3 +69,14 @@ def test_backend_metadata_goes_through_save_and_load_as_on_openreg(tmp_path):
     z = torch.randn(2, dtype=torch.complex64).to("neuron").conj()
     torch._utils.set_tensor_metadata(z, {"version_number": True})
     assert torch._utils.get_tensor_metadata(z) == {"conj": True, "version_number": True}
+
+
+def test_storage_location_tags_and_restore_locations_name_the_core():
+    # OpenReg's test_serialization_storage_location_tag / default_restore_location, as CUDA's "cuda:1".
+    assert torch.serialization.location_tag(torch.UntypedStorage(4, device="neuron")) == "neuron:0"
+    assert torch.serialization.location_tag(torch.UntypedStorage(4, device="neuron:1")) == "neuron:1"
+    cpu = torch.arange(4.0).untyped_storage()
+    for i in (0, 3):
+        st = torch.serialization.default_restore_location(cpu, f"neuron:{i}")
+        assert st.is_neuron and st.device == torch.device("neuron", i)
+        assert torch.equal(torch.tensor([], device=st.device).set_(st).cpu(), torch.arange(4.0))
