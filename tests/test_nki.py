@@ -556,6 +556,20 @@ def test_compiled_kernel_on_device_and_cpu(device, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_launch_is_a_device_kernel_no_fallback(tmp_path, monkeypatch):
+    """Op tracking sees an NKI launch as one kernel on the device, and nothing falls back to the CPU."""
+    import nativelab
+
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    a = torch.randn(128, 16).to("neuron")
+    nativelab.clear_op_tracking()
+    _add(a, a)
+    torch.neuron.synchronize()
+    assert "kernel:_add" in nativelab.get_executed_ops()
+    assert nativelab.get_fallback_ops() == []
+
+
+@pytest.mark.slow
 def test_nki_op_eager_and_compiled(tmp_path, monkeypatch):
     """An NKI kernel behind wrap_nki + @nki_op: eager on the device, and inside torch.compile(backend="neuron")."""
     from nativelab.kernels import nki_op, wrap_nki
