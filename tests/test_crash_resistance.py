@@ -42,7 +42,8 @@ def test_conjugate_and_negative_views(fast):
         out = torch.empty_like(d)
         out.copy_(got)
         assert torch.equal(out.cpu(), want.resolve_conj().resolve_neg())
-        assert torch.equal(torch.view_as_real(got.resolve_conj().resolve_neg()).cpu(), torch.view_as_real(want.resolve_conj().resolve_neg()))
+        plain = lambda t: torch.view_as_real(t.resolve_conj().resolve_neg())  # noqa: E731
+        assert torch.equal(plain(got).cpu(), plain(want))
     """, NATIVELAB_FAST_PATH=fast)
 
 
@@ -127,7 +128,8 @@ def test_storageless_and_zero_size_tensors(fast):
     for shape in [(0,), (0, 3), (2, 0, 4)]:
         c = torch.randn(shape)
         d = c.to(dev)
-        for fn in (lambda t: t + 1, lambda t: t.sum(0), lambda t: torch.cat([t, t]), lambda t: t.t() if t.dim() == 2 else t,
+        for fn in (lambda t: t + 1, lambda t: t.sum(0), lambda t: torch.cat([t, t]),
+                   lambda t: t.t() if t.dim() == 2 else t,
                    lambda t: t.exp_(), lambda t: t.reshape(-1), lambda t: t.clone()):
             assert torch.equal(fn(d).cpu(), fn(c.clone())), shape
     e = torch.empty(0, device=dev)
@@ -183,7 +185,7 @@ def test_non_strided_layouts():
            (RuntimeError, NotImplementedError))
     raises(lambda: torch.empty(2, 2, device=dev, layout=torch.sparse_coo), (RuntimeError, NotImplementedError))
     raises(lambda: x.as_strided((100,), (1,)), RuntimeError)
-    q = raises(lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8), (RuntimeError, NotImplementedError, TypeError))
+    raises(lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8), (RuntimeError, NotImplementedError, TypeError))
     assert (x + 1).cpu().tolist() == [[1.0, 2.0], [3.0, 1.0]]
     """)
 
@@ -212,6 +214,7 @@ def test_bad_sizes_strides_and_shapes_raise_at_the_call_as_on_cpu(fast):
     """Negative or overflowing sizes and strides never make a tensor over too little memory (the C++ allocation
     kernels hand them to CPU, whose error they raise); a copy whose source does not broadcast raises at the call."""
     run("""
+    sync = torch.neuron.synchronize
     cases = {
         "empty neg": lambda d: torch.empty(-1, device=d),
         "empty overflow": lambda d: torch.empty(2**62, device=d),
@@ -224,8 +227,8 @@ def test_bad_sizes_strides_and_shapes_raise_at_the_call_as_on_cpu(fast):
         "storage neg": lambda d: torch.UntypedStorage(-1, device=d),
         "set_ neg offset": lambda d: torch.empty(0, device=d).set_(torch.UntypedStorage(16, device=d), -1, (2,), (1,)),
         "copy_ from cpu": lambda d: (torch.ones(4, device=d).copy_(torch.ones(3)), torch.neuron.synchronize()),
-        "copy_ on device": lambda d: (torch.ones(4, device=d).copy_(torch.ones(3, device=d)), torch.neuron.synchronize()),
-        "copy_ more dims": lambda d: (torch.ones(2, device=d).copy_(torch.ones(1, 1, 2, device=d)), torch.neuron.synchronize()),
+        "copy_ on device": lambda d: (torch.ones(4, device=d).copy_(torch.ones(3, device=d)), sync()),
+        "copy_ more dims": lambda d: (torch.ones(2, device=d).copy_(torch.ones(1, 1, 2, device=d)), sync()),
     }
     for name, make in cases.items():
         want = raises(lambda: make("cpu"), RuntimeError)
