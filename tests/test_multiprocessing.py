@@ -131,6 +131,40 @@ def test_forked_child_of_an_initialised_device_gets_cudas_error(tmp_path):
     ], out.stdout
 
 
+# OpenReg's test_device_poison_fork: init() in the parent, then init() in a forked child raises CUDA's error.
+FORK_INIT = """
+import torch, multiprocessing as mp
+
+def child(out):
+    was = torch.neuron.is_initialized()
+    try:
+        torch.neuron.init()
+        out.put((was, "ok", torch.neuron.is_initialized()))
+    except Exception as e:
+        out.put((was, type(e).__name__, "forked subprocess" in str(e) and "'spawn' start method" in str(e)))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    for initialise in (False, True):
+        if initialise:
+            torch.neuron.init()
+        out = ctx.Queue()
+        p = ctx.Process(target=child, args=(out,))
+        p.start()
+        print(initialise, *out.get(timeout=60), torch.neuron.is_initialized())
+        p.join(30)
+"""
+
+
+def test_init_in_a_child_forked_after_init_raises_cudas_error(tmp_path):
+    out = _run_script(tmp_path, FORK_INIT, timeout=180)
+    assert out.returncode == 0, out.stderr
+    # Before: the child initialises. After: is_initialized() is False in the child and init() raises; the
+    # parent stays initialised.
+    assert out.stdout.splitlines()[-2:] == ["False False ok True False", "True False RuntimeError True True"], (
+        out.stdout)
+
+
 # torch.neuron._is_in_bad_fork(): what torch.manual_seed / torch.seed ask before seeding the device (CUDA's too).
 BAD_FORK = """
 import torch, multiprocessing as mp

@@ -33,10 +33,15 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return rng.is_initialized()
+    # CUDA's and OpenReg's: not in a child forked after the parent initialised the device.
+    return rng.is_initialized() and not _is_in_bad_fork()
 
 
 def init() -> None:
+    if _is_in_bad_fork():  # as torch.cuda.init() there (OpenReg's test_device_poison_fork asserts it)
+        from . import multiprocessing as _mp
+
+        raise RuntimeError(_mp.FORK_ERROR)
     rng.mark_initialized()
 
 
