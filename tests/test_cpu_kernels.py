@@ -164,6 +164,17 @@ def test_mlp_decode(ext, dtype, residual):
     _close(out, reference_mlp(*map(_f32, args), 1e-5, residual), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_mlp_decode_without_norm(ext, dtype, residual):
+    """The core tier's MLP (Lab 2's nki_mlp: the block normalizes first): no norm weight, h = x."""
+    a = _decoder(dtype)
+    args = (a["x"], a["gates"][1], a["ups"][1], a["downs"][1])
+    out = torch.empty_like(a["x"])
+    ext.mlp_decode(*args, None, 0.0, residual, out)
+    _close(out, reference_mlp(*map(_f32, args), None, 0.0, residual), dtype)
+
+
 def test_bad_input_is_a_clear_error(ext):
     a = _decoder(torch.float32)
     out = torch.empty(1, 1, a["lm_head"].shape[0])
@@ -199,7 +210,7 @@ def test_the_kernel_interface_runs_the_host_kernel_on_the_device(monkeypatch):
     torch.testing.assert_close(dev["k_caches"][1].cpu(), a["k_caches"][1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["qkv", "attention_tkg", "mlp"])
+@pytest.mark.parametrize("name", ["qkv", "attention_tkg", "mlp", "mlp_no_norm"])
 def test_the_core_kernels_run_their_host_code_on_the_device(monkeypatch, name):
     """The core tier's kernels on one token of device tensors go to their hand-written code and agree with the
     traced path (the reference)."""
@@ -208,8 +219,10 @@ def test_the_core_kernels_run_their_host_code_on_the_device(monkeypatch, name):
     monkeypatch.setenv("NATIVELAB_CPU_KERNELS", "1")
     a = _decoder(torch.float32)
     d = a["wqs"][0].shape[0] // a["n_heads"]
-    module = importlib.import_module(f"nativelab.kernels.ops.{'attention' if name == 'attention_tkg' else name}")
-    kernel = getattr(module, f"{name}_kernel")
+    module_name, kernel_name = {"attention_tkg": ("attention", "attention_tkg_kernel"),
+                                "mlp_no_norm": ("mlp", "mlp_kernel_no_norm")}.get(name, (name, f"{name}_kernel"))
+    module = importlib.import_module(f"nativelab.kernels.ops.{module_name}")
+    kernel = getattr(module, kernel_name)
     calls = []
     real = getattr(decode, name)
 
@@ -231,10 +244,14 @@ def test_the_core_kernels_run_their_host_code_on_the_device(monkeypatch, name):
             kc, vc = a["k_caches"][0], a["v_caches"][0]
             got = K.attention_tkg(dev(q), dev(k), dev(v), dev(kc), dev(vc), dev(pos))
             ref = reference_attention_tkg(q, k, v, kc.clone(), vc.clone(), pos)
-        else:
+        elif name == "mlp":
             args = (a["x"], a["gates"][0], a["ups"][0], a["downs"][0])
             got = K.mlp(*map(dev, args), dev(a["post_norms"][0]), 1e-5, True)
             ref = reference_mlp(*args, a["post_norms"][0], 1e-5, True)
+        else:  # Lab 2's core tier: the block normalizes, nki_mlp gets h
+            args = (a["x"], a["gates"][0], a["ups"][0], a["downs"][0])
+            got = K.mlp(*map(dev, args))
+            ref = reference_mlp(*args)
         got = [t.cpu() for t in got] if isinstance(got, (tuple, list)) else got.cpu()
     assert calls == [1]
     torch.testing.assert_close(got, ref if not isinstance(ref, tuple) else list(ref), rtol=1e-4, atol=1e-4)

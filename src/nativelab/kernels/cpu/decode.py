@@ -93,6 +93,17 @@ def _accepts_mlp(x, gate_w, up_w, down_w, norm_w, eps, residual, out) -> bool:
 mlp.accepts = _accepts_mlp
 
 
+def mlp_no_norm(x, gate_w, up_w, down_w, residual, out):
+    build.extension().mlp_decode(x, gate_w, up_w, down_w, None, 0.0, residual, out)
+
+
+def _accepts_mlp_no_norm(x, gate_w, up_w, down_w, residual, out) -> bool:
+    return _one_token(x) and _ready(x, gate_w, up_w, down_w, out)
+
+
+mlp_no_norm.accepts = _accepts_mlp_no_norm
+
+
 # The experimental tier's whole step from token ids (`transformer_tkg_token`): a DecodePlan binds the weights,
 # caches and RoPE tables once; each launch passes the token, position, sampler state and outputs only.
 # Tokens (1, T) at consecutive positions (T,): T == 1 is a decode step, T > 1 a prompt's prefill in the same

@@ -23,7 +23,8 @@ def mlp_kernel(x, gate_w, up_w, down_w, norm_w, eps, residual, out):
     out.copy_(reference_mlp(x, gate_w, up_w, down_w, norm_w, eps, residual))
 
 
-@wrap_kernel(weights=(1, 2, 3), targets={"cuda": "nativelab.kernels.triton.mlp:mlp_no_norm"})
+@wrap_kernel(weights=(1, 2, 3), targets={"cuda": "nativelab.kernels.triton.mlp:mlp_no_norm",
+                                         "host": "nativelab.kernels.cpu.decode:mlp_no_norm"})
 def mlp_kernel_no_norm(x, gate_w, up_w, down_w, residual, out):
     out.copy_(reference_mlp(x, gate_w, up_w, down_w, None, 0.0, residual))
 

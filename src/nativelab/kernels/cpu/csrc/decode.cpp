@@ -619,9 +619,10 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_new, const at::Te
   });
 }
 
-// out (1, 1, dim) = [x +] down @ (SiLU(gate @ h) * (up @ h)), h = rmsnorm(x).
+// out (1, 1, dim) = [x +] down @ (SiLU(gate @ h) * (up @ h)), h = rmsnorm(x), or h = x without norm_w (the
+// guide's core tier: its transformer_block normalizes before calling nki_mlp).
 void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down,
-                const at::Tensor& norm_w, double eps, bool residual, at::Tensor& out) {
+                const std::optional<at::Tensor>& norm_w, double eps, bool residual, at::Tensor& out) {
   check(x.numel() == x.size(-1), "x must be one token (1, 1, dim)");
   const int64_t dim = x.size(-1), ffn = gate.size(0);
   check(up.size(0) == ffn && down.size(0) == dim && down.size(1) == ffn, "weights [ffn, dim], [dim, ffn]");
@@ -635,7 +636,10 @@ void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& u
 #endif
     {
       std::vector<float> h(dim);
-      rmsnorm(xf.data(), ptr<T>(norm_w), h.data(), dim, static_cast<float>(eps));
+      if (norm_w.has_value())
+        rmsnorm(xf.data(), ptr<T>(*norm_w), h.data(), dim, static_cast<float>(eps));
+      else
+        std::copy(xf.begin(), xf.end(), h.begin());  // x's values: exact in float
       swiglu_rows(Tuning{}, ptr<T>(gate), ptr<T>(up), h.data(), dim, ffn, act.data());
       NL_BARRIER
       matvec_share(Tuning{}, ptr<T>(down), act.data(), dim, ffn, [&](int64_t r, float y) {
@@ -886,7 +890,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("transformer_decode", &transformer_decode, "one batch-1 decode step through every layer + LM head");
   m.def("qkv_decode", &qkv_decode, "one token: RMSNorm + Q/K/V + RoPE (the core tier's qkv)");
   m.def("attention_decode", &attention_decode, "one token: cache write + attention over positions 0..pos");
-  m.def("mlp_decode", &mlp_decode, "one token: RMSNorm + SwiGLU MLP (+ residual)");
+  m.def("mlp_decode", &mlp_decode, "one token: [RMSNorm +] SwiGLU MLP (+ residual)");
   m.def("sample_out", &sample_out, "the sampler's draw (temperature, top-k, top-p) from the last row of logits");
   m.def("isa", &isa, "the vector ISA this build was compiled for");
   m.def("max_tile_tokens", []() { return TILE_T; }, "the prefill tile's most tokens in this build");
