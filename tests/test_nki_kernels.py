@@ -1,5 +1,11 @@
-"""The library's NKI kernels (kernels/nki) against their PyTorch references: interpreted, launched eagerly on
-neuron and CPU tensors, and inside torch.compile(backend="neuron")."""
+"""The library's NKI kernels (kernels/nki) against their PyTorch references (kernels/ops): interpreted
+(nki.simulate), launched eagerly on neuron and CPU tensors, and inside torch.compile(backend="neuron"), in
+float32 and bfloat16.
+
+Tolerances follow the references' rounding points. Each kernel rounds where its reference rounds (every
+product or sum PyTorch's eager bf16 would round, matmuls accumulated in fp32 and rounded once), so what can
+differ is the fp32 summation order: ~1e-6 relative in float32; in bfloat16 an intermediate that lands on a
+rounding boundary may round one ulp (2**-8 relative) the other way and carry that into the output, so 2e-2."""
 
 import pytest
 import torch
@@ -7,6 +13,8 @@ import torch
 from nativelab import nki
 from nativelab.kernels import nki as nki_kernels
 from nativelab.kernels.ops import reference_rmsnorm
+from nativelab.kernels.ops.mlp import reference_mlp
+from nativelab.kernels.ops.rope import reference_rope
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -16,45 +24,73 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
 
 
-def _inputs(name, dtype):
+def _weight(out_features, in_features, dtype):
+    """An nn.Linear-like weight: entries of size 1/sqrt(in), so every layer's outputs stay O(1)."""
+    return (torch.randn(out_features, in_features) * in_features ** -0.5).to(dtype)
+
+
+def _rows(t):
+    return t.reshape(-1, t.shape[-1])
+
+
+# name: (the op, its NKI kernel, the op's arguments, the kernel's arguments from them, the reference)
+CASES = {
+    "add": (nki_kernels.add, nki_kernels.add_kernel,
+            lambda dt: (torch.randn(200, 48, dtype=dt), torch.randn(200, 48, dtype=dt)),
+            lambda a, b: (a, b), lambda a, b: a + b),
+    # K over several tiles (one partial), M and N with partial tiles
+    "matmul": (nki_kernels.matmul, nki_kernels.matmul_kernel,
+               lambda dt: (torch.randn(200, 300, dtype=dt), torch.randn(300, 700, dtype=dt)),
+               lambda a, b: (a, b), lambda a, b: (a.double() @ b.double()).to(a.dtype)),
+    "rmsnorm": (nki_kernels.rmsnorm, nki_kernels.rmsnorm_kernel,
+                lambda dt: (torch.randn(3, 70, 64, dtype=dt), torch.randn(64, dtype=dt), 1e-5),
+                lambda x, w, eps: (_rows(x), w, eps), reference_rmsnorm),
+    "softmax": (nki_kernels.softmax, nki_kernels.softmax_kernel,
+                lambda dt: (torch.randn(2, 150, 96, dtype=dt) * 4,),
+                lambda x: (_rows(x),), nki_kernels.reference_softmax),
+    # several heads per 128-row tile (T = 5), and a sequence over two position tiles (T = 200)
+    "rope": (nki_kernels.rope, nki_kernels.rope_kernel,
+             lambda dt: (torch.randn(2, 3, 5, 16, dtype=dt), torch.randn(5, 16, dtype=dt),
+                         torch.randn(5, 16, dtype=dt)),
+             lambda x, c, s: (x, c, s), reference_rope),
+    "rope_long": (nki_kernels.rope, nki_kernels.rope_kernel,
+                  lambda dt: (torch.randn(1, 2, 200, 64, dtype=dt), torch.randn(200, 64, dtype=dt),
+                              torch.randn(200, 64, dtype=dt)),
+                  lambda x, c, s: (x, c, s), reference_rope),
+    # 130 tokens (two tiles), hidden 200 and intermediate 300 (partial tiles of both)
+    "mlp": (nki_kernels.mlp, nki_kernels.mlp_kernel,
+            lambda dt: (torch.randn(2, 65, 200, dtype=dt), _weight(300, 200, dt), _weight(300, 200, dt),
+                        _weight(200, 300, dt)),
+            lambda x, g, u, d: (_rows(x), g, u, d), reference_mlp),
+}
+
+
+def _case(name, dtype):
+    op, kernel, make, to_kernel, reference = CASES[name]
     torch.manual_seed(0)
-    if name == "add":
-        return (torch.randn(200, 48, dtype=dtype), torch.randn(200, 48, dtype=dtype)), lambda a, b: a + b
-    if name == "matmul":  # K over several tiles (one partial), M and N with partial tiles
-        a, b = torch.randn(200, 300, dtype=dtype), torch.randn(300, 700, dtype=dtype)
-        return (a, b), lambda a, b: (a.double() @ b.double()).to(a.dtype)
-    if name == "rmsnorm":
-        return (torch.randn(3, 70, 64, dtype=dtype), torch.randn(64, dtype=dtype), 1e-5), reference_rmsnorm
-    return (torch.randn(2, 150, 96, dtype=dtype) * 4,), nki_kernels.reference_softmax
-
-
-KERNELS = {"add": nki_kernels.add, "matmul": nki_kernels.matmul, "rmsnorm": nki_kernels.rmsnorm,
-           "softmax": nki_kernels.softmax}
+    args = make(dtype)
+    return op, kernel, args, to_kernel(*args), reference(*args)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", list(KERNELS))
+@pytest.mark.parametrize("name", list(CASES))
 def test_interpreted_equals_reference(name, dtype):
     """nki.simulate: the kernel's instructions one by one, no compile."""
-    args, ref = _inputs(name, dtype)
-    kernel = {"add": nki_kernels.add_kernel, "matmul": nki_kernels.matmul_kernel,
-              "rmsnorm": nki_kernels.rmsnorm_kernel, "softmax": nki_kernels.softmax_kernel}[name]
-    flat = [a.reshape(-1, a.shape[-1]) if isinstance(a, torch.Tensor) and a.dim() > 2 else a for a in args]
-    got = nki.simulate(kernel)(*flat)
-    torch.testing.assert_close(got.reshape(ref(*args).shape), ref(*args), **TOL[dtype])
+    _, kernel, _, kernel_args, expected = _case(name, dtype)
+    got = nki.simulate(kernel)(*kernel_args)
+    torch.testing.assert_close(got.reshape(expected.shape), expected, **TOL[dtype])
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device", ["neuron", "cpu"])
-@pytest.mark.parametrize("name", list(KERNELS))
-def test_op_eager_and_compiled(name, device):
-    dtype = torch.bfloat16
-    args, ref = _inputs(name, dtype)
-    expected = ref(*args)
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_eager_and_compiled(name, device, dtype):
+    op, _, args, _, expected = _case(name, dtype)
     on = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-    got = KERNELS[name](*on)
-    assert got.device.type == device
+    got = op(*on)
+    assert got.device.type == device and got.dtype == expected.dtype
     torch.testing.assert_close(got.cpu(), expected, **TOL[dtype])
     if device == "neuron":
-        compiled = torch.compile(lambda *xs: KERNELS[name](*xs) + 1, backend="neuron")
+        compiled = torch.compile(lambda *xs: op(*xs) + 1, backend="neuron")
         torch.testing.assert_close(compiled(*on).cpu(), expected.float() + 1, **TOL[dtype], check_dtype=False)

@@ -1,12 +1,14 @@
 """The library's kernels written in NKI (nki.language / nki.isa), each registered as a custom op with
-wrap_nki + @nki_op, as Lab 2's nki_ops.py registers nkilib's, and equal to its PyTorch reference. The
-PyTorch kernels in kernels/ops stay the fast CPU path; these are the ones to read, check against the
+wrap_nki + @nki_op, as Lab 2's nki_ops.py registers nkilib's, and equal to its PyTorch reference in
+kernels/ops. The PyTorch kernels there stay the fast CPU path; these are the ones to read, check against the
 hardware's limits, and estimate on Trainium2 (`kernel.estimate(*args)`)."""
 
 from .add import add, add_kernel
 from .matmul import matmul, matmul_kernel
+from .mlp import mlp, mlp_kernel
 from .rmsnorm import rmsnorm, rmsnorm_kernel
+from .rope import rope, rope_kernel
 from .softmax import reference_softmax, softmax, softmax_kernel
 
-__all__ = ["add", "add_kernel", "matmul", "matmul_kernel", "rmsnorm", "rmsnorm_kernel", "softmax",
-           "softmax_kernel", "reference_softmax"]
+__all__ = ["add", "add_kernel", "matmul", "matmul_kernel", "mlp", "mlp_kernel", "rmsnorm", "rmsnorm_kernel",
+           "rope", "rope_kernel", "softmax", "softmax_kernel", "reference_softmax"]

@@ -1,0 +1,91 @@
+"""The SwiGLU MLP in NKI: down(silu(x @ gate.T) * (x @ up.T)), weights as nn.Linear.weight ([out, in]).
+
+The Tensor Engine contracts over the partition dimension, so the kernel works with the intermediate activations
+transposed: for each 128-token tile, x.T arrives by DMA transpose (hidden size on partitions), each 128-row
+block of the intermediate size is gate.T's block (stationary) against x.T (moving), summed over the hidden
+size's tiles in PSUM, which leaves silu(a) * b with the intermediate size on partitions: exactly the
+stationary operand the down projection needs, summed over the intermediate size's tiles into [tokens, 512]
+PSUM banks. The three weights are loaded transposed into SBUF once per launch."""
+
+from __future__ import annotations
+
+import torch
+
+from ...nki import isa as nisa
+from ...nki import jit
+from ...nki import language as nl
+from ..interface import nki_op, wrap_nki
+from ..ops.mlp import _check as check_mlp  # the same argument checks as the PyTorch kernel's
+
+
+def _tiles(size: int, step: int):
+    """(index, start, length) of each tile of `size` in steps of `step` (the last one may be partial)."""
+    return [(i, i * step, min(size, i * step + step) - i * step) for i in range((size + step - 1) // step)]
+
+
+def load_transposed(w, p):
+    """w [rows, cols] (HBM) -> SBUF [p, col tiles, rows]: w.T with its rows (cols of w) in 128-partition tiles."""
+    rows, cols = w.shape
+    t = nl.ndarray((p, (cols + p - 1) // p, rows), dtype=w.dtype, buffer=nl.sbuf)
+    for k, k0, nk in _tiles(cols, p):
+        nisa.dma_transpose(dst=t[0:nk, k, :], src=w[:, k0:k0 + nk])
+    return t
+
+
+def swiglu_transposed(xt, g_t, u_t, dim, inter, n, dtype, p):
+    """act.T [p, intermediate tiles, n] = (silu(x @ gate.T) * (x @ up.T)).T from x.T [p, hidden tiles, n],
+    each product rounded to dtype as the reference rounds it (projections, silu, product)."""
+    act = nl.ndarray((p, (inter + p - 1) // p, n), dtype=dtype, buffer=nl.sbuf)
+    for i, i0, ni in _tiles(inter, p):
+        a_ps = nl.ndarray((ni, n), dtype=nl.float32, buffer=nl.psum)
+        b_ps = nl.ndarray((ni, n), dtype=nl.float32, buffer=nl.psum)
+        for k, _, nk in _tiles(dim, p):
+            nisa.nc_matmul(dst=a_ps, stationary=g_t[0:nk, k, i0:i0 + ni], moving=xt[0:nk, k, :])
+            nisa.nc_matmul(dst=b_ps, stationary=u_t[0:nk, k, i0:i0 + ni], moving=xt[0:nk, k, :])
+        a = nl.ndarray((ni, n), dtype=dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=a, src=a_ps)
+        nisa.activation(dst=a, op=nl.silu, data=a)
+        b = nl.ndarray((ni, n), dtype=dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=b, src=b_ps)
+        nisa.tensor_tensor(dst=act[0:ni, i, :], data1=a, data2=b, op=nl.multiply)
+    return act
+
+
+def down_projection(out_rows, act, d_t, dim, inter, n, dtype, p, residual=None):
+    """out_rows [n, dim] (HBM) = act @ down.T (+ residual [n, dim] in SBUF), from act.T and down.T's tiles."""
+    for c, c0, nc in _tiles(dim, nl.tile_size.gemm_moving_fmax):
+        o_ps = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.psum)
+        for i, _, ni in _tiles(inter, p):
+            nisa.nc_matmul(dst=o_ps, stationary=act[0:ni, i, :], moving=d_t[0:ni, i, c0:c0 + nc])
+        y = nl.ndarray((n, nc), dtype=dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=y, src=o_ps)
+        if residual is not None:
+            nisa.tensor_tensor(dst=y, data1=y, data2=residual[:, c0:c0 + nc], op=nl.add)
+        nisa.dma_copy(dst=out_rows[:, c0:c0 + nc], src=y)
+
+
+@jit
+def mlp_kernel(x, gate_w, up_w, down_w):
+    rows, dim = x.shape
+    inter = gate_w.shape[0]
+    p = nl.tile_size.pmax
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    g_t, u_t = load_transposed(gate_w, p), load_transposed(up_w, p)  # [hidden on partitions, inter]
+    d_t = load_transposed(down_w, p)  # [inter on partitions, hidden]
+    for _, r0, n in _tiles(rows, p):
+        xt = nl.ndarray((p, (dim + p - 1) // p, n), dtype=x.dtype, buffer=nl.sbuf)
+        for k, k0, nk in _tiles(dim, p):
+            nisa.dma_transpose(dst=xt[0:nk, k, :], src=x[r0:r0 + n, k0:k0 + nk])
+        act = swiglu_transposed(xt, g_t, u_t, dim, inter, n, x.dtype, p)
+        down_projection(out[r0:r0 + n, :], act, d_t, dim, inter, n, x.dtype, p)
+    return out
+
+
+_mlp = wrap_nki(mlp_kernel)
+
+
+@nki_op("nativelab::nki_mlp", mutates_args=())
+def mlp(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
+    check_mlp(x, gate_w, up_w, down_w, None)
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    return _mlp(flat, gate_w.contiguous(), up_w.contiguous(), down_w.contiguous()).reshape(x.shape)
