@@ -19,8 +19,8 @@ import torch
 
 from .. import stand_ins
 from . import (
-    _private, autocast, config, conversion, crash_report, dynamo_interface, guard, int32_targets, memory, module, ops,
-    queue, rnn_cells, runtime, runtime_ops, sparse, tracking,
+    _private, attention, autocast, config, conversion, crash_report, dynamo_interface, guard, int32_targets, memory,
+    module, ops, queue, rnn_cells, runtime, runtime_ops, sparse, tracking,
 )
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
@@ -75,6 +75,7 @@ def register() -> bool:
     aten_lib = torch.library.Library("aten", "IMPL")
     runtime_ops.install(aten_lib, runtime.load())
     rnn_cells.install(aten_lib)
+    attention.install(aten_lib)  # the device's own SDPA backend choice, the overrideable fused pair
     dynamo_interface.install(cfg.num_cores)
     autocast.install(lib, aten_lib)
     int32_targets.install(aten_lib)
