@@ -221,5 +221,5 @@ def test_virtual_core_size_sets_logical_cores_and_their_memory(monkeypatch):
     monkeypatch.setenv("NEURON_RT_NUM_CORES", "2")  # an explicit count wins
     assert config.load().num_cores == 2
     monkeypatch.setenv("NEURON_RT_VIRTUAL_CORE_SIZE", "4")
-    with pytest.raises(ValueError, match="NEURON_RT_VIRTUAL_CORE_SIZE=4: must be 1 or 2"):
+    with pytest.raises(ValueError, match="NEURON_RT_VIRTUAL_CORE_SIZE='4': expected 1 or 2"):
         config.load()

@@ -1,6 +1,6 @@
 """The package's layers and their one-way data flow, read from the source (ast: nothing is imported or run).
 
-    cpp_build, files, stand_ins  <-  device  <-  compiler, distributed  <-  nki  <-  kernels  <-  models  <-  profile, finetune, check  <-  apps  <-  cli
+    cpp_build, files, settings, stand_ins  <-  device  <-  compiler, distributed  <-  nki  <-  kernels  <-  models  <-  profile, finetune, check  <-  apps  <-  cli
 
 A module may import from its own layer and the layers below it, never above; and no module imports itself back
 through others (no import cycle), counting imports inside functions too: a lazy import only hides a cycle.
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import nativelab
 
 ROOT = pathlib.Path(nativelab.__file__).parent
 LAYERS = [
-    {"cpp_build", "files", "stand_ins"},  # utilities any layer may use: C++ extensions, atomic files, stand-ins
+    {"cpp_build", "files", "settings", "stand_ins"},  # utilities any layer may use: C++ extensions, atomic files,
+    # the environment's settings, stand-ins
     {"device"},
     {"compiler", "distributed"},
     {"nki"},
@@ -204,3 +206,132 @@ def test_the_walker_sees_imports_and_cycles():
         "nativelab.compiler.example: from nativelab.device.ops import _call",
         "nativelab.compiler.example: nativelab.device.ops._scalars",
     ]
+
+
+# -- the environment: read in one module, never written ----------------------------------------------------------
+
+SETTINGS = "nativelab.settings"  # the one module that reads nativelab's environment variables
+_ENV_WRITES = {"setdefault", "pop", "popitem", "update", "clear", "__setitem__", "__delitem__"}
+
+
+def _environment_uses(source: str, declared: set[str]) -> tuple[list[str], list[str]]:
+    """(reads, writes) of the environment in a module's source. Reads: a declared setting's name written out
+    (whoever holds the name can read it), and any read of `os.environ` / `os.getenv` by a key that is not
+    written out (a name passed in: it may be a setting's). Writes: any assignment or deletion of an
+    environment item, a mutating `os.environ` method, `os.putenv` / `os.unsetenv`."""
+    tree = ast.parse(source)
+    aliases = {"environ": set(), "getenv": set(), "putenv": set(), "unsetenv": set()}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            for a in node.names:
+                if a.name in ("environ", "environb"):
+                    aliases["environ"].add(a.asname or a.name)
+                elif a.name in aliases:
+                    aliases[a.name].add(a.asname or a.name)
+
+    def is_os(node, what: str) -> bool:
+        names = ("environ", "environb") if what == "environ" else (what,)
+        return ((isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.value, ast.Name)
+                 and node.value.id == "os") or (isinstance(node, ast.Name) and node.id in aliases[what]))
+
+    def passed_in(node) -> bool:  # a key written out is checked as a constant (below)
+        return not (isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+    reads, writes = [], []
+    for node in ast.walk(tree):
+        line = f"line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                node.value in declared or re.fullmatch(r"NATIVELAB_[A-Z0-9_]+", node.value)):
+            reads.append(f"{line}: {node.value!r}")
+        elif isinstance(node, ast.Call) and node.args and (
+                is_os(node.func, "getenv") or (isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                                               and is_os(node.func.value, "environ"))):
+            if passed_in(node.args[0]):
+                reads.append(f"{line}: {ast.unparse(node)} (a key passed in)")
+        elif isinstance(node, ast.Subscript) and is_os(node.value, "environ"):
+            if isinstance(node.ctx, (ast.Store, ast.Del)):
+                writes.append(f"{line}: {ast.unparse(node)}")
+            elif passed_in(node.slice):
+                reads.append(f"{line}: {ast.unparse(node)} (a key passed in)")
+        elif isinstance(node, ast.Compare) and any(is_os(c, "environ") for c in node.comparators):
+            if passed_in(node.left):
+                reads.append(f"{line}: {ast.unparse(node)} (a key passed in)")
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            writes += [f"{line}: {ast.unparse(t)} = ..." for t in targets if is_os(t, "environ")]
+        elif isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr in _ENV_WRITES and is_os(f.value, "environ"):
+                writes.append(f"{line}: {ast.unparse(node)}")
+            elif is_os(f, "putenv") or is_os(f, "unsetenv"):
+                writes.append(f"{line}: {ast.unparse(node)}")
+    by_line = lambda text: int(text.split(":")[0].split()[1])  # noqa: E731
+    return sorted(reads, key=by_line), sorted(writes, key=by_line)
+
+
+def _declared() -> set[str]:
+    from nativelab import settings
+
+    return {v.name for v in settings.VARIABLES}
+
+
+def test_settings_are_read_only_in_the_settings_module():
+    """Every variable nativelab reads is named, parsed and validated in `settings.py` (device/config.py builds
+    the device's Config from it); no other module reads one, or holds a name it could read one by."""
+    declared = _declared()
+    found = [f"{m}: {r}" for m, (path, _) in _modules().items() if m != SETTINGS
+             for r in _environment_uses(path.read_text(), declared)[0]]
+    assert not found, "read these through nativelab.settings (declare new ones there):\n" + "\n".join(sorted(found))
+
+
+def test_nothing_under_src_writes_the_environment():
+    """A mode is an override in settings (`Variable.set`), never a write to os.environ: a write would leak
+    into every child process started after it."""
+    found = [f"{m}: {w}" for m, (path, _) in _modules().items() for w in _environment_uses(path.read_text(), set())[1]]
+    assert not found, "no writes to os.environ (use a settings override):\n" + "\n".join(sorted(found))
+
+
+def test_cpp_reads_no_environment():
+    """The C++ runtime and kernels take their settings from Python (at install or bind time)."""
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+             for p in sorted(ROOT.rglob("*")) if p.suffix in (".cpp", ".cc", ".h", ".hpp")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\b(secure_)?getenv\b", line)]
+    assert not found, "pass these settings from Python instead:\n" + "\n".join(found)
+
+
+def test_every_variable_the_code_names_is_declared():
+    """A NATIVELAB_ variable named in a message, a docstring or a comment (Python or C++) is one settings.py
+    declares: a renamed or dropped variable leaves no stale advice behind."""
+    declared = _declared()
+    named = {}
+    for p in sorted(ROOT.rglob("*")):
+        if p.suffix in (".py", ".cpp", ".cc", ".h", ".hpp"):
+            for name in re.findall(r"\bNATIVELAB_[A-Z0-9_]+", p.read_text()):
+                named.setdefault(name, str(p.relative_to(ROOT)))
+    stale = {n: where for n, where in named.items() if n not in declared}
+    assert not stale, f"not a setting (declare it in settings.py, or fix the text): {stale}"
+
+
+def test_the_environment_checks_can_fail():
+    declared = {"NATIVELAB_SYNC", "NEURON_RT_NUM_CORES"}
+    planted = (
+        "import os\nfrom os import environ as env, putenv\n"
+        "a = os.environ.get('NATIVELAB_SYNC')\n"  # a setting read here
+        "b = os.getenv(name)\n"  # a key passed in
+        "c = env['NEURON_RT_NUM_CORES']\n"
+        "d = 'LOCAL_RANK' in os.environ\n"  # another tool's variable: fine
+        "e = os.environ.get('WORLD_SIZE', '1')\n"  # fine
+        "ENV = 'NATIVELAB_CACHE_DIR'\n"  # a name held
+        "msg = f'NATIVELAB_SYNC=1 makes {x} synchronous'\n"  # a message naming one: fine
+        "os.environ['X'] = '1'\n"
+        "del env['X']\n"
+        "os.environ.setdefault('X', '1')\n"
+        "os.environ.update(X='1')\n"
+        "putenv('X', '1')\n"
+        "os.unsetenv('X')\n"
+        "child = dict(os.environ, X='1')\n"  # a child's own environment: fine
+    )
+    reads, writes = _environment_uses(planted, declared)
+    assert [r.split(":")[0] for r in reads] == ["line 3", "line 4", "line 5", "line 8"], reads
+    assert [w.split(":")[0] for w in writes] == ["line 10", "line 11", "line 12", "line 13", "line 14", "line 15"], \
+        writes

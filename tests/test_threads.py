@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from nativelab import settings
 from nativelab.device import cpu_info, threads
 
 
@@ -67,10 +68,12 @@ def test_device_work_runs_with_the_policys_team(fresh_policy, monkeypatch):
 
 
 @pytest.mark.parametrize("bad", ["0", "two", "-3"])
-def test_bad_thread_setting_is_an_error(bad, monkeypatch):
+def test_bad_thread_setting_is_an_error(bad, monkeypatch, fresh_policy):
     monkeypatch.setenv("NATIVELAB_THREADS", bad)
     with pytest.raises(ValueError, match="NATIVELAB_THREADS"):
-        threads._mode()
+        settings.THREADS.get()
+    with pytest.raises(ValueError, match="NATIVELAB_THREADS"):
+        threads.ceiling()
 
 
 def test_describe_names_cpu_and_isa():

@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .files import cache_root
+from . import settings
 
-ENV = "NATIVELAB_CPP_CACHE_DIR"
+ENV = settings.CPP_CACHE_DIR.name
 log = logging.getLogger("nativelab.cpp_build")
 _loaded: dict[str, object] = {}
 builds = 0  # extensions this process compiled (not loaded from the cache): benchmarks check none lands in a timed run
@@ -36,7 +36,7 @@ class CppBuildError(RuntimeError):
 
 def cache_dir() -> Path:
     """$NATIVELAB_CPP_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/cpp, else ~/.cache/nativelab/cpp."""
-    return cache_root(ENV, "cpp")
+    return settings.CPP_CACHE_DIR.get()
 
 
 def compiler() -> str:

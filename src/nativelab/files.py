@@ -1,21 +1,12 @@
-"""Files for every layer: where nativelab's caches live, and files written whole or not at all (the compile
-cache, distributed checkpoints, saved models, the profiler's outputs): a reader finds the old file or the
-new one, never a torn one."""
+"""Files for every layer, written whole or not at all (the compile cache, distributed checkpoints, saved
+models, the profiler's outputs): a reader finds the old file or the new one, never a torn one. Where the
+caches live is a setting (`settings.py`)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
-
-
-def cache_root(env: str, name: str) -> Path:
-    """$`env`, else $XDG_CACHE_HOME/nativelab/`name`, else ~/.cache/nativelab/`name`."""
-    explicit = os.environ.get(env)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nativelab" / name
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

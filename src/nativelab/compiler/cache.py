@@ -13,15 +13,16 @@ import hashlib
 import warnings
 from pathlib import Path
 
-from ..files import cache_root, write_atomic
+from .. import settings
+from ..files import write_atomic
 
 MAGIC = b"NATIVELAB-NEFF-1\n"
-ENV = "NATIVELAB_CACHE_DIR"
+ENV = settings.CACHE_DIR.name
 
 
 def cache_dir() -> Path:
     """$NATIVELAB_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/neff, else ~/.cache/nativelab/neff."""
-    return cache_root(ENV, "neff")
+    return settings.CACHE_DIR.get()
 
 
 def entry_path(key: str) -> Path:

@@ -20,10 +20,10 @@ Eager device ops (and autocast, which reaches them) and compiled graphs share th
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from .. import settings
 from . import cpu_info
 
 # Rows (the smaller of M and N) from which upcasting pays, measured as in the module docstring.
@@ -37,12 +37,10 @@ OPS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::ba
 def min_rows() -> int | None:
     """Rows from which a bf16 product runs as an fp32 GEMM on this host; None: never (AMX).
     NATIVELAB_BF16_GEMM=bf16 keeps every product in bf16, =fp32 upcasts from 4 rows, =auto (default) decides."""
-    raw = os.environ.get("NATIVELAB_BF16_GEMM", "auto").strip().lower()
-    if raw not in ("", "auto", "bf16", "fp32"):
-        raise ValueError(f"NATIVELAB_BF16_GEMM={raw!r}: expected auto, bf16 or fp32")
-    if raw == "bf16":
+    choice = settings.BF16_GEMM.get()
+    if choice == "bf16":
         return None
-    if raw == "fp32" or not cpu_info.has_bf16_instructions():
+    if choice == "fp32" or not cpu_info.has_bf16_instructions():
         return _MIN_ROWS_NO_BF16
     return None if cpu_info.has_amx() else _MIN_ROWS_AVX512_BF16
 

@@ -28,6 +28,8 @@ import time
 
 import torch
 
+from .. import settings
+
 INTERVAL = 0.25  # seconds between looks at the machine's load
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -39,20 +41,6 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _mode() -> str | int:
-    """'auto' or a fixed thread count, from NATIVELAB_THREADS (validated: a bad value is an error)."""
-    raw = os.environ.get("NATIVELAB_THREADS", "auto").strip().lower()
-    if raw in ("", "auto"):
-        return "auto"
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"NATIVELAB_THREADS={raw!r}: expected 'auto' or a thread count") from None
-    if n < 1:
-        raise ValueError(f"NATIVELAB_THREADS={raw!r}: must be >= 1")
-    return n
 
 
 def cpu_sample() -> tuple[float, int, int] | None:
@@ -88,7 +76,7 @@ def target(most: int, others: float) -> int:
 
 def _init() -> str | int:
     if _state["mode"] is None:
-        mode = _state["mode"] = _mode()
+        mode = _state["mode"] = settings.THREADS.get()
         _state["most"] = mode if isinstance(mode, int) else min(_cores(), torch.get_num_threads())
     return _state["mode"]
 
@@ -137,6 +125,6 @@ def describe() -> str:
     """The CPU, the vector ISA PyTorch's kernels use on it, and the thread policy, for benchmark headers."""
     from . import cpu_info
 
-    mode = _mode()
+    mode = settings.THREADS.get()
     policy = f"{mode} threads" if isinstance(mode, int) else f"threads adapt to load (up to {_cores()})"
     return f"{cpu_info.describe()}; {policy}"

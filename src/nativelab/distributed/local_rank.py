@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from .. import settings
 from ..device.config import DEVICE_NAME
 
 
@@ -18,11 +19,10 @@ def bind_local_rank() -> torch.device:
         raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer") from None
     count = torch.neuron.device_count()
     if not 0 <= local_rank < count:
+        shape = ", ".join(f"{v.name}={v.raw() or 'unset'}" for v in (settings.NUM_CORES, settings.VIRTUAL_CORE_SIZE))
         raise RuntimeError(
             f"LOCAL_RANK={local_rank} needs neuron:{local_rank}, but this host has {count} logical NeuronCores "
-            f"(NEURON_RT_NUM_CORES={os.environ.get('NEURON_RT_NUM_CORES', 'unset')}, "
-            f"NEURON_RT_VIRTUAL_CORE_SIZE={os.environ.get('NEURON_RT_VIRTUAL_CORE_SIZE', 'unset')}): "
-            f"run at most {count} processes per node"
+            f"({shape}): run at most {count} processes per node"
         )
     torch.neuron.set_device(local_rank)
     return torch.device(DEVICE_NAME, local_rank)

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import inspect
 import itertools
-import os
 import sys
 import time
 import warnings
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .. import settings
 from ..compiler import metrics
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
@@ -180,7 +180,7 @@ class JitKernel:
             return _result(traced, self._simulate(sig, tensors), tensors, numpy_mode)
         if traced.launch is None:
             self._compile(sig, traced)
-            if os.environ.get("NATIVELAB_NKI_PROFILE", "0") not in ("", "0"):
+            if settings.NKI_PROFILE.get():
                 print(traced.estimate(self.name).summary(), file=sys.stderr)
         self.last_estimate = traced.estimate(self.name) if traced._estimate is not None else None
         outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]

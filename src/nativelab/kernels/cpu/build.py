@@ -8,13 +8,11 @@ runs then, and on a machine that cannot build C++ (one warning).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import warnings
 from pathlib import Path
 
-from ... import cpp_build
+from ... import cpp_build, settings
 from ...device import cpu_info
 
 CSRC = Path(__file__).parent / "csrc"
@@ -37,24 +35,13 @@ def enabled() -> bool:
     """On unless NATIVELAB_CPU_KERNELS=0. On a 2-core Xeon (AVX-512) the whole decode step took 2.1 ms with
     the hand-written kernel against 5.7 ms for the traced one (Inductor + oneDNN matrix-vector products),
     same process; `bench/lab2.py --traced-too` compares the two in the Lab 2 tier."""
-    raw = os.environ.get("NATIVELAB_CPU_KERNELS", "1").strip().lower()
-    if raw not in ("0", "1", ""):
-        raise ValueError(f"NATIVELAB_CPU_KERNELS={raw!r}: expected 0 or 1")
-    return raw != "0"
+    return settings.CPU_KERNELS.get()
 
 
-@contextlib.contextmanager
 def host_kernels(on: bool):
-    """NATIVELAB_CPU_KERNELS for the block (read at each kernel launch), restored after it."""
-    old = os.environ.get("NATIVELAB_CPU_KERNELS")
-    os.environ["NATIVELAB_CPU_KERNELS"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["NATIVELAB_CPU_KERNELS"]
-        else:
-            os.environ["NATIVELAB_CPU_KERNELS"] = old
+    """The hand-written kernels on or off for the block (a context manager), in this process: the setting's
+    override, restored after it. Child processes started inside it keep the environment's setting."""
+    return settings.CPU_KERNELS.set(on)
 
 
 @functools.cache

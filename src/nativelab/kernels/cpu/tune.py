@@ -25,17 +25,17 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...device import cpu_info, threads
-from ...files import cache_root, write_atomic
+from ... import settings
+from ...files import write_atomic
 
-ENV = "NATIVELAB_DECODE_CONFIG"
-CACHE_ENV = "NATIVELAB_TUNE_CACHE_DIR"
+ENV = settings.DECODE_CONFIG.name  # its text: parse()'s fields
+CACHE_ENV = settings.TUNE_CACHE_DIR.name
 HINTS = {"l1": 3, "l2": 2, "nta": 0}  # prefetcht0, prefetcht1, prefetchnta (csrc/decode.cpp: prefetch<HINT>)
 NOISE = 0.02  # candidates within 2% of the fastest count as equally fast: the earlier (the incumbent) wins
 PREFILL_TOKENS = 6  # the prompt length the prefill's tile is timed on (Lab 2's prompt)
@@ -114,8 +114,8 @@ def parse(text: str) -> DecodeConfig:
 
 def forced() -> DecodeConfig | None:
     """$NATIVELAB_DECODE_CONFIG's configuration, None when unset (measure instead)."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
+    raw = settings.DECODE_CONFIG.get()
+    if raw is None:
         return None
     try:
         return parse(raw)
@@ -215,7 +215,7 @@ def plan_measure(plan, max_tile_tokens: int, calls: int = 1) -> Callable[[Decode
 
 def cache_dir() -> Path:
     """$NATIVELAB_TUNE_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/tune, else ~/.cache/nativelab/tune."""
-    return cache_root(CACHE_ENV, "tune")
+    return settings.TUNE_CACHE_DIR.get()
 
 
 def cache_key(build: str, threads: int, dtype: str, shape: tuple) -> dict:
