@@ -13,6 +13,7 @@ import torch
 from nativelab import nki
 from nativelab.kernels import nki as nki_kernels
 from nativelab.kernels.ops import reference_rmsnorm
+from nativelab.kernels.ops.attention import reference_attention_cte, reference_attention_tkg
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.rope import reference_rope
 
@@ -62,6 +63,10 @@ CASES = {
             lambda dt: (torch.randn(2, 65, 200, dtype=dt), _weight(300, 200, dt), _weight(300, 200, dt),
                         _weight(200, 300, dt)),
             lambda x, g, u, d: (_rows(x), g, u, d), reference_mlp),
+    # grouped-query (4 heads on 2 kv heads), 200 positions: two query tiles, the second's keys past 128
+    "attention_cte": (nki_kernels.attention_cte, nki_kernels.attention_cte_kernel,
+                      lambda dt: tuple(torch.randn(2, h, 200, 16, dtype=dt) for h in (4, 2, 2)),
+                      lambda q, k, v: (q, k, v), reference_attention_cte),
 }
 
 
@@ -94,3 +99,45 @@ def test_op_eager_and_compiled(name, device, dtype):
     if device == "neuron":
         compiled = torch.compile(lambda *xs: op(*xs) + 1, backend="neuron")
         torch.testing.assert_close(compiled(*on).cpu(), expected.float() + 1, **TOL[dtype], check_dtype=False)
+
+
+def _decode(dtype, pos, cache_len=600):
+    """One decode token: 4 query heads on 2 kv heads, a cache over two 512-key PSUM banks (600 positions)."""
+    torch.manual_seed(0)
+    q, k_new, v_new = (torch.randn(2, h, 1, 32, dtype=dtype) for h in (4, 2, 2))
+    k_cache, v_cache = (torch.randn(2, 2, cache_len, 32, dtype=dtype) for _ in range(2))
+    return q, k_new, v_new, k_cache, v_cache, torch.tensor([pos])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pos", [0, 300, 599])
+def test_decode_attention_interpreted_equals_reference(dtype, pos):
+    """The kernel reads the cache's positions < pos (whatever is at pos and after is masked) and the new token."""
+    q, k_new, v_new, k_cache, v_cache, p = _decode(dtype, pos)
+    expected = reference_attention_tkg(q, k_new, v_new, k_cache.clone(), v_cache.clone(), p)
+    k_cache[:, :, pos:] = float("nan")  # never read: the mask is a select, not a multiply
+    v_cache[:, :, pos:] = 1e4
+    got = nki.simulate(nki_kernels.attention_tkg_kernel)(q, k_new, v_new, k_cache, v_cache, p.float())
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_op_eager_and_compiled_on_neuron(dtype):
+    """The op's result and its effect: the output, and k_new / v_new written into the caches at pos."""
+    args = _decode(dtype, 300)
+    ref_caches = [args[3].clone(), args[4].clone()]
+    expected = reference_attention_tkg(*args[:3], *ref_caches, args[5])
+    for run in (nki_kernels.attention_tkg, torch.compile(nki_kernels.attention_tkg, backend="neuron")):
+        on = [a.to("neuron") for a in args]
+        got = run(*on)
+        torch.testing.assert_close(got.cpu(), expected, **TOL[dtype])
+        torch.testing.assert_close(on[3].cpu(), ref_caches[0], rtol=0, atol=0)
+        torch.testing.assert_close(on[4].cpu(), ref_caches[1], rtol=0, atol=0)
+
+
+def test_decode_attention_takes_one_token():
+    q, k_new, v_new, k_cache, v_cache, p = _decode(torch.float32, 3, cache_len=8)
+    with pytest.raises(ValueError, match="one query token per step"):
+        nki_kernels.attention_tkg(q.expand(2, 4, 2, 32), k_new.expand(2, 2, 2, 32), v_new.expand(2, 2, 2, 32),
+                                  k_cache, v_cache, torch.tensor([3, 4]))

@@ -4,11 +4,13 @@ kernels/ops. The PyTorch kernels there stay the fast CPU path; these are the one
 hardware's limits, and estimate on Trainium2 (`kernel.estimate(*args)`)."""
 
 from .add import add, add_kernel
+from .attention import attention_cte, attention_cte_kernel, attention_tkg, attention_tkg_kernel
 from .matmul import matmul, matmul_kernel
 from .mlp import mlp, mlp_kernel
 from .rmsnorm import rmsnorm, rmsnorm_kernel
 from .rope import rope, rope_kernel
 from .softmax import reference_softmax, softmax, softmax_kernel
 
-__all__ = ["add", "add_kernel", "matmul", "matmul_kernel", "mlp", "mlp_kernel", "rmsnorm", "rmsnorm_kernel",
+__all__ = ["add", "add_kernel", "attention_cte", "attention_cte_kernel", "attention_tkg",
+           "attention_tkg_kernel", "matmul", "matmul_kernel", "mlp", "mlp_kernel", "rmsnorm", "rmsnorm_kernel",
            "rope", "rope_kernel", "softmax", "softmax_kernel", "reference_softmax"]

@@ -16,30 +16,17 @@ from ...nki import jit
 from ...nki import language as nl
 from ..interface import nki_op, wrap_nki
 from ..ops.mlp import _check as check_mlp  # the same argument checks as the PyTorch kernel's
-
-
-def _tiles(size: int, step: int):
-    """(index, start, length) of each tile of `size` in steps of `step` (the last one may be partial)."""
-    return [(i, i * step, min(size, i * step + step) - i * step) for i in range((size + step - 1) // step)]
-
-
-def load_transposed(w, p):
-    """w [rows, cols] (HBM) -> SBUF [p, col tiles, rows]: w.T with its rows (cols of w) in 128-partition tiles."""
-    rows, cols = w.shape
-    t = nl.ndarray((p, (cols + p - 1) // p, rows), dtype=w.dtype, buffer=nl.sbuf)
-    for k, k0, nk in _tiles(cols, p):
-        nisa.dma_transpose(dst=t[0:nk, k, :], src=w[:, k0:k0 + nk])
-    return t
+from .tiles import load_transposed, tiles
 
 
 def swiglu_transposed(xt, g_t, u_t, dim, inter, n, dtype, p):
     """act.T [p, intermediate tiles, n] = (silu(x @ gate.T) * (x @ up.T)).T from x.T [p, hidden tiles, n],
     each product rounded to dtype as the reference rounds it (projections, silu, product)."""
     act = nl.ndarray((p, (inter + p - 1) // p, n), dtype=dtype, buffer=nl.sbuf)
-    for i, i0, ni in _tiles(inter, p):
+    for i, i0, ni in tiles(inter, p):
         a_ps = nl.ndarray((ni, n), dtype=nl.float32, buffer=nl.psum)
         b_ps = nl.ndarray((ni, n), dtype=nl.float32, buffer=nl.psum)
-        for k, _, nk in _tiles(dim, p):
+        for k, _, nk in tiles(dim, p):
             nisa.nc_matmul(dst=a_ps, stationary=g_t[0:nk, k, i0:i0 + ni], moving=xt[0:nk, k, :])
             nisa.nc_matmul(dst=b_ps, stationary=u_t[0:nk, k, i0:i0 + ni], moving=xt[0:nk, k, :])
         a = nl.ndarray((ni, n), dtype=dtype, buffer=nl.sbuf)
@@ -53,9 +40,9 @@ def swiglu_transposed(xt, g_t, u_t, dim, inter, n, dtype, p):
 
 def down_projection(out_rows, act, d_t, dim, inter, n, dtype, p, residual=None):
     """out_rows [n, dim] (HBM) = act @ down.T (+ residual [n, dim] in SBUF), from act.T and down.T's tiles."""
-    for c, c0, nc in _tiles(dim, nl.tile_size.gemm_moving_fmax):
+    for c, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):
         o_ps = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.psum)
-        for i, _, ni in _tiles(inter, p):
+        for i, _, ni in tiles(inter, p):
             nisa.nc_matmul(dst=o_ps, stationary=act[0:ni, i, :], moving=d_t[0:ni, i, c0:c0 + nc])
         y = nl.ndarray((n, nc), dtype=dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=y, src=o_ps)
@@ -72,9 +59,9 @@ def mlp_kernel(x, gate_w, up_w, down_w):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     g_t, u_t = load_transposed(gate_w, p), load_transposed(up_w, p)  # [hidden on partitions, inter]
     d_t = load_transposed(down_w, p)  # [inter on partitions, hidden]
-    for _, r0, n in _tiles(rows, p):
+    for _, r0, n in tiles(rows, p):
         xt = nl.ndarray((p, (dim + p - 1) // p, n), dtype=x.dtype, buffer=nl.sbuf)
-        for k, k0, nk in _tiles(dim, p):
+        for k, k0, nk in tiles(dim, p):
             nisa.dma_transpose(dst=xt[0:nk, k, :], src=x[r0:r0 + n, k0:k0 + nk])
         act = swiglu_transposed(xt, g_t, u_t, dim, inter, n, x.dtype, p)
         down_projection(out[r0:r0 + n, :], act, d_t, dim, inter, n, x.dtype, p)

@@ -1,0 +1,217 @@
+"""Attention in NKI, grouped-query aware: q (B, H, T, D), k / v (B, Hkv, T, D), each kv head serving H / Hkv
+query heads.
+
+Prefill (`attention_cte`, causal over the prompt): per head and 128-query tile, scores = q @ k.T over the keys
+up to the tile's last query (K.T kept in SBUF per kv head, 512 keys per PSUM bank), the causal mask by one
+GpSimd affine_select, softmax along the free dimension, then probs @ V with the keys on partitions: each
+128-key block of probs is transposed on the Tensor Engine and summed into one PSUM tile.
+
+Decode (`attention_tkg`, one query token against the static KV cache): the cache holds positions < pos and
+the kernel reads all of it (static shapes: the length is data, not a shape), masked by iota < pos, plus the
+new token's key and value as one more column; it never writes the cache (the op does, after), so the same
+kernel serves a layer that computes k_new in SBUF. The group's query heads share the partitions.
+
+Both round where the PyTorch reference rounds: the scores to q's dtype, softmax in fp32, probs to q's dtype,
+the output once from the PSUM accumulation."""
+
+from __future__ import annotations
+
+import torch
+
+from ...nki import isa as nisa
+from ...nki import jit
+from ...nki import language as nl
+from ..interface import nki_op, wrap_nki
+from ..ops._checks import check_dim, check_rank, check_same
+from ..ops.attention import _check_qkv as check_qkv  # the same argument checks as the PyTorch kernels'
+from .tiles import tiles
+
+
+def softmax_rows(scores, neg_max, extra=None):
+    """exp(scores + neg_max) / row sum (fp32, [n, m], rows on partitions), with `extra` ([n, 1] fp32, or
+    None) one more column of the same rows: returns (e, its row reciprocal sums, exp of extra or None)."""
+    n, m = scores.shape
+    e = nl.ndarray((n, m), dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e, op=nl.exp, data=scores, bias=neg_max, reduce_op=nl.add, reduce_res=total)
+    e_extra = None
+    if extra is not None:
+        e_extra = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e_extra, op=nl.exp, data=extra, bias=neg_max)
+        nisa.tensor_tensor(dst=total, data1=total, data2=e_extra, op=nl.add)
+    inv = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=inv, data=total)
+    return e, inv, e_extra
+
+
+def probs_times_v(o_ps, probs, v_tiles, dtype, p):
+    """o_ps [n, D] (PSUM) += probs [n, m] @ V, V's m rows in 128-row tiles v_tiles [p, tiles, D]: each block of
+    probs transposed on the Tensor Engine (keys onto partitions), then the stationary operand."""
+    n, m = probs.shape
+    for s, s0, ns in tiles(m, p):
+        pt_ps = nl.ndarray((ns, n), dtype=dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=pt_ps, data=probs[:, s0:s0 + ns])
+        pt = nl.ndarray((ns, n), dtype=dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=pt, src=pt_ps)
+        nisa.nc_matmul(dst=o_ps, stationary=pt, moving=v_tiles[0:ns, s, :])
+
+
+def scores_into(scores, q_t, k_t, m):
+    """scores [n, m] (q's dtype, SBUF) = q @ k.T from q.T [D, n] and K.T [D, >= m], 512 keys per matmul."""
+    n = scores.shape[0]
+    for _, c0, nc in tiles(m, nl.tile_size.gemm_moving_fmax):
+        s_ps = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=s_ps, stationary=q_t, moving=k_t[:, c0:c0 + nc])
+        nisa.tensor_copy(dst=scores[:, c0:c0 + nc], src=s_ps)
+
+
+def load_keys_values(k, v, p):
+    """K.T [D, S] and V in 128-row tiles [p, tiles, D] of one kv head's k / v [S, D] (HBM)."""
+    s, d = k.shape
+    k_t = nl.ndarray((d, s), dtype=k.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=k_t, src=k)
+    v_tiles = nl.ndarray((p, (s + p - 1) // p, d), dtype=v.dtype, buffer=nl.sbuf)
+    for i, s0, ns in tiles(s, p):
+        nisa.dma_copy(dst=v_tiles[0:ns, i, :], src=v[s0:s0 + ns, :])
+    return k_t, v_tiles
+
+
+@jit
+def attention_cte_kernel(q, k, v):
+    b_size, heads, t, d = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    p = nl.tile_size.pmax
+    scale = d ** -0.5
+    out = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
+    for b in nl.affine_range(b_size):
+        for j in nl.affine_range(kv_heads):
+            k_t, v_tiles = load_keys_values(k[b, j, :, :], v[b, j, :, :], p)
+            for h in nl.affine_range(j * group, j * group + group):
+                for _, t0, nq in tiles(t, p):
+                    m = t0 + nq  # keys 0 .. the tile's last query (causal: later keys get no weight)
+                    q_t = nl.ndarray((d, nq), dtype=q.dtype, buffer=nl.sbuf)
+                    nisa.dma_transpose(dst=q_t, src=q[b, h, t0:t0 + nq, :])
+                    scores = nl.ndarray((nq, m), dtype=q.dtype, buffer=nl.sbuf)
+                    scores_into(scores, q_t, k_t, m)
+                    scaled = nl.ndarray((nq, m), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_scalar(dst=scaled, data=scores, op0=nl.multiply, operand0=scale)
+                    # query t0 + row attends to key col where t0 + row - col >= 0
+                    nisa.affine_select(dst=scaled, pattern=[[-1, m]], offset=t0, channel_multiplier=1,
+                                       on_true_tile=scaled, on_false_value=-float("inf"), cmp_op=nl.greater_equal)
+                    neg_max = nl.ndarray((nq, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_reduce(dst=neg_max, op=nl.max, data=scaled, axis=1, negate=True, keepdims=True)
+                    e, inv, _ = softmax_rows(scaled, neg_max)
+                    probs = nl.ndarray((nq, m), dtype=q.dtype, buffer=nl.sbuf)
+                    nisa.tensor_scalar(dst=probs, data=e, op0=nl.multiply, operand0=inv)
+                    o_ps = nl.ndarray((nq, d), dtype=nl.float32, buffer=nl.psum)
+                    probs_times_v(o_ps, probs, v_tiles, q.dtype, p)
+                    o = nl.ndarray((nq, d), dtype=q.dtype, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=o, src=o_ps)
+                    nisa.dma_copy(dst=out[b, h, t0:t0 + nq, :], src=o)
+    return out
+
+
+def decode_one_group(o, q_t, k_new_t, v_new, k_t, v_tiles, before_pos, scale, dtype, p):
+    """o [g, D] (SBUF, dtype) = attention of g query heads (q.T [D, g]) over the cache's positions < pos
+    (K.T [D, S], V tiles, before_pos [g, S] = 1.0 where position < pos) and the new token (k_new.T [D, 1],
+    v_new [1, D])."""
+    g = q_t.shape[1]
+    s = k_t.shape[1]
+    scores = nl.ndarray((g, s), dtype=dtype, buffer=nl.sbuf)
+    scores_into(scores, q_t, k_t, s)
+    new_ps = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=new_ps, stationary=q_t, moving=k_new_t)
+    new = nl.ndarray((g, 1), dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=new, src=new_ps)
+    new_scaled = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=new_scaled, data=new, op0=nl.multiply, operand0=scale)
+    scaled = nl.ndarray((g, s), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=scaled, data=scores, op0=nl.multiply, operand0=scale)
+    row_max = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.select_reduce(dst=scaled, predicate=before_pos, on_true=scaled, on_false=-float("inf"),
+                       reduce_res=row_max, reduce_op=nl.maximum)
+    neg_max = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=neg_max, data1=row_max, data2=new_scaled, op=nl.maximum)
+    nisa.tensor_scalar(dst=neg_max, data=neg_max, op0=nl.multiply, operand0=-1.0)
+    e, inv, e_new = softmax_rows(scaled, neg_max, new_scaled)
+    probs = nl.ndarray((g, s), dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=probs, data=e, op0=nl.multiply, operand0=inv)
+    p_new = nl.ndarray((g, 1), dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=p_new, data=e_new, op0=nl.multiply, operand0=inv)
+    o_ps = nl.ndarray((g, v_new.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    probs_times_v(o_ps, probs, v_tiles, dtype, p)
+    probs_times_v(o_ps, p_new, v_new.reshape((1, 1, v_new.shape[1])), dtype, p)
+    nisa.tensor_copy(dst=o, src=o_ps)
+    return o
+
+
+def positions_before(pos, g, s):
+    """[g, S] fp32: 1.0 where the cache position (the free index) < pos (a [1] fp32 HBM tensor), else 0."""
+    pos_t = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=pos_t, src=pos.ap(pattern=[[0, g], [1, 1]]))  # the position on every partition
+    before = nl.ndarray((g, s), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.iota(dst=before, pattern=[[1, s]])
+    nisa.tensor_scalar(dst=before, data=before, op0=nl.less, operand0=pos_t)
+    return before
+
+
+@jit
+def attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos):
+    b_size, heads, _, d = q.shape
+    kv_heads, s = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    p = nl.tile_size.pmax
+    out = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
+    before = positions_before(pos, group, s)
+    for b in nl.affine_range(b_size):
+        for j in nl.affine_range(kv_heads):
+            h0 = j * group
+            k_t, v_tiles = load_keys_values(k_cache[b, j, :, :], v_cache[b, j, :, :], p)
+            q_t = nl.ndarray((d, group), dtype=q.dtype, buffer=nl.sbuf)
+            nisa.dma_transpose(dst=q_t, src=q[b, h0:h0 + group, 0, :])
+            k_new_t = nl.ndarray((d, 1), dtype=k_new.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=k_new_t, src=k_new[b, j, :, :])  # one row: its transpose is a reshape
+            v_row = nl.ndarray((1, d), dtype=v_new.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=v_row, src=v_new[b, j, :, :])
+            o = nl.ndarray((group, d), dtype=q.dtype, buffer=nl.sbuf)
+            decode_one_group(o, q_t, k_new_t, v_row, k_t, v_tiles, before, d ** -0.5, q.dtype, p)
+            nisa.dma_copy(dst=out[b, h0:h0 + group, 0, :], src=o)
+    return out
+
+
+_attention_cte = wrap_nki(attention_cte_kernel)
+_attention_tkg = wrap_nki(attention_tkg_kernel)
+
+
+@nki_op("nativelab::nki_attention_cte", mutates_args=())
+def attention_cte(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    check_qkv(q, k, v)
+    check_dim("k", k, 2, q.shape[2], "q's sequence length")
+    check_dim("v", v, 2, q.shape[2], "q's sequence length")
+    check_same("q, k, v", q, k, v)
+    return _attention_cte(q.contiguous(), k.contiguous(), v.contiguous())
+
+
+@nki_op("nativelab::nki_attention_tkg", mutates_args=("k_cache", "v_cache"))
+def attention_tkg(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """One decode token: attend from q over the cache's positions < pos and the new token, then write k_new /
+    v_new into the caches at pos (reference_attention_tkg's result and effect)."""
+    check_qkv(q, k_new, v_new)
+    if q.shape[2] != 1:
+        raise ValueError(f"nki_attention_tkg: one query token per step (decode), got q of shape {tuple(q.shape)}; "
+                         f"a prompt runs attention_cte")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_rank(name, c, 4)
+        check_dim(name, c, 0, q.shape[0], "q's batch")
+        check_dim(name, c, 1, k_new.shape[1], "k_new's kv heads")
+        check_dim(name, c, 3, q.shape[3], "q's head_dim")
+    if pos.shape != (1,):
+        raise ValueError(f"pos: expected shape (1,) (the new token's position), got {tuple(pos.shape)}")
+    check_same("q, k_new, v_new, k_cache, v_cache", q, k_new, v_new, k_cache, v_cache)
+    out = _attention_tkg(q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
+                         pos.to(torch.float32))
+    k_cache.index_copy_(2, pos, k_new)
+    v_cache.index_copy_(2, pos, v_new)
+    return out

@@ -1,0 +1,23 @@
+"""What the library's NKI kernels share: tiling a size into the hardware's tile sizes, and loading a weight
+transposed (its contraction dimension onto the partitions, where the Tensor Engine contracts)."""
+
+from __future__ import annotations
+
+from ...nki import isa as nisa
+from ...nki import language as nl
+
+
+def tiles(size: int, step: int):
+    """(index, start, length) of each tile of `size` in steps of `step` (the last may be partial), as an
+    nl.affine_range loop: the tiles a body allocates are live for its iteration only."""
+    for i in nl.affine_range((size + step - 1) // step):
+        yield i, i * step, min(size, i * step + step) - i * step
+
+
+def load_transposed(w, p):
+    """w [rows, cols] (HBM) -> SBUF [p, col tiles, rows]: w.T, its rows (w's columns) in 128-partition tiles."""
+    rows, cols = w.shape
+    t = nl.ndarray((p, (cols + p - 1) // p, rows), dtype=w.dtype, buffer=nl.sbuf)
+    for k, k0, nk in tiles(cols, p):
+        nisa.dma_transpose(dst=t[0:nk, k, :], src=w[:, k0:k0 + nk])
+    return t
