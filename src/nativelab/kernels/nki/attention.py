@@ -23,7 +23,8 @@ from ...nki import jit
 from ...nki import language as nl
 from ..interface import nki_op, wrap_nki
 from ..ops._checks import check_dim, check_rank, check_same
-from ..ops.attention import _check_qkv as check_qkv  # the same argument checks as the PyTorch kernels'
+from ..ops.attention import _check_cte as check_cte  # the same argument checks as the PyTorch kernels'
+from ..ops.attention import _check_qkv as check_qkv
 from .tiles import tiles
 
 
@@ -186,10 +187,7 @@ _attention_tkg = wrap_nki(attention_tkg_kernel)
 
 @nki_op("nativelab::nki_attention_cte", mutates_args=())
 def attention_cte(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    check_qkv(q, k, v)
-    check_dim("k", k, 2, q.shape[2], "q's sequence length")
-    check_dim("v", v, 2, q.shape[2], "q's sequence length")
-    check_same("q, k, v", q, k, v)
+    check_cte(q, k, v)
     return _attention_cte(q.contiguous(), k.contiguous(), v.contiguous())
 
 

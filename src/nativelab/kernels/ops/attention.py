@@ -58,12 +58,16 @@ def _check_qkv(q, k, v):
     check_dim("v", v, 1, k.shape[1], "k's kv heads")
 
 
-@kernel_op("nativelab::attention_cte", mutates_args=())
-def attention_cte(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _check_cte(q, k, v):
     _check_qkv(q, k, v)
     check_dim("k", k, 2, q.shape[2], "q's sequence length")
     check_dim("v", v, 2, q.shape[2], "q's sequence length")
     check_same("q, k, v", q, k, v)
+
+
+@kernel_op("nativelab::attention_cte", mutates_args=())
+def attention_cte(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    _check_cte(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     attention_cte_kernel(q, k, v, out)
     return out
