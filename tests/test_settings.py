@@ -140,6 +140,25 @@ def test_torchrun_workers_read_the_environment(tmp_path):
     assert lines == ["worker NEURON_RT_NUM_CORES=3 memory=1.5 kernels=False threads=1"] * 2, r.stdout
 
 
+
+@pytest.mark.slow
+def test_inductor_compile_workers_read_the_environment_not_the_mode(monkeypatch):
+    """torch.compile's parallel compile runs in a pool of worker processes started once and kept (Inductor's
+    SubprocPool): one started inside a mode used to keep the mode for the rest of the program."""
+    from torch._inductor.compile_worker.subproc_pool import SubprocPool
+
+    for env, want in ((None, True), ("0", False)):
+        if env is None:
+            monkeypatch.delenv("NATIVELAB_CPU_KERNELS", raising=False)
+        else:
+            monkeypatch.setenv("NATIVELAB_CPU_KERNELS", env)
+        with build.host_kernels(False):
+            pool = SubprocPool(1)
+            try:
+                assert pool.submit(build.enabled).result(timeout=120) is want  # read in the worker
+            finally:
+                pool.shutdown()
+
 def test_readme_lists_every_variable():
     """README.md's settings table is settings.table(): every variable, its values, default and when it is read."""
     readme = (ROOT / "README.md").read_text()
