@@ -95,12 +95,12 @@ def measure(fn, n: int, repeats: int, with_sync: bool = True) -> dict[str, list[
     results = {"cpu": [], "neuron (async)": []} | ({"neuron (sync)": []} if with_sync else {})
     for _ in range(repeats):  # interleaved, so machine noise hits every variant alike
         results["cpu"].append(fn("cpu", n))
-        queue.sync_mode = False
+        queue.set_sync_mode(False)
         results["neuron (async)"].append(fn("neuron", n))
         if with_sync:
-            queue.sync_mode = True
+            queue.set_sync_mode(True)
             results["neuron (sync)"].append(fn("neuron", n))
-            queue.sync_mode = False
+            queue.set_sync_mode(False)
     return results
 
 

@@ -135,15 +135,14 @@ def test_a_watching_tool_turns_the_cpp_path_off():
     x = torch.randn(4, 4, device=DEV)
     seen = []
 
-    def hook(op, args, kwargs, run):
-        seen.append(str(op))
-        return run()
+    class Hook(observe.Observer):
+        def dispatch(self, op, args, kwargs, run):
+            seen.append(str(op))
+            return run()
 
-    observe.dispatch = hook
-    try:
+    with observe.watching(Hook()):
         y = x * 3
-    finally:
-        observe.dispatch = None
+    assert observe.dispatch is None
     assert "aten.mul.Tensor" in seen
     torch.testing.assert_close(y.cpu(), x.cpu() * 3)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import nativelab
-from nativelab.device import queue
+from nativelab.device import observe, queue
 from nativelab.kernels import wrap_kernel
 from nativelab.models.llama import Generator, Llama, Sampling
 from nativelab.profile import Session, plots, report, trace
@@ -42,7 +42,7 @@ def test_eager_elementwise_traffic_is_inputs_read_and_outputs_written():
     assert (ops["aten::mul.Tensor"]["read"], ops["aten::mul.Tensor"]["written"]) == (16 * F32, 16 * F32)
     assert s.traffic() == (8 * 16 * F32, 5 * 16 * F32)
     torch.testing.assert_close(d.cpu(), ((a.cpu() + b.cpu()) + a.cpu()) * 2)
-    assert queue.observer is None  # off again: zero cost outside a session
+    assert not observe.watched() and observe.run is None  # off again: zero cost outside a session
 
 
 def test_hand_written_host_kernels_are_counted_as_kernels():
@@ -207,14 +207,49 @@ def test_graph_breaks_and_recompiles_from_dynamo():
     assert s.seconds_by_category()["compile"] > 0
 
 
-def test_sessions_do_not_nest_and_always_detach():
-    with Session():
-        with pytest.raises(RuntimeError, match="already active"):
-            Session().__enter__()
+def _work(a, b):
+    """Queued ops, a host -> device copy, a CPU fallback and a device -> host read."""
+    c = a * b + 1
+    d = torch.arange(16.0).reshape(4, 4).to("neuron")
+    idx = (c + d).argmax(-1)  # a CPU fallback
+    return idx, (c + d).sum().item()
+
+
+def _recorded(s: Session) -> dict:
+    """What a session saw, without its times."""
+    return {
+        "ops": {n: (st.kind, st.category, st.calls, st.read, st.written, st.to_host, st.to_device)
+                for n, st in s.ops.items()},
+        "transfers": dict(s.transfers), "transfer_calls": dict(s.transfer_calls), "fallbacks": s.fallback_ops(),
+    }
+
+
+def test_nested_sessions_both_see_every_event():
+    a, b = torch.randn(4, 4, device="neuron"), torch.randn(4, 4, device="neuron")
+    _work(a, b)  # first calls of each signature (they run through Python once, alone or not)
+    with Session("alone") as alone:
+        _work(a, b)
+    with Session("outer") as outer:
+        with Session("inner") as inner:
+            assert observe.observers() == (outer, inner)
+            _work(a, b)
+        assert observe.observers() == (outer,)
+    assert _recorded(inner) == _recorded(outer) == _recorded(alone)
+    assert alone.fallback_ops() == ["aten::argmax.out"] and alone.transfer_calls["device_to_host"] == 2
+    assert alone.ops["aten::mul.Tensor"].calls == 1
+
+
+def test_sessions_always_detach():
     with pytest.raises(ValueError):
         with Session():
             raise ValueError("boom")
-    assert queue.observer is None
+    assert not observe.watched()
+    with Session() as outer:
+        with pytest.raises(ValueError):
+            with Session():
+                raise ValueError("boom")
+        assert observe.observers() == (outer,)
+    assert not observe.watched()
 
 
 def _tiny_generator(tier: str, greedy: bool, compile: bool = False) -> Generator:

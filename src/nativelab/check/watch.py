@@ -2,9 +2,11 @@
 compiles), plus the user's source line of each event, the values of int64 casts and integer fp32 arithmetic,
 peak memory with the tensors alive at the peak, compiled shapes and torch.compile options.
 
-It hooks the device at three named points (`nativelab.device.observe`: each op at dispatch, each allocation,
-the source line of a compiled fallback node), the graph compiler at one (`compiler.metrics.graph_observer`),
-the optimizer's global step hook (steps) and `torch.compile` (options), all removed when the check ends.
+It is one of the device's observers (`nativelab.device.observe`), as the session it extends is, and watches every
+event: each op at dispatch, each allocation, each kernel run, collective and compiled graph, besides the
+session's queued work, host ops and transfers. It also hooks the optimizer's global step hook (steps) and wraps
+`torch.compile` (options) and a few device-choosing calls, all undone when the check ends (innermost first, so
+checks and profiling sessions nest).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import weakref
 import torch
 from torch.optim import optimizer as _optimizer
 
-from ..compiler import metrics as _compile_metrics
 from ..device import memory as _memory
 from ..device import observe as _observe
 from ..device import ops as _ops
@@ -140,11 +141,6 @@ class Watch(Session):
             s = _memory.stats(i)
             self.base_allocated[i] = self.peak[i] = self._last_snapshot[i] = s.allocated
             self.capacity[i] = s.capacity
-        _observe.dispatch = self._dispatch
-        _observe.alloc = self._alloc
-        _observe.kernel_run = self._kernel_run
-        _observe.collective = self._collective
-        _compile_metrics.graph_observer = self._graph
         self._step_hook = _optimizer.register_optimizer_step_post_hook(self._optimizer_step)
         self._real_compile = torch.compile
         torch.compile = self._compile_wrapper = _wrap_compile(self._real_compile, self.compile_calls)
@@ -162,12 +158,8 @@ class Watch(Session):
         try:
             super().__exit__(*exc)
         finally:
-            _observe.dispatch = None
-            _observe.alloc = None
-            _observe.kernel_run = None
-            _observe.collective = None
-            _observe.compiled_source = None
-            _compile_metrics.graph_observer = None
+            if _observe.dispatch is None:  # nobody else watches compiled fallback nodes
+                _observe.compiled_source = None
             self._step_hook.remove()
             if torch.compile is self._compile_wrapper:
                 torch.compile = self._real_compile
@@ -242,9 +234,9 @@ class Watch(Session):
         ev.seconds += seconds
         ev.to_host += nbytes
 
-    # -- device hooks ---------------------------------------------------------------------------------------
+    # -- the device's other events ---------------------------------------------------------------------------
 
-    def _dispatch(self, op, args, kwargs, run):
+    def dispatch(self, op, args, kwargs, run):
         info = self._op_info.get(op)
         if info is None:
             rec = _ops.record_for(op)
@@ -394,7 +386,7 @@ class Watch(Session):
         ev.max_value = max(ev.max_value, abs(int(h.max())), abs(int(h.min())))
         ev.dtypes.add(str(out.dtype).replace("torch.", ""))
 
-    def _alloc(self, block) -> None:
+    def alloc(self, block) -> None:
         self.allocations += 1
         i = block.index
         if block.nbytes >= self.alloc_threshold:
@@ -409,16 +401,16 @@ class Watch(Session):
                               key=lambda x: -x[0])[: self.top_tensors]
                 self.peak_snapshot[i] = Snapshot(allocated, live)
 
-    def _collective(self, kind, tensors, world) -> None:
+    def collective(self, kind, tensors, world) -> None:
         c = self.collective_sites[(kind, user_site())]
         c.calls += 1
         c.bytes += max((sum(t.numel() * t.element_size() for t in _tensors([a])) for a in tensors), default=0)
         c.world = max(c.world, world)
 
-    def _kernel_run(self, name, gm) -> None:
+    def kernel_run(self, name, gm) -> None:
         self.kernel_runs[gm] = self.kernel_runs.get(gm, 0) + 1
 
-    def _graph(self, kind, shapes) -> None:
+    def graph(self, kind, shapes) -> None:
         def_site, call = compiled_call_sites()
         site = def_site or call  # shapes are counted per compiled function
         seen = self.compiled_shapes[site]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from ..device import observe
+
 log = logging.getLogger("nativelab.compiler")
 
 
@@ -26,13 +28,10 @@ class CompileStats:
 
 _stats = CompileStats()
 
-# A tool watching compilation (nativelab.check): observer(kind, input shapes) for every static graph the
-# backend is handed, and for each new concrete shape of a symbolic one (each is a compile on the real device).
-graph_observer = None
-
-
 def note_graph(kind: str, inputs) -> None:
-    obs = graph_observer
+    """A graph the backend is handed (static), or a new concrete shape of a symbolic one: each is a compile on the
+    real device, told to the device's observers (nativelab.check counts them)."""
+    obs = observe.graph
     if obs is not None:
         obs(kind, tuple(tuple(x.shape) for x in inputs if hasattr(x, "shape")))
 

@@ -61,7 +61,7 @@ def register() -> bool:
     cfg = config.load()
     crash_report.install(runtime.load())  # a crash from here on names the device work it happened in
     guard.init(cfg.num_cores)
-    queue.sync_mode = cfg.sync
+    queue.set_sync_mode(cfg.sync)
     runtime_ops.quiet = cfg.quiet
     ops.dtype_policy = cfg.dtype_policy
     tracking.strict = cfg.strict

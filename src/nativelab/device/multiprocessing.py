@@ -74,15 +74,16 @@ def _wrap(reduce):
     return reduce_checked
 
 
-def _refuse_in_forked_child(op, args, kwargs, run):
-    raise RuntimeError(FORK_ERROR)
+class _RefuseInForkedChild(observe.Observer):
+    def dispatch(self, op, args, kwargs, run):
+        raise RuntimeError(FORK_ERROR)
 
 
 def _after_fork_in_child() -> None:
     global _bad_fork
     if rng.is_initialized():
         _bad_fork = True
-        observe.dispatch = _refuse_in_forked_child  # every op reaching the device (a watching tool's hook too)
+        observe.push(_RefuseInForkedChild())  # every op reaching the device (before a watching tool's hook too)
 
 
 def install() -> None:

@@ -703,8 +703,8 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
     elif rec.int64_args:
         _widen_indices(rec, hargs)
     call = _call_narrowed if narrowed and rec.mutable else _call
-    obs = queue.observer  # the profiler times the host run and counts the bytes moved
-    run = call if obs is None else (lambda *a: obs.host_op(name, fallback, call, a, args))
+    obs = observe.host_op  # the profiler times the host run and counts the bytes moved
+    run = call if obs is None else (lambda *a: obs(name, fallback, call, a, args))
     try:
         with rng.default_generator_drawn_from(index) if rec.random and rec.gen_pos is None else _no_context:
             # A CPU fallback is host work; a device op that had to run at once (its outputs unknown until it
@@ -980,11 +980,8 @@ def fast_spec(op, *args):
 
 
 def _refresh_fast_path() -> None:
-    """The C++ path is off while anything watches op by op (a profiler, nativelab check) or in sync mode."""
-    _rt.set_fast(
-        fast_path and not queue.sync_mode and queue.observer is None and observe.dispatch is None
-        and observe.alloc is None
-    )
+    """The C++ path is off while anything watches the device (a profiler, nativelab check) or in sync mode."""
+    _rt.set_fast(fast_path and not queue.sync_mode and not observe.watched())
 
 
 def install(rt, enabled: bool = True) -> None:

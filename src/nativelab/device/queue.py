@@ -20,14 +20,13 @@ from . import observe, threads
 from ._private import no_python_modes as _no_python_modes
 
 _MAX_PENDING = 256  # bounded: a deep queue keeps many buffers alive and runs out of cache (measured 2x slower at 4096)
-sync_mode = False  # NATIVELAB_SYNC=1
+sync_mode = False  # NATIVELAB_SYNC=1 (set with set_sync_mode)
 drains = 0  # host-device synchronisations that found work queued, for the profiler
-# The profiler (nativelab.profile) while a session is active, else None: it runs each unit itself, as
-# observer.run(kind, name, fn, args) (timing it, counting its bytes). Checked once per unit, so profiling costs
-# nothing when off. (torch.profiler needs none: the C++ queue times the work itself during a trace.)
-observer = None
+# Each unit runs through `observe.run` while an observer watches (a nativelab.profile session times it and counts
+# its bytes), else by itself: the C++ queue tests one pointer per unit. (torch.profiler needs no observer: the C++
+# queue times the work itself during a trace.)
 _rt = None  # the runtime (bind)
-_listeners: list = []  # called when sync_mode or observer changes (the C++ fast path turns off for either)
+_listeners: list = []  # called when sync_mode changes (the C++ fast path turns off in sync mode)
 
 
 class DeviceError(RuntimeError):
@@ -37,6 +36,14 @@ class DeviceError(RuntimeError):
 def bind(rt) -> None:
     global _rt
     _rt = rt
+
+
+def set_sync_mode(on: bool) -> None:
+    """NATIVELAB_SYNC=1: each unit runs at its launch."""
+    global sync_mode
+    sync_mode = bool(on)
+    for fn in _listeners:
+        fn()
 
 
 # What a unit of device work is: an eager ATen op, a copy, a compiled graph, a kernel, a collective, or an
@@ -55,7 +62,7 @@ def launch(kind: str, name: str, fn, *args) -> None:
         drain()
         with threads.team():
             try:
-                _rt.run_now(kind, name, fn, args, observer)
+                _rt.run_now(kind, name, fn, args, observe.run)
             except Exception as e:
                 raise DeviceError(f"neuron: queued op {name} failed: {type(e).__name__}: {e}") from e
         return
@@ -69,7 +76,7 @@ def run_now(kind: str, name: str, fn, *args, observed: bool = True):
     False: by torch.profiler only, for a caller that reports it to the session itself)."""
     drain()
     with threads.team():
-        return _rt.run_now(kind, name, fn, args, observer if observed else None)
+        return _rt.run_now(kind, name, fn, args, observe.run if observed else None)
 
 
 def drain() -> None:
@@ -83,7 +90,7 @@ def drain() -> None:
     # nothing here is ever differentiated).
     # The host thread team is sized to the machine's load for the work (see threads).
     with _no_python_modes(), torch.inference_mode(), threads.team():
-        failure = _rt.queue_run(observer)
+        failure = _rt.queue_run(observe.run)
     if failure is not None:
         name, e, dropped = failure
         raise DeviceError(
@@ -100,5 +107,3 @@ def pending() -> int:
     """Entries queued and not yet run."""
     return _rt.queue_size()
 
-
-observe.notify_on_set(__name__, ("sync_mode", "observer"))

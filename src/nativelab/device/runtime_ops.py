@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import guard, memory, ops, queue, rng, tracking
+from . import guard, memory, observe, ops, queue, rng, tracking
 
 aten = torch.ops.aten
 DEVICE = memory.DEVICE
@@ -101,12 +101,12 @@ def local_scalar_dense(t):
 def _transfer(kind: str, copy, *args):
     """A copy between host and device memory (`copy(*args)`, the last argument its source), run now after the
     queue drained: device work named `memcpy_<kind>`, timed and counted by the profiler when one is active."""
-    obs = queue.observer
+    obs = observe.transfer
     if obs is None:
         return queue.run_now("copy", f"memcpy_{kind}", copy, *args)
     t0 = time.perf_counter()
     out = queue.run_now("copy", f"memcpy_{kind}", copy, *args, observed=False)
-    obs.transfer(kind, args[-1].nbytes, time.perf_counter() - t0)
+    obs(kind, args[-1].nbytes, time.perf_counter() - t0)
     return out
 
 

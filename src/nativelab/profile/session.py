@@ -5,9 +5,10 @@
     s.tokens = len(tokens)
     print_report(s.summary())
 
-While active, the session is the device queue's observer: it runs each queued entry itself (timing it on
-the thread that drains the queue and counting the bytes it reads and writes), each CPU fallback and each
-host <-> device copy. Dynamo compilations are timed through Dynamo's compile callbacks, graph breaks read
+While active, the session is one of the device's observers (`nativelab.device.observe`): it runs each queued
+entry itself (timing it on the thread that drains the queue and counting the bytes it reads and writes), each
+CPU fallback and each host <-> device copy. Sessions nest (and run inside `nativelab check`): each sees every
+event while it is active. Dynamo compilations are timed through Dynamo's compile callbacks, graph breaks read
 from its counters. Inside a `torch.profiler.profile` every entry is also a `neuron::<name>` event.
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from .. import device as _device
 from ..compiler import metrics as _compile_metrics
+from ..device import observe as _observe
 from ..device import ops as _ops
 from ..device import queue as _queue
 from ..device import runtime_ops as _runtime_ops
@@ -58,7 +60,7 @@ class Event(NamedTuple):
     written: int  # bytes written to device memory
 
 
-class Session:
+class Session(_observe.Observer):
     """Context manager recording device work, fallbacks, transfers, compiles and Dynamo graph breaks."""
 
     def __init__(self, name: str = "profile", timeline: bool = True, max_events: int = 200_000):
@@ -88,15 +90,13 @@ class Session:
         if not _device.is_registered():
             raise RuntimeError("nativelab.profile measures nativelab's emulated device, which is not registered "
                                "here (the real torch_neuronx serves 'neuron': use the Neuron profiler)")
-        if _queue.observer is not None:
-            raise RuntimeError("nativelab.profile: a profiling session is already active (sessions do not nest)")
-        _queue.drain()  # earlier work belongs to no session
+        _queue.drain()  # earlier work belongs to no session (or to the ones already active)
         self._dynamo0 = _private.dynamo_counters()
         self._compile0 = _compile_metrics.current().compile_seconds
         self._drains0 = _queue.drains
         _private.add_compile_callbacks(self._compile_start, self._compile_end)
         self.start_ns = _perf_ns()
-        _queue.observer = self  # (inside a torch.profiler trace too: the queue times the work for the trace)
+        _observe.push(self)  # (inside a torch.profiler trace too: the queue times the work for the trace)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -104,14 +104,14 @@ class Session:
             if exc[0] is None:
                 _queue.drain()  # work queued inside the session is part of it
         finally:
-            _queue.observer = None
+            _observe.pop(self)
             _private.remove_compile_callbacks(self._compile_start, self._compile_end)
         self.wall_seconds = (_perf_ns() - self.start_ns) / 1e9
         self.drains = _queue.drains - self._drains0
         self.backend_compile_seconds = _compile_metrics.current().compile_seconds - self._compile0
         self.dynamo = _dynamo_delta(self._dynamo0, _private.dynamo_counters())
 
-    # -- observer callbacks (called by the device) -------------------------------------------------------
+    # -- observer events (called by the device) ----------------------------------------------------------
 
     def run(self, kind: str, name: str, fn, args):
         """Run one unit of device work (queued, or run at once by the host): `kind` says what it is (the
@@ -304,8 +304,9 @@ class Session:
 
 def traffic_per_token(generate) -> float | None:
     """Device-memory bytes (read + written) per token of one `generate()` call (which returns the tokens);
-    None when a profiling session is already active (sessions do not nest) or the emulator stepped aside."""
-    if _queue.observer is not None or not _device.is_registered():
+    None where the emulator stepped aside, or while a session already watches: the extra generation would be
+    part of what it measures (`nativelab profile -- run ...`)."""
+    if not _device.is_registered() or any(isinstance(o, Session) for o in _observe.observers()):
         return None
     with Session("traffic", timeline=False) as s:
         tokens = generate()

@@ -128,9 +128,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_python,
         "launch(kind, name, fn, args): queue device work fn(*args) on host views; returns the queue length");
   m.def("run_now", &run_now_python,
-        "run_now(kind, name, fn, args, observer): device work run at once on host views; returns its result");
+        "run_now(kind, name, fn, args, observer): device work run at once on host views (through "
+        "observer(kind, name, fn, args) unless it is None); returns its result");
   m.def("queue_size", &queue_size);
-  m.def("queue_run", &queue_run, "run everything queued; None, or (name, exception, dropped) for a failed entry");
+  m.def("queue_run", &queue_run,
+        "queue_run(observer): run everything queued (as run_now); None, or (name, exception, dropped) for a failed "
+        "entry");
   // ops.cpp
   m.def("install_kernels", &install_kernels, "register the device's op kernel (fallback + the named ops)");
   m.def("set_fast", &set_fast, "whether ops may take the C++ path (off while a tool watches or in sync mode)");

@@ -58,8 +58,8 @@ void run_op(DeviceWork& w) {
   for (size_t i = 0; i < w.copy_into.size(); ++i) w.copy_into[i].copy_(w.stack[i].toTensor());
 }
 
-// Run one unit (GIL held): by itself, or through the observer (a nativelab.profile session), which runs it as
-// observer.run(kind, name, fn, args). Python work returns its result.
+// Run one unit (GIL held): by itself, or through the observers' `run` (observe.run: a nativelab.profile session
+// and whoever else watches), which runs it as observer(kind, name, fn, args). Python work returns its result.
 py::object execute(DeviceWork& w, const py::object& observer) {
   const char* name = nullptr;
   if (w.fn == nullptr) name = w.op_name != nullptr ? w.op_name->c_str() : nullptr;
@@ -70,15 +70,14 @@ py::object execute(DeviceWork& w, const py::object& observer) {
     auto fn = py::reinterpret_borrow<py::object>(w.fn);
     auto args = py::reinterpret_borrow<py::tuple>(w.args);
     if (observer.is_none()) return fn(*args);
-    return observer.attr("run")(kind_name(w.kind), py::reinterpret_borrow<py::object>(w.name), fn, args);
+    return observer(kind_name(w.kind), py::reinterpret_borrow<py::object>(w.name), fn, args);
   }
   if (observer.is_none()) {
     run_op(w);
     return py::none();
   }
   DeviceWork* wp = &w;  // an op a C++ kernel queued before the observer came: timed as opaque work
-  return observer.attr("run")(kind_name(w.kind), py::str(*w.op_name), py::cpp_function([wp] { run_op(*wp); }),
-                              py::tuple());
+  return observer(kind_name(w.kind), py::str(*w.op_name), py::cpp_function([wp] { run_op(*wp); }), py::tuple());
 }
 
 void record(const DeviceWork& w, int64_t t0, int64_t t1) {

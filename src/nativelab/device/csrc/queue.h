@@ -49,6 +49,8 @@ size_t launch(DeviceWork&& work);
 // Python's launch: fn(*args) on host views (device tensors in args, also inside lists and tuples, become CPU
 // views of their memory; other CPU tensors are copied now, as CUDA copies a CPU operand at launch). Returns the
 // queue length. run_now: the same work run at once (the queue already drained), its result returned.
+// `observer`: None, or the observers' run (Python's observe.run), which runs each unit as observer(kind, name,
+// fn, args).
 size_t launch_python(const std::string& kind, pybind11::object name, pybind11::object fn, pybind11::tuple args);
 pybind11::object run_now_python(const std::string& kind, pybind11::object name, pybind11::object fn,
                                 pybind11::tuple args, pybind11::object observer);
