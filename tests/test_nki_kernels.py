@@ -15,6 +15,7 @@ from nativelab.kernels import nki as nki_kernels
 from nativelab.kernels.ops import reference_rmsnorm
 from nativelab.kernels.ops.attention import reference_attention_cte, reference_attention_tkg
 from nativelab.kernels.ops.mlp import reference_mlp
+from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -67,6 +68,12 @@ CASES = {
     "attention_cte": (nki_kernels.attention_cte, nki_kernels.attention_cte_kernel,
                       lambda dt: tuple(torch.randn(2, h, 200, 16, dtype=dt) for h in (4, 2, 2)),
                       lambda q, k, v: (q, k, v), reference_attention_cte),
+    # norm + projections + RoPE -> (q, k, v): grouped-query, hidden 200 (a partial tile), two sequences of 5
+    "qkv": (nki_kernels.qkv, nki_kernels.qkv_kernel,
+            lambda dt: (torch.randn(2, 5, 200, dtype=dt), torch.randn(200, dtype=dt), _weight(64, 200, dt),
+                        _weight(32, 200, dt), _weight(32, 200, dt), torch.randn(5, 16, dtype=dt),
+                        torch.randn(5, 16, dtype=dt), 4, 2, 1e-5),
+            lambda *a: a, reference_qkv),
 }
 
 
@@ -82,8 +89,23 @@ def _case(name, dtype):
 def test_interpreted_equals_reference(name, dtype):
     """nki.simulate: the kernel's instructions one by one, no compile."""
     _, kernel, _, kernel_args, expected = _case(name, dtype)
-    got = nki.simulate(kernel)(*kernel_args)
-    torch.testing.assert_close(got.reshape(expected.shape), expected, **TOL[dtype])
+    _close(nki.simulate(kernel)(*kernel_args), expected, dtype)
+
+
+def _close(got, expected, dtype, plus=0):
+    """got == expected (+ plus) within the dtype's tolerance; tuples of outputs compared one by one."""
+    if isinstance(expected, tuple):
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            _close(g, e, dtype, plus)
+        return
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu().reshape(expected.shape), expected.float() + plus if plus else expected,
+                               **TOL[dtype], check_dtype=False)
+
+
+def _plus_one(out):
+    return tuple(o + 1 for o in out) if isinstance(out, tuple) else out + 1
 
 
 @pytest.mark.slow
@@ -94,11 +116,11 @@ def test_op_eager_and_compiled(name, device, dtype):
     op, _, args, _, expected = _case(name, dtype)
     on = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
     got = op(*on)
-    assert got.device.type == device and got.dtype == expected.dtype
-    torch.testing.assert_close(got.cpu(), expected, **TOL[dtype])
+    assert {g.device.type for g in (got if isinstance(got, tuple) else [got])} == {device}
+    _close(got, expected, dtype)
     if device == "neuron":
-        compiled = torch.compile(lambda *xs: op(*xs) + 1, backend="neuron")
-        torch.testing.assert_close(compiled(*on).cpu(), expected.float() + 1, **TOL[dtype], check_dtype=False)
+        compiled = torch.compile(lambda *xs: _plus_one(op(*xs)), backend="neuron")
+        _close(compiled(*on), expected, dtype, plus=1)
 
 
 def _decode(dtype, pos, cache_len=600):

@@ -7,10 +7,11 @@ from .add import add, add_kernel
 from .attention import attention_cte, attention_cte_kernel, attention_tkg, attention_tkg_kernel
 from .matmul import matmul, matmul_kernel
 from .mlp import mlp, mlp_kernel
+from .qkv import qkv, qkv_kernel
 from .rmsnorm import rmsnorm, rmsnorm_kernel
 from .rope import rope, rope_kernel
 from .softmax import reference_softmax, softmax, softmax_kernel
 
 __all__ = ["add", "add_kernel", "attention_cte", "attention_cte_kernel", "attention_tkg",
-           "attention_tkg_kernel", "matmul", "matmul_kernel", "mlp", "mlp_kernel", "rmsnorm", "rmsnorm_kernel",
+           "attention_tkg_kernel", "matmul", "matmul_kernel", "mlp", "mlp_kernel", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel",
            "rope", "rope_kernel", "softmax", "softmax_kernel", "reference_softmax"]

@@ -32,10 +32,8 @@ def qkv_kernel(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps, q_out,
     v_out.copy_(v)
 
 
-@kernel_op("nativelab::qkv", mutates_args=())
-def qkv(x: torch.Tensor, norm_w: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
-        cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int,
-        eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def check_qkv_args(x, norm_w, wq, wk, wv, cos, sin, n_heads: int, n_kv_heads: int) -> None:
+    """qkv's argument checks (its NKI twin's too): shapes, head counts, one device and dtype."""
     check_rank("x", x, 3)
     check_float("x", x)
     b, t, dim = x.shape
@@ -56,6 +54,15 @@ def qkv(x: torch.Tensor, norm_w: torch.Tensor, wq: torch.Tensor, wk: torch.Tenso
         check_dim(name, tab, 0, t, "x's sequence length")
         check_dim(name, tab, 1, d, "head_dim")
     check_same("x, weights and tables", x, norm_w, wq, wk, wv, cos, sin)
+
+
+@kernel_op("nativelab::qkv", mutates_args=())
+def qkv(x: torch.Tensor, norm_w: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+        cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int,
+        eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_qkv_args(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads)
+    b, t, _ = x.shape
+    d = wq.shape[0] // n_heads
     q = torch.empty(b, n_heads, t, d, dtype=x.dtype, device=x.device)
     k = torch.empty(b, n_kv_heads, t, d, dtype=x.dtype, device=x.device)
     v = torch.empty(b, n_kv_heads, t, d, dtype=x.dtype, device=x.device)
