@@ -17,6 +17,7 @@ from nativelab.kernels.ops.attention import reference_attention_cte, reference_a
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
+from nativelab.kernels.ops.transformer import reference_transformer_tkg
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -163,3 +164,83 @@ def test_decode_attention_takes_one_token():
     with pytest.raises(ValueError, match="one query token per step"):
         nki_kernels.attention_tkg(q.expand(2, 4, 2, 32), k_new.expand(2, 2, 2, 32), v_new.expand(2, 2, 2, 32),
                                   k_cache, v_cache, torch.tensor([3, 4]))
+
+
+def _step(dtype, n_layers=2, b=2, dim=200, heads=4, kv_heads=2, d=16, inter=300, cache_len=40, vocab=700):
+    """A decode step's inputs: grouped-query layers with partial tiles everywhere, their caches, the head."""
+    torch.manual_seed(0)
+    layers = [dict(input_norm=torch.randn(dim, dtype=dtype), wq=_weight(heads * d, dim, dtype),
+                   wk=_weight(kv_heads * d, dim, dtype), wv=_weight(kv_heads * d, dim, dtype),
+                   wo=_weight(dim, heads * d, dtype), post_norm=torch.randn(dim, dtype=dtype),
+                   gate=_weight(inter, dim, dtype), up=_weight(inter, dim, dtype), down=_weight(dim, inter, dtype),
+                   k_cache=torch.randn(b, kv_heads, cache_len, d, dtype=dtype),
+                   v_cache=torch.randn(b, kv_heads, cache_len, d, dtype=dtype)) for _ in range(n_layers)]
+    x, cos, sin = torch.randn(b, 1, dim, dtype=dtype), torch.randn(1, d, dtype=dtype), torch.randn(1, d, dtype=dtype)
+    return x, cos, sin, layers, torch.randn(dim, dtype=dtype), _weight(vocab, dim, dtype), heads, kv_heads
+
+
+def _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads):
+    """reference_transformer_tkg's logits (B, vocab), on copies of the caches (returned)."""
+    caches = [(c["k_cache"].clone(), c["v_cache"].clone()) for c in layers]
+    lists = [[c[name] for c in layers] for name in ("input_norm", "wq", "wk", "wv", "wo", "post_norm", "gate", "up",
+                                                     "down")]
+    logits = reference_transformer_tkg(x, pos, cos, sin, *lists, [k for k, _ in caches], [v for _, v in caches],
+                                       final_norm, head, heads, kv_heads, 1e-5)
+    return logits[:, 0], caches
+
+
+def _layer_args(c):
+    return [c[name] for name in ("input_norm", "wq", "wk", "wv", "wo", "post_norm", "gate", "up", "down", "k_cache",
+                                 "v_cache")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_step_interpreted_equals_reference(dtype):
+    """Two decode_layer_kernel launches (their k / v rows written at pos, as the op writes them) and the LM head
+    give reference_transformer_tkg's logits and caches; argmax_kernel gives their argmax."""
+    x, cos, sin, layers, final_norm, head, heads, kv_heads = _step(dtype)
+    pos = torch.tensor([17])
+    expected, caches = _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads)
+    h = x
+    for c in layers:
+        h, k_new, v_new = nki.simulate(nki_kernels.decode_layer_kernel)(h, pos.float(), cos, sin, *_layer_args(c),
+                                                                         heads, kv_heads, 1e-5)
+        c["k_cache"].index_copy_(2, pos, k_new)
+        c["v_cache"].index_copy_(2, pos, v_new)
+    logits = nki.simulate(nki_kernels.lm_head_kernel)(h[:, 0], final_norm, head, 1e-5)
+    _close(logits, expected, dtype)
+    for c, (k, v) in zip(layers, caches):
+        _close((c["k_cache"], c["v_cache"]), (k, v), dtype)
+    assert nki.simulate(nki_kernels.argmax_kernel)(logits).reshape(-1).tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_interpreted_is_torch_argmax_ties_first(dtype):
+    """Over two max8 chunks (32000 logits): ties inside a chunk and across chunks give the first index."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 32000, dtype=dtype)
+    logits[1, [5, 20000]] = 100.0
+    logits[2, [30000, 30001]] = 50.0
+    got = nki.simulate(nki_kernels.argmax_kernel)(logits).reshape(-1).tolist()
+    assert got == logits.argmax(-1).tolist() == [got[0], 5, 30000]
+
+
+@pytest.mark.slow
+def test_decode_step_ops_eager_and_compiled_on_neuron():
+    """nki_decode_layer (the caches written), nki_lm_head and nki_argmax on neuron tensors, eager and compiled."""
+    dtype = torch.bfloat16
+    x, cos, sin, layers, final_norm, head, heads, kv_heads = _step(dtype, n_layers=1)
+    pos = torch.tensor([17])
+    expected, caches = _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads)
+
+    def step(x, pos, cos, sin, final_norm, head, *layer):
+        h = nki_kernels.decode_layer(x, pos, cos, sin, *layer, heads, kv_heads, 1e-5)
+        logits = nki_kernels.lm_head(h[:, 0], final_norm, head, 1e-5)
+        return logits, nki_kernels.argmax(logits)
+
+    for run in (step, torch.compile(step, backend="neuron")):
+        on = [t.to("neuron") for t in (x, pos, cos, sin, final_norm, head, *_layer_args(layers[0]))]
+        logits, token = run(*on)
+        _close(logits, expected, dtype)
+        assert token.cpu().tolist() == logits.cpu().argmax(-1).tolist()
+        _close((on[-2].cpu(), on[-1].cpu()), caches[0], dtype)

@@ -25,7 +25,7 @@ from ..interface import nki_op, wrap_nki
 from ..ops._checks import check_dim, check_rank, check_same
 from ..ops.attention import _check_cte as check_cte  # the same argument checks as the PyTorch kernels'
 from ..ops.attention import _check_qkv as check_qkv
-from .tiles import tiles
+from .tiles import tiles, transpose_into
 
 
 def softmax_rows(scores, neg_max, extra=None):
@@ -50,10 +50,7 @@ def probs_times_v(o_ps, probs, v_tiles, dtype, p):
     probs transposed on the Tensor Engine (keys onto partitions), then the stationary operand."""
     n, m = probs.shape
     for s, s0, ns in tiles(m, p):
-        pt_ps = nl.ndarray((ns, n), dtype=dtype, buffer=nl.psum)
-        nisa.nc_transpose(dst=pt_ps, data=probs[:, s0:s0 + ns])
-        pt = nl.ndarray((ns, n), dtype=dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=pt, src=pt_ps)
+        pt = transpose_into(nl.ndarray((ns, n), dtype=dtype, buffer=nl.sbuf), probs[:, s0:s0 + ns])
         nisa.nc_matmul(dst=o_ps, stationary=pt, moving=v_tiles[0:ns, s, :])
 
 

@@ -17,18 +17,7 @@ from ..interface import nki_op, wrap_nki
 from ..ops.qkv import check_qkv_args
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
-from .tiles import load_transposed, tiles
-
-
-def transpose_rows(h, p):
-    """h [n, dim] (SBUF) -> h.T in 128-row tiles [p, dim tiles, n], by Tensor Engine transposes."""
-    n, dim = h.shape
-    h_t = nl.ndarray((p, (dim + p - 1) // p, n), dtype=h.dtype, buffer=nl.sbuf)
-    for k, k0, nk in tiles(dim, p):
-        t_ps = nl.ndarray((nk, n), dtype=h.dtype, buffer=nl.psum)
-        nisa.nc_transpose(dst=t_ps, data=h[:, k0:k0 + nk])
-        nisa.tensor_copy(dst=h_t[0:nk, k, :], src=t_ps)
-    return h_t
+from .tiles import load_transposed, tiles, transpose_rows
 
 
 def project(y, h_t, w_t, dim, p):

@@ -15,9 +15,27 @@ def tiles(size: int, step: int):
 
 
 def load_transposed(w, p):
-    """w [rows, cols] (HBM) -> SBUF [p, col tiles, rows]: w.T, its rows (w's columns) in 128-partition tiles."""
+    """w [rows, cols] (HBM) -> SBUF [p, col tiles, rows]: w.T, its rows (w's columns) in tiles of p partitions."""
     rows, cols = w.shape
     t = nl.ndarray((p, (cols + p - 1) // p, rows), dtype=w.dtype, buffer=nl.sbuf)
     for k, k0, nk in tiles(cols, p):
         nisa.dma_transpose(dst=t[0:nk, k, :], src=w[:, k0:k0 + nk])
     return t
+
+
+def transpose_rows(h, p):
+    """h [n, dim] (SBUF) -> h.T in 128-row tiles [p, dim tiles, n], by Tensor Engine transposes."""
+    n, dim = h.shape
+    h_t = nl.ndarray((p, (dim + p - 1) // p, n), dtype=h.dtype, buffer=nl.sbuf)
+    for k, k0, nk in tiles(dim, p):
+        transpose_into(h_t[0:nk, k, :], h[:, k0:k0 + nk])
+    return h_t
+
+
+def transpose_into(dst, data):
+    """dst [m, n] (SBUF) = data [n, m].T: a Tensor Engine transpose into PSUM, copied out (exact)."""
+    n, m = data.shape
+    t_ps = nl.ndarray((m, n), dtype=data.dtype, buffer=nl.psum)
+    nisa.nc_transpose(dst=t_ps, data=data)
+    nisa.tensor_copy(dst=dst, src=t_ps)
+    return dst
