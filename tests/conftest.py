@@ -42,3 +42,14 @@ def run_python(code: str, env: dict | None = None, timeout: int = 120) -> subpro
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout
     )
+
+
+def recorded(session) -> dict:
+    """What a profiling session (or a check's Watch) saw, without its times: per-name kind, calls and bytes,
+    the transfers and the fallback ops."""
+    return {
+        "ops": {n: (st.kind, st.category, st.calls, st.read, st.written, st.to_host, st.to_device)
+                for n, st in session.ops.items()},
+        "transfers": dict(session.transfers), "transfer_calls": dict(session.transfer_calls),
+        "fallbacks": session.fallback_ops(),
+    }

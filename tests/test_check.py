@@ -15,6 +15,9 @@ import nativelab
 from nativelab.apps import check as check_cli
 from nativelab.check import Check, step
 from nativelab.check.collect import propose_buckets
+from nativelab.device import observe
+from nativelab.profile import Session
+from conftest import recorded
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "check_scripts")
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
@@ -169,9 +172,91 @@ def test_api_marked_steps():
     (fb,) = [f for f in r.findings if f.kind == "fallback"]
     assert fb.per_step == 1.0 and fb.line is not None
     assert y.device.type == "neuron"
-    from nativelab.device import observe
-
     assert observe.collective is None and observe.dispatch is None  # unhooked: the device pays one None test
+
+
+def _ported_step(x, w):
+    """Queued ops, a host -> device copy, a CPU fallback (argsort) and device -> host reads."""
+    y = x @ w + torch.arange(4.0).to("neuron")
+    order = torch.argsort(y[:, 0])
+    return y[order].sum().item()
+
+
+def _findings(c: Check) -> list:
+    return sorted((f.kind, f.line, f.count, f.details.get("op"), f.details.get("sync"))
+                  for f in c.report().findings if f.kind in ("fallback", "sync"))
+
+
+def test_a_check_and_a_profile_session_nest_either_way_and_each_sees_every_event():
+    x, w = torch.randn(4, 4).to("neuron"), torch.randn(4, 4).to("neuron")
+    _ported_step(x, w)  # first calls of each signature (they run through Python once, watched or not)
+    with Session("alone") as alone:
+        _ported_step(x, w)
+    with Check("alone") as checked_alone:
+        _ported_step(x, w)
+    with Session("outer") as outer:
+        with Check("inside") as inside:
+            assert observe.observers() == (outer, inside.watch)
+            _ported_step(x, w)
+    with Check("outside") as outside:
+        with Session("inner") as inner:  # a script that profiles itself, checked
+            assert observe.observers() == (outside.watch, inner)
+            _ported_step(x, w)
+    assert not observe.watched()
+    want = recorded(alone)
+    (sort,) = want["fallbacks"]
+    assert sort.startswith("aten::sort") and want["ops"][sort][2] == 1
+    assert want["transfer_calls"] == {"host_to_device": 2, "device_to_host": 2}  # arange + sort back; sort in, item
+    for s in (outer, inner, checked_alone.watch, inside.watch, outside.watch):
+        assert recorded(s) == want, s.name
+    assert _findings(inside) == _findings(outside) == _findings(checked_alone)
+    assert ("fallback", _ported_step.__code__.co_firstlineno + 3, 1, sort, None) in _findings(checked_alone)
+
+
+def test_checks_nest():
+    x = torch.arange(8.0).flip(0).to("neuron")
+    real_compile = torch.compile
+
+    def two_steps():
+        for _ in range(2):
+            torch.argsort(x)
+            step()
+        torch.compile(two_steps, backend="neuron")  # recorded (not compiled: it is never called)
+
+    two_steps()
+    with Check("alone") as alone:
+        two_steps()
+    with Check("outer") as outer:
+        with Check("inner") as inner:
+            two_steps()
+    assert not observe.watched() and torch.compile is real_compile
+    for c in (alone, outer, inner):
+        assert c.watch.steps == 2 and c.watch.step_kind == "marked"
+        assert [call["backend"] for call in c.watch.compile_calls] == ["neuron"]
+    assert recorded(inner.watch) == recorded(outer.watch) == recorded(alone.watch)
+    assert _findings(inner) == _findings(outer) == _findings(alone)
+    assert [f[:3] for f in _findings(alone)] == [("fallback", two_steps.__code__.co_firstlineno + 2, 2)]
+
+
+def test_a_script_that_profiles_itself_checked(tmp_path):
+    name = "profiles_itself.py"
+    env = dict(os.environ, NATIVELAB_QUIET="1", PYTHONPATH=SRC)
+    p = subprocess.run([sys.executable, _script(name), str(tmp_path / "alone.json")], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    code, r = _check(tmp_path, _script(name), str(tmp_path / "checked.json"))
+    assert code == 0
+    alone, checked = (json.loads((tmp_path / f).read_text()) for f in ("alone.json", "checked.json"))
+    untimed = lambda d: {n: {k: v for k, v in st.items() if k != "seconds"} for n, st in d["fallbacks"].items()}
+    assert untimed(checked) == untimed(alone) and checked["transfers"] == alone["transfers"]
+    ((op, st),) = alone["fallbacks"].items()
+    fb = _find(r, "fallback", _line(name, "torch.argsort"))
+    assert fb["details"]["op"] == op and fb["count"] == st["calls"] == 3
+    assert fb["details"]["bytes_to_host"] == st["to_host"] == 3 * 8 * 4  # x + step, fp32, to the host each step
+    item = _find(r, "sync", _line(name, ".item()"), sync="item")
+    assert item["count"] == 3
+    assert alone["transfers"]["calls"]["device_to_host"] == 3 + 3  # the fallback's input and .item(), per step
+    assert r["fallback_ops"] == [op]
 
 
 def test_eager_ops_cost_the_eager_launch_not_the_graph_launch():

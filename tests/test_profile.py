@@ -13,7 +13,7 @@ from nativelab.kernels import wrap_kernel
 from nativelab.models.llama import Generator, Llama, Sampling
 from nativelab.profile import Session, plots, report, trace
 from nativelab.apps.profile import parse_args
-from conftest import run_python
+from conftest import recorded, run_python
 
 F32 = 4  # bytes per float32 element
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -215,15 +215,6 @@ def _work(a, b):
     return idx, (c + d).sum().item()
 
 
-def _recorded(s: Session) -> dict:
-    """What a session saw, without its times."""
-    return {
-        "ops": {n: (st.kind, st.category, st.calls, st.read, st.written, st.to_host, st.to_device)
-                for n, st in s.ops.items()},
-        "transfers": dict(s.transfers), "transfer_calls": dict(s.transfer_calls), "fallbacks": s.fallback_ops(),
-    }
-
-
 def test_nested_sessions_both_see_every_event():
     a, b = torch.randn(4, 4, device="neuron"), torch.randn(4, 4, device="neuron")
     _work(a, b)  # first calls of each signature (they run through Python once, alone or not)
@@ -234,7 +225,7 @@ def test_nested_sessions_both_see_every_event():
             assert observe.observers() == (outer, inner)
             _work(a, b)
         assert observe.observers() == (outer,)
-    assert _recorded(inner) == _recorded(outer) == _recorded(alone)
+    assert recorded(inner) == recorded(outer) == recorded(alone)
     assert alone.fallback_ops() == ["aten::argmax.out"] and alone.transfer_calls["device_to_host"] == 2
     assert alone.ops["aten::mul.Tensor"].calls == 1
 

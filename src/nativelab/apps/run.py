@@ -30,7 +30,7 @@ from ..models.llama import checkpoint
 from ..models.llama.model import lab2_on_path
 from ..models.llama.tokenizer import Tokenizer
 from ..profile import plots as _plots
-from ..profile import traffic_per_token
+from ..profile import session_active, traffic_per_token
 
 REAL_SIZES = ("smollm2-135m",)
 
@@ -145,14 +145,12 @@ def trn2_estimate(gen: Generator, prompt: list[int], tokens: int) -> float | Non
     """Estimated Trainium2 tok/s of one generation: the porting check's first-order estimate (check/estimate.py:
     launches, kernels, each unit's max(bytes / HBM bandwidth, FLOPs / peak), fallbacks and syncs, with the
     published trn2 figures and one fitted constant, launch_s; see check/hardware.py). None where the emulator
-    stepped aside or a check is already watching (checks do not nest)."""
-    if not nativelab.device.is_registered():
+    stepped aside, or while a check or profiling session already records (`nativelab check -- run ...`): the
+    extra generation would be part of what it measures."""
+    if not nativelab.device.is_registered() or session_active():
         return None
-    try:
-        with Check("est. trn2", tokens=True) as c:
-            gen.generate(prompt, tokens)
-    except RuntimeError:
-        return None
+    with Check("est. trn2", tokens=True) as c:
+        gen.generate(prompt, tokens)
     return c.report().rate()
 
 

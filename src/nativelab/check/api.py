@@ -41,8 +41,6 @@ class Check:
         if not is_registered():
             raise RuntimeError("nativelab check watches nativelab's emulated device, which is not registered here "
                                "(the real torch_neuronx serves 'neuron': use its own tools on the chip)")
-        if _active:
-            raise RuntimeError("nativelab check: a check is already active (checks do not nest)")
         self.watch = Watch(self.name, drift=self.bf16_drift)
         # The device's one-time "fell back to CPU" warnings would point into the check's hook; the report names
         # every fallback with its line instead.
@@ -89,9 +87,10 @@ class Check:
 
 
 def step() -> None:
-    """Mark one step of your program (a training or decode step) for per-step counts; a no-op outside a check."""
-    if _active:
-        _active[-1].step()
+    """Mark one step of your program (a training or decode step) for per-step counts, in every active check (checks
+    nest: a checked script may check itself); a no-op outside a check."""
+    for c in _active:
+        c.step()
 
 
 def _counting_tokens(watch: Watch):

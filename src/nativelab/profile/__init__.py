@@ -9,9 +9,9 @@ category, Dynamo graph breaks and recompiles, as tables, JSON, Chrome/Perfetto t
 
 from ._private import dynamo_counters
 from .categories import CATEGORIES, categorize
-from .session import OpStat, Session, traffic_per_token
+from .session import OpStat, Session, session_active, traffic_per_token
 
-__all__ = ["Session", "OpStat", "CATEGORIES", "categorize", "traffic_per_token", "print_report", "dynamo_counters"]
+__all__ = ["Session", "OpStat", "CATEGORIES", "categorize", "session_active", "traffic_per_token", "print_report", "dynamo_counters"]
 
 
 def print_report(session, top: int = 15) -> None:

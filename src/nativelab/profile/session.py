@@ -302,11 +302,16 @@ class Session(_observe.Observer):
         }
 
 
+def session_active() -> bool:
+    """A profiling session (or a `nativelab check`, whose watch is one) is recording the device now."""
+    return any(isinstance(o, Session) for o in _observe.observers())
+
+
 def traffic_per_token(generate) -> float | None:
     """Device-memory bytes (read + written) per token of one `generate()` call (which returns the tokens);
-    None where the emulator stepped aside, or while a session already watches: the extra generation would be
+    None where the emulator stepped aside, or while a session already records: the extra generation would be
     part of what it measures (`nativelab profile -- run ...`)."""
-    if not _device.is_registered() or any(isinstance(o, Session) for o in _observe.observers()):
+    if not _device.is_registered() or session_active():
         return None
     with Session("traffic", timeline=False) as s:
         tokens = generate()
