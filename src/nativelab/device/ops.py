@@ -990,7 +990,6 @@ def install(rt, enabled: bool = True) -> None:
     _rt, fast_path = rt, enabled
     direct = sorted(op.name().split("::", 1)[1] for op in direct_kernels() if op.name().startswith("aten::"))
     rt.install_kernels(device_kernel, fast_route, fast_spec, direct)
-    tracking.pull = rt.take_executed
     queue._listeners.append(_refresh_fast_path)
     observe._listeners.append(_refresh_fast_path)
     _refresh_fast_path()

@@ -19,6 +19,11 @@ CFLAGS = ("-O2",)
 _module = None
 
 
+def loaded():
+    """The runtime module if it has been loaded in this process, else None (nothing is built)."""
+    return _module
+
+
 def load():
     """The compiled runtime module (built once per machine: about 10 s on 2 cores, then cached)."""
     global _module

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import collections
 
+from . import runtime
+
 executed: collections.Counter = collections.Counter()  # op name -> calls run on the device
 fallback: collections.Counter = collections.Counter()  # op name -> calls that fell back to the CPU
 graphs: collections.Counter = collections.Counter()  # compiled graph name -> launches
 _fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
 _warned: set[str] = set()
 strict = False  # NATIVELAB_STRICT=1: a CPU fallback is an error, raised at the call that caused it
-# The counts of ops the C++ kernel queued since the last look (set at registration): merged into `executed`
-# whenever it is read through this module, so the hot path counts in C++.
-pull = None
 
 
 def _merge() -> None:
-    if pull is not None:
-        executed.update(pull())
+    """The counts of ops the C++ kernel ran since the last look, merged into `executed` whenever it is read
+    through this module (the hot path counts in C++)."""
+    rt = runtime.loaded()
+    if rt is not None:
+        executed.update(rt.take_executed())
 
 
 class FallbackError(RuntimeError):
