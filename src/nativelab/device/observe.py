@@ -116,6 +116,7 @@ def observers() -> tuple:
 
 
 def watched() -> bool:
+    """Anyone watches (then the C++ fast path is off: every op takes the Python path the observers see)."""
     return bool(_stack)
 
 
