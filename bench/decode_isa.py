@@ -29,8 +29,8 @@ from nativelab.models.llama import Llama
 
 def plan_for(ext, model: Llama):
     c = model.cfg
-    return ext.DecodePlan(model.embed_tokens.weight, model.rope_cos, model.rope_sin, *model._layer_weights(),
-                          model.norm.weight, model.lm_head.weight, c.n_heads, c.n_kv_heads, c.norm_eps)
+    return ext.DecodePlan(model.decode_weights().named(), model.rope_cos, model.rope_sin, c.n_heads, c.n_kv_heads,
+                          c.norm_eps)
 
 
 def step_time(plan, iters: int) -> float:
@@ -75,7 +75,8 @@ def main() -> None:
     model.setup_cache()
     plan_for.vocab, plan_for.dtype = model.cfg.vocab_size, model.lm_head.weight.dtype
     # the layers' matrices and the LM head (tied or not to the embedding, of which a step reads one row)
-    weights = [w for ws in model._layer_weights()[1:9] if ws[0].dim() == 2 for w in ws] + [model.lm_head.weight]
+    w = model.decode_weights()
+    weights = [t for ts in (w.wqs, w.wks, w.wvs, w.wos, w.gates, w.ups, w.downs) for t in ts] + [w.lm_head]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     flat = torch.cat([w.reshape(-1).view(torch.uint8) for w in weights])[: weight_bytes // 4 * 4].view(torch.float32)
     host = build.isa()

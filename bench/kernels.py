@@ -67,18 +67,10 @@ def main() -> None:
     state = seed_state(0, d)
     model = Llama.from_size("small").to(dt).eval().to(d)
     model.setup_cache()
-    L = model.layers
     pos = torch.tensor([5]).to(d)
     h = model.embed_tokens(torch.tensor([[7]], dtype=torch.int32).to(d))
-    tkg_args = (
-        h, pos, model.rope_cos[pos].to(dt), model.rope_sin[pos].to(dt),
-        [x.input_layernorm.weight for x in L], [x.self_attn.q_proj.weight for x in L],
-        [x.self_attn.k_proj.weight for x in L], [x.self_attn.v_proj.weight for x in L],
-        [x.self_attn.o_proj.weight for x in L], [x.post_attention_layernorm.weight for x in L],
-        [x.mlp.gate_proj.weight for x in L], [x.mlp.up_proj.weight for x in L], [x.mlp.down_proj.weight for x in L],
-        [x.self_attn.k_cache for x in L], [x.self_attn.v_cache for x in L], model.norm.weight, model.lm_head.weight,
-        8, 8, 1e-5,
-    )
+    rows = (h, pos, model.rope_cos[pos].to(dt), model.rope_sin[pos].to(dt))
+    w = model.decode_weights()
     hs, labels = (torch.randn(64, 512, dtype=dt) * 0.1).to(d), torch.randint(0, 32000, (64,)).to(torch.int32).to(d)
 
     cases = {
@@ -89,8 +81,8 @@ def main() -> None:
                                  lambda: ops.reference_qkv(x, nw, wq, wk, wv, cos, sin, 8, 8)),
         "sample top-p 0.9 (V=32000)": (lambda: ops.sample(logits, state, 0.8, 0, 0.9),
                                        lambda: sort_multinomial_top_p(logits)),
-        "transformer_tkg (6 layers)": (lambda: ops.transformer_tkg(*tkg_args),
-                                       lambda: ops.reference_transformer_tkg(*tkg_args)),
+        "transformer_tkg (6 layers)": (lambda: ops.transformer_tkg(*rows, *w.flat(), 8, 8, 1e-5),
+                                       lambda: ops.reference_transformer_tkg(*rows, w, 8, 8, 1e-5)),
         "linear_cross_entropy 64x32000": (lambda: ops.linear_cross_entropy(hs, model.lm_head.weight, labels),
                                           lambda: ops.reference_linear_cross_entropy(hs, model.lm_head.weight,
                                                                                       labels)),

@@ -10,6 +10,7 @@ from nativelab.device import cpu_info
 from nativelab.kernels import ops as K
 from nativelab.kernels.cpu import build, decode
 from nativelab.kernels.ops.attention import reference_attention_tkg
+from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.sample import _sample, reference_sample_mask
@@ -80,15 +81,31 @@ def _decoder(dtype, n_layers=2, dim=72, n_heads=6, n_kv=2, ffn=100, vocab=131, s
     )
     angles = torch.randn(1, d // 2)
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
-    return dict(x=torch.randn(1, 1, dim).to(dtype), cos=cos, sin=sin, **layers, final_norm=1 + 0.1 * r(dim),
-                lm_head=r(vocab, dim), n_heads=n_heads, n_kv_heads=n_kv)
+    out = dict(x=torch.randn(1, 1, dim).to(dtype), cos=cos, sin=sin, **layers, final_norm=1 + 0.1 * r(dim),
+               lm_head=r(vocab, dim), n_heads=n_heads, n_kv_heads=n_kv)
+    return dict(out, embed=r(vocab, dim))
+
+
+def _weights(a, caches_from=None, embed=None) -> DecodeWeights:
+    """_decoder's tensors by name (its caches, or those of `caches_from`; its embedding, or `embed`)."""
+    c = caches_from or a
+    return DecodeWeights(**{f: c[f] if f in ("k_caches", "v_caches") else a[f] for f in DecodeWeights._fields}
+                         | ({} if embed is None else {"embed": embed}))
 
 
 def _args(a, pos, caches_from=None):
-    c = caches_from or a
-    return (a["x"], pos, a["cos"], a["sin"], a["input_norms"], a["wqs"], a["wks"], a["wvs"], a["wos"],
-            a["post_norms"], a["gates"], a["ups"], a["downs"], c["k_caches"], c["v_caches"], a["final_norm"],
-            a["lm_head"], a["n_heads"], a["n_kv_heads"], 1e-5)
+    """transformer_tkg's arguments (and the C++ transformer_decode's, with the weights named)."""
+    return (a["x"], pos, a["cos"], a["sin"], *_weights(a, caches_from).flat(), a["n_heads"], a["n_kv_heads"], 1e-5)
+
+
+def _ref_args(a, pos, caches_from=None):
+    """reference_transformer_tkg's."""
+    return (a["x"], pos, a["cos"], a["sin"], _weights(a, caches_from), a["n_heads"], a["n_kv_heads"], 1e-5)
+
+
+def _ext_args(a, pos, caches_from=None):
+    """The C++ transformer_decode's."""
+    return (a["x"], pos, a["cos"], a["sin"], _weights(a, caches_from).named(), a["n_heads"], a["n_kv_heads"], 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -98,11 +115,11 @@ def test_transformer_decode_step(ext, dtype, pos_value, pos_dtype):
     pos = torch.tensor([pos_value], dtype=pos_dtype)
     ours = {k: [t.clone() for t in a[k]] for k in ("k_caches", "v_caches")}
     out = torch.empty(1, 1, a["lm_head"].shape[0], dtype=dtype)
-    ext.transformer_decode(*_args(a, pos, ours), out)
+    ext.transformer_decode(*_ext_args(a, pos, ours), out)
     # reference: the same step in fp32 on the upcast inputs (bf16 storage rounding aside, the exact computation)
     f = {k: ([t.float() for t in v] if isinstance(v, list) else v.float() if isinstance(v, torch.Tensor) else v)
          for k, v in a.items()}
-    ref = reference_transformer_tkg(*_args(f, pos.long()))
+    ref = reference_transformer_tkg(*_ref_args(f, pos.long()))
     scale = ref.abs().max().item()
     tol = 1e-4 if dtype == torch.float32 else 4e-2
     assert (out.float() - ref).abs().max().item() <= tol * max(scale, 1.0)
@@ -179,7 +196,7 @@ def test_bad_input_is_a_clear_error(ext):
     a = _decoder(torch.float32)
     out = torch.empty(1, 1, a["lm_head"].shape[0])
     with pytest.raises(RuntimeError, match="pos beyond the cache"):
-        ext.transformer_decode(*_args(a, torch.tensor([99])), out)
+        ext.transformer_decode(*_ext_args(a, torch.tensor([99])), out)
 
 
 def test_the_kernel_interface_runs_the_host_kernel_on_the_device(monkeypatch):
@@ -204,7 +221,7 @@ def test_the_kernel_interface_runs_the_host_kernel_on_the_device(monkeypatch):
     pos = torch.tensor([4])
     with torch.no_grad():
         got = K.transformer_tkg(*_args(dev, pos.to("neuron"))).cpu()
-        ref = reference_transformer_tkg(*_args(a, pos))
+        ref = reference_transformer_tkg(*_ref_args(a, pos))
     assert calls == [1]
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dev["k_caches"][1].cpu(), a["k_caches"][1], rtol=1e-5, atol=1e-5)
@@ -258,7 +275,8 @@ def test_the_core_kernels_run_their_host_code_on_the_device(monkeypatch, name):
 
 
 def _plan_args(a, vocab_table_dtype=None):
-    """The DecodePlan's bound arguments for _decoder's weights: an embedding table and RoPE tables of 16 rows."""
+    """The DecodePlan's bound arguments for _decoder's weights: DecodeWeights (an embedding table drawn here),
+    and the rest: RoPE tables of 16 rows, the heads, eps."""
     torch.manual_seed(1)
     dtype = a["x"].dtype
     d = a["wqs"][0].shape[0] // a["n_heads"]
@@ -266,9 +284,7 @@ def _plan_args(a, vocab_table_dtype=None):
     angles = torch.randn(16, d // 2)
     table = vocab_table_dtype or dtype
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(table), torch.cat([angles.sin()] * 2, -1).to(table)
-    return [embed, cos, sin, a["input_norms"], a["wqs"], a["wks"], a["wvs"], a["wos"], a["post_norms"], a["gates"],
-            a["ups"], a["downs"], a["k_caches"], a["v_caches"], a["final_norm"], a["lm_head"], a["n_heads"],
-            a["n_kv_heads"], 1e-5]
+    return _weights(a, embed=embed), (cos, sin, a["n_heads"], a["n_kv_heads"], 1e-5)
 
 
 @pytest.mark.parametrize("dtype,table", [(torch.float32, None), (torch.bfloat16, None),
@@ -278,25 +294,21 @@ def test_decode_plan_is_the_step_from_token_ids(ext, dtype, table):
     greedy token is the logits' argmax, the sampler's counter advances once per greedy step, and it writes
     the caches it was bound to."""
     a = _decoder(dtype)
-    bound = _plan_args(a, table)
-    ref_caches = {k: [t.clone() for t in a[k]] for k in ("k_caches", "v_caches")}
-    plan = ext.DecodePlan(*bound)
+    w, rest = _plan_args(a, table)
+    ref_w = w._replace(k_caches=[t.clone() for t in w.k_caches], v_caches=[t.clone() for t in w.v_caches])
+    plan = ext.DecodePlan(w.named(), *rest)
     logits = torch.empty(1, 1, a["lm_head"].shape[0], dtype=dtype)
     out, seed = torch.empty(1, dtype=torch.int64), torch.tensor([7, 3])
     for p, tok in ((5, 17), (6, 130)):
         plan.greedy(torch.tensor([[tok]]), torch.tensor([p]), seed, logits, out)
-        ref_args = [*bound[:3], *[ref_caches.get(n, v) for n, v in zip(
-            ("input_norms", "wqs", "wks", "wvs", "wos", "post_norms", "gates", "ups", "downs", "k_caches",
-             "v_caches"), bound[3:14])], *bound[14:]]
-        ref = K.reference_transformer_tkg_token(torch.tensor([[tok]]), torch.tensor([p]), seed, *ref_args)
+        ref = K.reference_transformer_tkg_token(torch.tensor([[tok]]), torch.tensor([p]), seed, ref_w, *rest)
         scale = ref.abs().max().item()
         tol = 1e-4 if dtype == torch.float32 else 4e-2
         assert (logits.float() - ref.float()).abs().max().item() <= tol * max(scale, 1.0)
         assert out.item() == logits.float().argmax().item()
     assert seed.tolist() == [7, 5]
-    for k in ("k_caches", "v_caches"):
-        for mine, theirs in zip(a[k], ref_caches[k]):
-            torch.testing.assert_close(mine.float(), theirs.float(), **TOL[dtype])
+    for mine, theirs in zip(w.k_caches + w.v_caches, ref_w.k_caches + ref_w.v_caches):
+        torch.testing.assert_close(mine.float(), theirs.float(), **TOL[dtype])
     # the draw: the step's logits and `sample`'s token from them, the counter advancing once
     for p, tok, setting in ((7, 3, (0.8, 0, 0.9)), (8, 64, (1.1, 5, 1.0))):
         state_before = seed.clone()
@@ -316,24 +328,22 @@ def test_decode_plan_prefills_a_prompt(ext, dtype, n_tok, start):
     all of them): every token's cache rows equal the reference's, the logits are the last token's, its greedy
     token their argmax, the counter advances once; bad positions are clear errors."""
     a = _decoder(dtype)
-    bound = _plan_args(a)
-    ref_caches = {k: [t.clone() for t in a[k]] for k in ("k_caches", "v_caches")}
-    plan = ext.DecodePlan(*bound)
+    w, rest = _plan_args(a)
+    ref_w = w._replace(k_caches=[t.clone() for t in w.k_caches], v_caches=[t.clone() for t in w.v_caches])
+    plan = ext.DecodePlan(w.named(), *rest)
     vocab = a["lm_head"].shape[0]
     logits = torch.empty(1, 1, vocab, dtype=dtype)
     out, seed = torch.empty(1, dtype=torch.int64), torch.tensor([7, 3])
     tokens = torch.randint(0, vocab, (1, n_tok), generator=torch.Generator().manual_seed(n_tok))
     pos = torch.arange(start, start + n_tok, dtype=torch.int32)
     plan.greedy(tokens, pos, seed, logits, out)
-    ref_args = [*bound[:12], ref_caches["k_caches"], ref_caches["v_caches"], *bound[14:]]
-    ref = K.reference_transformer_tkg_token(tokens, pos.long(), seed, *ref_args)[:, -1:]
+    ref = K.reference_transformer_tkg_token(tokens, pos.long(), seed, ref_w, *rest)[:, -1:]
     tol = 1e-4 if dtype == torch.float32 else 4e-2
     assert (logits.float() - ref.float()).abs().max().item() <= tol * max(ref.abs().max().item(), 1.0)
     assert out.item() == logits.float().argmax().item()
     assert seed.tolist() == [7, 4]
-    for k in ("k_caches", "v_caches"):
-        for mine, theirs in zip(a[k], ref_caches[k]):
-            torch.testing.assert_close(mine.float(), theirs.float(), **TOL[dtype])
+    for mine, theirs in zip(w.k_caches + w.v_caches, ref_w.k_caches + ref_w.v_caches):
+        torch.testing.assert_close(mine.float(), theirs.float(), **TOL[dtype])
     with pytest.raises(RuntimeError, match="consecutive"):
         plan.step(torch.tensor([[1, 2, 3]]), torch.tensor([4, 5, 7]), logits)
     with pytest.raises(RuntimeError, match="pos beyond the cache"):
@@ -408,12 +418,13 @@ def test_the_token_step_binds_its_weights_once(monkeypatch):
         return [t.to("neuron") for t in v] if isinstance(v, list) else v.to("neuron") if isinstance(v, torch.Tensor) \
             else v
 
-    bound = [dev(v) for v in _plan_args(a)]
+    w, rest = _plan_args(a)
+    w, rest = DecodeWeights(*map(dev, w)), [dev(v) for v in rest]
     seed = torch.tensor([0, 0]).to("neuron")
 
     def step(tok, p, temperature=0.0, top_k=0):
         return K.transformer_tkg_token(torch.tensor([[tok]]).to("neuron"), torch.tensor([p]).to("neuron"), seed,
-                                       *bound, temperature, top_k, 0.9)
+                                       *w.flat(), *rest, temperature, top_k, 0.9)
 
     def steps():  # greedy, top-p, top-k + top-p: the host plan draws in the step's own launch
         return [step(3, 0).item(), step(9, 1).item(), step(4, 2, 0.8).item(), step(6, 3, 1.2, 7).item()]
@@ -421,11 +432,11 @@ def test_the_token_step_binds_its_weights_once(monkeypatch):
     with torch.no_grad():
         got = steps()
         assert binds == [1]
-        bound[4][0].data = bound[4][0].clone()  # re-pointed: bind again
+        w.wqs[0].data = w.wqs[0].clone()  # re-pointed: bind again
         step(5, 4)
         assert binds == [1, 1]
         with build.host_kernels(False):  # the traced path, from fresh caches
-            for c in (*bound[12], *bound[13]):
+            for c in (*w.k_caches, *w.v_caches):
                 c.zero_()
             seed.zero_()
             traced = steps()
@@ -439,27 +450,28 @@ def test_the_token_step_takes_a_whole_prompt(monkeypatch):
     if build.extension() is None:
         pytest.skip("no C++ toolchain")
     a = _decoder(torch.float32)
-    bound = [v.to("neuron") if isinstance(v, torch.Tensor) else [t.to("neuron") for t in v]
-             if isinstance(v, list) else v for v in _plan_args(a)]
+    w, rest = _plan_args(a)
+    dev = lambda v: v.to("neuron") if isinstance(v, torch.Tensor) else [t.to("neuron") for t in v]  # noqa: E731
+    w, rest = DecodeWeights(*map(dev, w)), [dev(v) if isinstance(v, torch.Tensor) else v for v in rest]
     seed = torch.tensor([0, 0]).to("neuron")
 
     def step(toks, start, temperature):
         pos = torch.arange(start, start + len(toks)).to("neuron")
-        return K.transformer_tkg_token(torch.tensor([toks]).to("neuron"), pos, seed, *bound, temperature, 0,
-                                       0.9).item()
+        return K.transformer_tkg_token(torch.tensor([toks]).to("neuron"), pos, seed, *w.flat(), *rest, temperature,
+                                       0, 0.9).item()
 
     runs = []
     with torch.no_grad():
         for on in (True, False):
             with build.host_kernels(on):
-                for c in (*bound[12], *bound[13]):
+                for c in (*w.k_caches, *w.v_caches):
                     c.zero_()
                 seed.zero_()
                 runs.append(([step([3, 9, 4, 7, 1], 0, 0.0), step([2, 8], 5, 0.8), step([6], 7, 0.0)],
-                             [c.cpu().clone() for c in (*bound[12], *bound[13])]))
+                             [c.cpu().clone() for c in (*w.k_caches, *w.v_caches)]))
         with pytest.raises(ValueError, match=r"pos: expected one position per token, shape \(2,\)"):
             K.transformer_tkg_token(torch.tensor([[1, 2]]).to("neuron"), torch.tensor([0]).to("neuron"), seed,
-                                    *bound, 0.0, 0, 0.9)
+                                    *w.flat(), *rest, 0.0, 0, 0.9)
     (host, host_caches), (traced, traced_caches) = runs
     assert host == traced
     for mine, theirs in zip(host_caches, traced_caches):

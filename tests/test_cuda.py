@@ -138,16 +138,14 @@ def _small(tier: str, dtype=torch.float32) -> Llama:
 @gpu
 def test_transformer_tkg_small_model():
     m = _small("experimental")
-    L = m._layer_weights()
+    w = m.decode_weights()
     pos = torch.tensor([40], device="cuda")
     x = m.embed_tokens(torch.tensor([[7]], device="cuda"))
-    cos, sin = m.rope_cos[pos], m.rope_sin[pos]
-    args = (x, pos, cos, sin, *L[:9])
-    ref_caches = [[c.clone() for c in L[9]], [c.clone() for c in L[10]]]
-    tail = (m.norm.weight, m.lm_head.weight, 8, 8, 1e-5)
+    rows = (x, pos, m.rope_cos[pos], m.rope_sin[pos])
+    ref_w = w._replace(k_caches=[c.clone() for c in w.k_caches], v_caches=[c.clone() for c in w.v_caches])
     with torch.inference_mode():
-        got = K.transformer_tkg(*args, L[9], L[10], *tail)
-        want = K.reference_transformer_tkg(*args, *ref_caches, *tail)
+        got = K.transformer_tkg(*rows, *w.flat(), 8, 8, 1e-5)
+        want = K.reference_transformer_tkg(*rows, ref_w, 8, 8, 1e-5)
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 

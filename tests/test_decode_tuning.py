@@ -162,8 +162,8 @@ def test_every_configuration_computes_the_same_tokens(dtype):
 
     ext = _ext()
     a = _decoder(dtype, n_layers=2, dim=72, n_heads=6, n_kv=2, ffn=100, vocab=131, seq=16)
-    bound = _plan_args(a)
-    plan = ext.DecodePlan(*bound)
+    w, rest = _plan_args(a)
+    plan = ext.DecodePlan(w.named(), *rest)
     most = ext.max_tile_tokens()
 
     def run():
@@ -205,12 +205,12 @@ def test_the_bound_step_tunes_at_its_first_step_and_keeps_the_tokens(monkeypatch
 
     _ext()
     a = _decoder(torch.bfloat16)
-    bound = _plan_args(a)
+    w, rest = _plan_args(a)
 
     def generate():
         for c in (*a["k_caches"], *a["v_caches"]):
             c.zero_()
-        step = decode.transformer_tkg_token.bind(*bound)
+        step = decode.transformer_tkg_token.bind(*w.flat(), *rest)
         logits, out, seed = torch.empty(131, dtype=torch.bfloat16), torch.empty(1, dtype=torch.int64), torch.zeros(
             2, dtype=torch.int64)
         step(torch.tensor([[5, 17, 2]]), torch.arange(3), seed, 0.0, 0, 1.0, logits, out)

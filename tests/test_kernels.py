@@ -8,6 +8,7 @@ import torch
 import nativelab
 from conftest import run_python
 from nativelab.kernels import ops
+from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.sample import seed_state
 
 pytestmark = pytest.mark.slow  # kernels compile generated code on first use of each shape
@@ -204,21 +205,13 @@ def test_transformer_tkg_matches_the_llama_model_over_several_steps():
     dev.to("neuron")
     dev.setup_cache()
     L = dev.layers
-    per_layer = lambda f: [f(layer) for layer in L]  # noqa: E731
+    weights, caches = DecodeWeights.of(dev).flat()  # each tensor from the module it names
     for step, token in enumerate([5, 17, 3]):
         tok, pos = torch.tensor([[token]]), torch.tensor([step])
         expected = ref(tok, pos)
         pd = pos.to("neuron")
-        got = ops.transformer_tkg(
-            dev.embed_tokens(tok.to("neuron")), pd, dev.rope_cos[pd], dev.rope_sin[pd],
-            per_layer(lambda x: x.input_layernorm.weight), per_layer(lambda x: x.self_attn.q_proj.weight),
-            per_layer(lambda x: x.self_attn.k_proj.weight), per_layer(lambda x: x.self_attn.v_proj.weight),
-            per_layer(lambda x: x.self_attn.o_proj.weight), per_layer(lambda x: x.post_attention_layernorm.weight),
-            per_layer(lambda x: x.mlp.gate_proj.weight), per_layer(lambda x: x.mlp.up_proj.weight),
-            per_layer(lambda x: x.mlp.down_proj.weight), per_layer(lambda x: x.self_attn.k_cache),
-            per_layer(lambda x: x.self_attn.v_cache), dev.norm.weight, dev.lm_head.weight,
-            dev.cfg.n_heads, dev.cfg.n_kv_heads, dev.cfg.norm_eps,
-        )
+        got = ops.transformer_tkg(dev.embed_tokens(tok.to("neuron")), pd, dev.rope_cos[pd], dev.rope_sin[pd], weights,
+                                  caches, dev.cfg.n_heads, dev.cfg.n_kv_heads, dev.cfg.norm_eps)
         torch.testing.assert_close(got.cpu(), expected.detach(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(L[1].self_attn.v_cache.cpu(), ref.layers[1].self_attn.v_cache, rtol=1e-5, atol=1e-5)
 
@@ -407,14 +400,20 @@ def test_whole_step_kernels_name_a_short_layer_list_or_a_wrong_lm_head():
 
     m = Llama.random("tiny", "experimental", seed=0)
     m.setup_cache()
-    c, lists = m.cfg, m._layer_weights()
-    short = lists[:9] + [lists[9][:-1]] + lists[10:]  # k_caches one layer short
+    c, w = m.cfg, m.decode_weights()
+    weights, caches = w.flat()
     head = m.lm_head.weight
     tokens, pos = torch.tensor([[3]]), torch.tensor([0])
+    with pytest.raises(ValueError, match=r"caches: expected 2 x %d layers tensors" % c.n_layers):
+        ops.transformer_tkg_token(tokens, pos, seed_state(0, "cpu"), weights, caches[:-1], m.rope_cos, m.rope_sin,
+                                  c.n_heads, c.n_kv_heads, c.norm_eps, 0.0, 0, 1.0)
+    with pytest.raises(ValueError, match=r"weights: expected 3 \+ 9 x layers tensors"):
+        ops.transformer_tkg_token(tokens, pos, seed_state(0, "cpu"), weights[:-1], caches, m.rope_cos, m.rope_sin,
+                                  c.n_heads, c.n_kv_heads, c.norm_eps, 0.0, 0, 1.0)
+    short = w._replace(k_caches=w.k_caches[:-1])  # built by name, one layer short
     with pytest.raises(ValueError, match=r"k_caches: expected one tensor per layer"):
-        ops.transformer_tkg_token(tokens, pos, seed_state(0, "cpu"), m.embed_tokens.weight, m.rope_cos, m.rope_sin,
-                                  *short, m.norm.weight, head, c.n_heads, c.n_kv_heads, c.norm_eps, 0.0, 0, 1.0)
+        short.check(c.dim)
     x = torch.randn(1, 1, c.dim)
     with pytest.raises(ValueError, match=r"lm_head: expected \[vocab, %d\]" % c.dim):
-        ops.transformer_tkg(x, pos, m.rope_cos[:1], m.rope_sin[:1], *lists, m.norm.weight, head[:, :-1],
+        ops.transformer_tkg(x, pos, m.rope_cos[:1], m.rope_sin[:1], *w._replace(lm_head=head[:, :-1]).flat(),
                             c.n_heads, c.n_kv_heads, c.norm_eps)

@@ -176,12 +176,11 @@ def test_transformer_tkg_whole_decode_step(dtype, b, t):
         L[name] = [c.expand(b, -1, -1, -1).contiguous() for c in L[name]]
     x, pos = rnd(b, t, dim, dtype=dtype), torch.tensor([11, 12][:t], device=DEV)
     cos, sin = rnd(t, d, dtype=dtype), rnd(t, d, dtype=dtype)
-    order = ["input_norms", "wqs", "wks", "wvs", "wos", "post_norms", "gates", "ups", "downs", "k_caches",
-             "v_caches", "final_norm", "lm_head"]
+    L["embed"] = rnd(vocab, dim, dtype=dtype)  # unused by this kernel
     ref = {k: ([t.clone().float() for t in v] if isinstance(v, list) else v.float()) for k, v in L.items()}
-    want = K.reference_transformer_tkg(x.float(), pos, *f32(cos, sin), *[ref[k] for k in order], h, hkv, 1e-5)
+    want = K.reference_transformer_tkg(x.float(), pos, *f32(cos, sin), K.DecodeWeights(**ref), h, hkv, 1e-5)
     out = torch.empty(b, t, vocab, dtype=dtype, device=DEV)
-    tr("transformer").transformer_tkg(x, pos, cos, sin, *[L[k] for k in order], h, hkv, 1e-5, out)
+    tr("transformer").transformer_tkg(x, pos, cos, sin, *K.DecodeWeights(**L).flat(), h, hkv, 1e-5, out)
     close_products(out, want, dtype)
     for got, exp in zip(L["k_caches"] + L["v_caches"], ref["k_caches"] + ref["v_caches"]):
         close_products(got, exp, dtype)

@@ -67,36 +67,33 @@ def nki_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.T
     return out
 
 
-@nki_op("nki_lab::layers", mutates_args=("k_caches", "v_caches"))
-def nki_layers(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               input_norms: list[torch.Tensor], wqs: list[torch.Tensor], wks: list[torch.Tensor],
-               wvs: list[torch.Tensor], wos: list[torch.Tensor], post_norms: list[torch.Tensor],
-               gates: list[torch.Tensor], ups: list[torch.Tensor], downs: list[torch.Tensor],
-               k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], final_norm: torch.Tensor,
-               lm_head: torch.Tensor, n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
+# The experimental tier's: the model's tensors by name (DecodeWeights), carried as two lists.
+from nativelab.kernels.ops.decode_weights import DecodeWeights  # noqa: E402
+
+
+@nki_op("nki_lab::layers", mutates_args=("caches",))
+def nki_layers(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: list[torch.Tensor],
+               caches: list[torch.Tensor], n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
     """The experimental tier's mega-kernel, for one decode token's hidden state x (B, 1, dim): every layer
     (RMSNorm + QKV + RoPE, cache write + attention, output projection, RMSNorm + MLP, residuals), the final
-    norm and the LM head -> logits (B, 1, vocab)."""
-    out = torch.empty(x.shape[0], x.shape[1], lm_head.shape[0], dtype=x.dtype, device=x.device)
-    layers_decode(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
-                  v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out)
+    norm and the LM head -> logits (B, 1, vocab). `weights, caches = model.decode_weights().flat()`: the model's
+    tensors (nativelab's DecodeWeights, which names each one) as the kernel's two lists."""
+    vocab = DecodeWeights.unflatten(weights, caches).lm_head.shape[0]
+    out = torch.empty(x.shape[0], x.shape[1], vocab, dtype=x.dtype, device=x.device)
+    layers_decode(x, pos, cos, sin, weights, caches, n_heads, n_kv_heads, eps, out)
     return out
 
 
-@nki_op("nki_lab::layers_token", mutates_args=("seed_state", "k_caches", "v_caches"))
-def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.Tensor, embed: torch.Tensor,
-                     rope_cos: torch.Tensor, rope_sin: torch.Tensor, input_norms: list[torch.Tensor],
-                     wqs: list[torch.Tensor], wks: list[torch.Tensor], wvs: list[torch.Tensor],
-                     wos: list[torch.Tensor], post_norms: list[torch.Tensor], gates: list[torch.Tensor],
-                     ups: list[torch.Tensor], downs: list[torch.Tensor], k_caches: list[torch.Tensor],
-                     v_caches: list[torch.Tensor], final_norm: torch.Tensor, lm_head: torch.Tensor, n_heads: int,
+@nki_op("nki_lab::layers_token", mutates_args=("seed_state", "caches"))
+def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.Tensor, weights: list[torch.Tensor],
+                     caches: list[torch.Tensor], rope_cos: torch.Tensor, rope_sin: torch.Tensor, n_heads: int,
                      n_kv_heads: int, eps: float, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """The same mega-kernel from token ids to the next token: tokens (B, T) at consecutive positions pos (T,)
     (a decode step, or a whole prompt) -> the token drawn (B,) (argmax at temperature 0, else top-k / top-p
     from the [seed, counter] seed_state, which advances)."""
-    logits = torch.empty(tokens.shape[0], 1, lm_head.shape[0], dtype=embed.dtype, device=embed.device)
-    out = torch.empty(tokens.shape[0], dtype=torch.int64, device=embed.device)
-    layers_decode_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos,
-                        post_norms, gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads,
-                        eps, float(temperature), int(top_k), float(top_p), logits, out)
+    w = DecodeWeights.unflatten(weights, caches)
+    logits = torch.empty(tokens.shape[0], 1, w.lm_head.shape[0], dtype=w.embed.dtype, device=w.embed.device)
+    out = torch.empty(tokens.shape[0], dtype=torch.int64, device=w.embed.device)
+    layers_decode_token(tokens, pos, seed_state, weights, caches, rope_cos, rope_sin, n_heads, n_kv_heads, eps,
+                        float(temperature), int(top_k), float(top_p), logits, out)
     return out

@@ -5,7 +5,8 @@ residual, RMSNorm + SwiGLU MLP and residual; then the final norm and the LM head
 kernel between layers (on Trainium, in SBUF): one HBM round trip per step instead of one per operation.
 
 The layers' weights and static KV caches are the same modules as base's (`model.layers[i].self_attn.q_proj`,
-...), so the same checkpoint loads; the kernel takes them as per-layer lists."""
+...), so the same checkpoint loads; the kernel takes them by name (`model.decode_weights()`), as two lists:
+the weights, which it only reads, and the caches it writes."""
 
 import torch
 
@@ -15,14 +16,14 @@ from nki_ops import nki_layers, nki_layers_token
 def decode_logits(model, x, input_pos, cos, sin) -> torch.Tensor:
     """One decode token's hidden state x (B, 1, dim) -> logits (B, 1, vocab), every layer in one kernel."""
     c = model.cfg
-    return nki_layers(x, input_pos, cos, sin, *model._layer_weights(), model.norm.weight, model.lm_head.weight,
-                      c.n_heads, c.n_kv_heads, c.norm_eps)
+    weights, caches = model.decode_weights().flat()
+    return nki_layers(x, input_pos, cos, sin, weights, caches, c.n_heads, c.n_kv_heads, c.norm_eps)
 
 
 def next_token(model, tokens, input_pos, seed_state, temperature=0.0, top_k=0, top_p=1.0) -> torch.Tensor:
     """Token ids (B, T) at consecutive positions input_pos (T,) -> the next token (B,), from the embedding to the
     draw in one kernel: a decode step (T == 1) or a whole prompt (T > 1)."""
     c = model.cfg
-    return nki_layers_token(tokens, input_pos, seed_state, model.embed_tokens.weight, model.rope_cos, model.rope_sin,
-                            *model._layer_weights(), model.norm.weight, model.lm_head.weight, c.n_heads,
-                            c.n_kv_heads, c.norm_eps, temperature, top_k, top_p)
+    weights, caches = model.decode_weights().flat()
+    return nki_layers_token(tokens, input_pos, seed_state, weights, caches, model.rope_cos, model.rope_sin,
+                            c.n_heads, c.n_kv_heads, c.norm_eps, temperature, top_k, top_p)

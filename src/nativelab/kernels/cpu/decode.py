@@ -8,11 +8,13 @@ dtypes only, no values): anything else (a prompt, a batch, a non-contiguous weig
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
 
 from ...device import threads as device_threads
+from ..ops.decode_weights import DecodeWeights
 from . import build, tune
 
 _DTYPES = (torch.bfloat16, torch.float32)
@@ -22,21 +24,17 @@ def _dense(*ts) -> bool:
     return all(t.is_contiguous() and t.dtype == ts[0].dtype for t in ts)
 
 
-def transformer_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
-                    v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out):
-    build.extension().transformer_decode(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates,
-                                         ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads,
-                                         n_kv_heads, eps, out)
+def transformer_tkg(x, pos, cos, sin, weights, caches, n_heads, n_kv_heads, eps, out):
+    w = DecodeWeights.unflatten(weights, caches)
+    build.extension().transformer_decode(x, pos, cos, sin, w.named(), n_heads, n_kv_heads, eps, out)
 
 
-def _accepts_tkg(x, pos, cos, sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
-                 v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, out) -> bool:
+def _accepts_tkg(x, pos, cos, sin, weights, caches, n_heads, n_kv_heads, eps, out) -> bool:
     if not build.enabled() or x.dim() != 3 or x.shape[:2] != (1, 1) or x.dtype not in _DTYPES:
         return False
     if pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64) or torch.is_grad_enabled():
         return False
-    layers = [*input_norms, *wqs, *wks, *wvs, *wos, *post_norms, *gates, *ups, *downs, *k_caches, *v_caches]
-    if not _dense(x, cos, sin, final_norm, lm_head, out, *layers) or k_caches[0].shape[0] != 1:
+    if not _dense(x, cos, sin, out, *weights, *caches) or caches[0].shape[0] != 1:  # batch-1 caches
         return False
     return build.extension() is not None
 
@@ -108,22 +106,21 @@ mlp_no_norm.accepts = _accepts_mlp_no_norm
 # caches and RoPE tables once; each launch passes the token, position, sampler state and outputs only.
 # Tokens (1, T) at consecutive positions (T,): T == 1 is a decode step, T > 1 a prompt's prefill in the same
 # plan (csrc/prefill.h: each weight read once for all T tokens), the logits the last token's only.
-_BOUND = tuple(range(3, 22))  # argument positions bound into the plan: embed ... eps
 
 
-def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs, k_caches,
-          v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps):
+def _bind(weights, caches, rope_cos, rope_sin, n_heads, n_kv_heads, eps):
     """The plan over these (host) tensors: checked once here, its pointers reused by every step."""
     ext = build.extension()
-    plan = ext.DecodePlan(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms, gates, ups, downs,
-                          k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps)
+    w = DecodeWeights.unflatten(weights, caches)
+    plan = ext.DecodePlan(w.named(), rope_cos, rope_sin, n_heads, n_kv_heads, eps)
     # How its loops run (tune.py), per thread count: the device's team can change size between steps.
-    shape = (len(wqs), embed.shape[1], wqs[0].shape[0], wks[0].shape[0], gates[0].shape[0], lm_head.shape[0])
+    shape = (w.n_layers, w.embed.shape[1], w.wqs[0].shape[0], w.wks[0].shape[0], w.gates[0].shape[0],
+             w.lm_head.shape[0])
     kernel, most, threads, configs = Path(ext.__file__).parent.name, ext.max_tile_tokens(), [0], {}
 
     def config(n: int) -> tuple:
         if n not in configs:
-            key = tune.cache_key(kernel, n, str(embed.dtype).removeprefix("torch."), shape)
+            key = tune.cache_key(kernel, n, str(w.embed.dtype).removeprefix("torch."), shape)
             configs[n] = tune.config_for(plan, key, most).args(most)
         return configs[n]
 
@@ -146,19 +143,19 @@ def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms
             plan.draw(tokens, pos, seed_state, logits, out, temperature, top_k, top_p)
 
     # What one launch moves through device memory, for the profiler's traffic count (a hand-written kernel's own
-    # account; nativelab.profile.traffic): every weight and the whole KV cache read, the embedding and RoPE rows
-    # of the T tokens looked up; the cache rows of the T tokens, the logits and the drawn token written.
+    # account; nativelab.profile.traffic): every weight but the embedding and the whole KV cache read, the
+    # embedding and RoPE rows of the T tokens looked up; the cache rows of the T tokens, the logits and the
+    # drawn token written.
     def size(ts):
         return sum(t.numel() * t.element_size() for t in ts)
 
-    weights = size([*input_norms, *wqs, *wks, *wvs, *wos, *post_norms, *gates, *ups, *downs, final_norm, lm_head])
-    caches = size([*k_caches, *v_caches])
-    per_token = (embed[0].numel() * embed.element_size() + 2 * rope_cos[0].numel() * rope_cos.element_size(),
-                 2 * sum(c.shape[1] * c.shape[3] for c in k_caches) * k_caches[0].element_size())
+    read_always = size(weights) - size([w.embed]) + size(caches)
+    per_token = (w.embed[0].numel() * w.embed.element_size() + 2 * rope_cos[0].numel() * rope_cos.element_size(),
+                 sum(c.shape[1] * c.shape[3] for c in caches) * caches[0].element_size())
 
     def traffic(tokens, pos, seed_state, temperature, top_k, top_p, logits, out):
         t = tokens.shape[1]
-        read = weights + caches + t * per_token[0] + size([tokens, pos, seed_state])
+        read = read_always + t * per_token[0] + size([tokens, pos, seed_state])
         return read, t * per_token[1] + size([logits, out, seed_state])
 
     step.traffic = traffic
@@ -166,9 +163,14 @@ def _bind(embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms
     return step
 
 
+# The launch's own arguments are tokens, pos and seed_state, then _bind's (bound into the plan), then the rest.
+_BOUND = tuple(range(3, 3 + len(inspect.signature(_bind).parameters)))
+
+
 def transformer_tkg_token(tokens, pos, seed_state, *args):
     """An unbound launch (a plan for this one call); the kernel interface binds once instead (see `bind`)."""
-    _bind(*args[:19])(tokens, pos, seed_state, *args[19:])
+    n = len(_BOUND)
+    _bind(*args[:n])(tokens, pos, seed_state, *args[n:])
 
 
 def _accepts_token_call(tokens, pos, seed_state, temperature, top_k, top_p, logits, out) -> bool:
@@ -179,18 +181,16 @@ def _accepts_token_call(tokens, pos, seed_state, temperature, top_k, top_p, logi
             and seed_state.dtype == torch.int64 and seed_state.is_contiguous() and logits.shape[-1] < 2 ** 24)
 
 
-def _accepts_token(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqs, wks, wvs, wos, post_norms,
-                   gates, ups, downs, k_caches, v_caches, final_norm, lm_head, n_heads, n_kv_heads, eps, temperature,
-                   top_k, top_p, logits, out) -> bool:
-    if not _accepts_token_call(tokens, pos, seed_state, temperature, top_k, top_p, logits, out) \
-            or embed.dtype not in _DTYPES:
+def _accepts_token(tokens, pos, seed_state, weights, caches, rope_cos, rope_sin, n_heads, n_kv_heads, eps,
+                   temperature, top_k, top_p, logits, out) -> bool:
+    if not _accepts_token_call(tokens, pos, seed_state, temperature, top_k, top_p, logits, out):
         return False
-    if logits.dtype != embed.dtype or rope_cos.dtype not in (embed.dtype, torch.float32):
+    dtype = weights[0].dtype  # the model's: _dense asks every weight and cache to share it
+    if dtype not in _DTYPES or logits.dtype != dtype or rope_cos.dtype not in (dtype, torch.float32):
         return False
-    layers = [*input_norms, *wqs, *wks, *wvs, *wos, *post_norms, *gates, *ups, *downs, *k_caches, *v_caches]
-    if not _dense(embed, final_norm, lm_head, logits, *layers) or not _dense(rope_cos, rope_sin):
+    if not _dense(*weights, *caches, logits) or not _dense(rope_cos, rope_sin):
         return False
-    return k_caches[0].shape[0] == 1 and build.extension() is not None
+    return caches[0].shape[0] == 1 and build.extension() is not None  # batch-1 caches
 
 
 transformer_tkg_token.accepts = _accepts_token

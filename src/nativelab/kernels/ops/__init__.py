@@ -7,6 +7,7 @@ from .cross_entropy import (
     reference_cross_entropy,
     reference_linear_cross_entropy,
 )
+from .decode_weights import DecodeWeights
 from .mlp import mlp, reference_mlp
 from .qkv import qkv, reference_qkv
 from .rmsnorm import reference_rmsnorm, rmsnorm
@@ -24,5 +25,5 @@ __all__ = [
     "sample", "reference_sample_mask", "attention_cte", "reference_attention_cte", "attention_tkg",
     "reference_attention_tkg", "transformer_tkg", "reference_transformer_tkg",
     "transformer_tkg_token", "reference_transformer_tkg_token", "cross_entropy",
-    "reference_cross_entropy", "linear_cross_entropy", "reference_linear_cross_entropy",
+    "reference_cross_entropy", "linear_cross_entropy", "reference_linear_cross_entropy", "DecodeWeights",
 ]

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from ...kernels.ops.decode_weights import DecodeWeights
+
 TIERS = ("base", "core", "experimental")
 # The lab's folder: labs/lab2 of the repository (src/nativelab/lab2 is a link to it), copied into a wheel.
 LAB2 = Path(__file__).parents[2] / "lab2"
@@ -157,16 +159,10 @@ class Llama(nn.Module, metaclass=_ByTier):
         model.setup_cache()
         return model
 
-    def _layer_weights(self) -> list[list[torch.Tensor]]:
-        """Per-layer weight lists in the layer kernels' order (`transformer_tkg`), and the caches they write."""
-        L = self.layers
-        return [
-            [x.input_layernorm.weight for x in L], [x.self_attn.q_proj.weight for x in L],
-            [x.self_attn.k_proj.weight for x in L], [x.self_attn.v_proj.weight for x in L],
-            [x.self_attn.o_proj.weight for x in L], [x.post_attention_layernorm.weight for x in L],
-            [x.mlp.gate_proj.weight for x in L], [x.mlp.up_proj.weight for x in L],
-            [x.mlp.down_proj.weight for x in L], [x.self_attn.k_cache for x in L], [x.self_attn.v_cache for x in L],
-        ]
+    def decode_weights(self) -> DecodeWeights:
+        """This model's tensors for the whole-step kernels (`transformer_tkg`, `transformer_tkg_token`), by name,
+        its KV caches included."""
+        return DecodeWeights.of(self)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <string>
 #include <type_traits>
 #ifdef _OPENMP
 #include <omp.h>
@@ -508,6 +510,61 @@ int64_t read_pos(const at::Tensor& pos) {
   return pos.scalar_type() == at::kInt ? pos.data_ptr<int32_t>()[0] : pos.data_ptr<int64_t>()[0];
 }
 
+// A model's tensors by name, as Python's DecodeWeights.named() gives them (kernels/ops/decode_weights.py): each
+// field a list, one tensor for a per-model field, one per layer for a per-layer one.
+using Named = std::map<std::string, std::vector<at::Tensor>>;
+
+// The fields this code computes with, each read by its name once below (a test checks that DecodeWeights has
+// every one of them).
+const std::vector<std::string> kFieldsRead = {"embed", "input_norms", "wqs", "wks", "wvs", "wos", "post_norms",
+                                              "gates", "ups", "downs", "final_norm", "lm_head", "k_caches",
+                                              "v_caches"};
+
+struct Model {
+  at::Tensor embed, final_norm, lm_head;
+  std::vector<Layer> layers;
+  std::vector<std::string> names;  // every field bound, those this code does not read too
+};
+
+// The Model of these named tensors, checked: every field (whether this code reads it or not) contiguous and in
+// the embedding's dtype, a per-layer field one tensor per layer. Done once per model (a DecodePlan) or call.
+Model bind_model(const Named& w) {
+  const auto field = [&](const std::string& name) -> const std::vector<at::Tensor>& {
+    const auto it = w.find(name);
+    check(it != w.end(), "the weights have no field '" + name + "' (DecodeWeights.named())");
+    return it->second;
+  };
+  const auto one = [&](const std::string& name) {
+    check(field(name).size() == 1, name + ": one tensor");
+    return field(name)[0];
+  };
+  Model m{one("embed"), one("final_norm"), one("lm_head"), {}, {}};
+  const size_t n = field("wqs").size();
+  check(n > 0, "no layers");
+  const auto layer = [&](const std::string& name, size_t i) {
+    check(field(name).size() == n, name + ": one tensor per layer (" + std::to_string(n) + ")");
+    return field(name)[i];
+  };
+  for (size_t i = 0; i < n; i++) {
+    m.layers.push_back({layer("input_norms", i), layer("wqs", i), layer("wks", i), layer("wvs", i),
+                        layer("wos", i), layer("post_norms", i), layer("gates", i), layer("ups", i),
+                        layer("downs", i), layer("k_caches", i), layer("v_caches", i)});
+    check(m.layers[i].k_cache.dim() == 4 && m.layers[i].k_cache.size(0) == 1 &&
+              m.layers[i].v_cache.sizes() == m.layers[i].k_cache.sizes(),
+          "batch-1 caches (1, kv_heads, S, head_dim)");
+  }
+  const auto dtype = m.embed.scalar_type();
+  for (const auto& [name, ts] : w) {
+    m.names.push_back(name);
+    for (const at::Tensor& t : ts) {
+      check(t.is_contiguous() && t.scalar_type() == dtype, name + ": contiguous, in the embedding's dtype");
+    }
+  }
+  check(m.embed.dim() == 2, "embedding table (vocab, dim)");
+  check(m.lm_head.dim() == 2 && m.lm_head.size(1) == m.embed.size(1), "lm_head (vocab, dim)");
+  return m;
+}
+
 }  // namespace
 
 // y (N) = W (N, K) @ h (K): a matrix-vector product, fp32 accumulation, result in W's dtype.
@@ -529,33 +586,20 @@ void matvec_out(const at::Tensor& w, const at::Tensor& h, at::Tensor& y) {
   });
 }
 
+// One decode step of x (1, 1, dim) at pos through the named model (its embedding unused) into out (vocab).
 void transformer_decode(const at::Tensor& x, const at::Tensor& pos, const at::Tensor& cos, const at::Tensor& sin,
-                        const std::vector<at::Tensor>& input_norms, const std::vector<at::Tensor>& wqs,
-                        const std::vector<at::Tensor>& wks, const std::vector<at::Tensor>& wvs,
-                        const std::vector<at::Tensor>& wos, const std::vector<at::Tensor>& post_norms,
-                        const std::vector<at::Tensor>& gates, const std::vector<at::Tensor>& ups,
-                        const std::vector<at::Tensor>& downs, const std::vector<at::Tensor>& k_caches,
-                        const std::vector<at::Tensor>& v_caches, const at::Tensor& final_norm,
-                        const at::Tensor& lm_head, int64_t n_heads, int64_t n_kv_heads, double eps, at::Tensor& out) {
+                        const Named& weights, int64_t n_heads, int64_t n_kv_heads, double eps, at::Tensor& out) {
   check(x.dim() == 3 && x.size(0) == 1 && x.size(1) == 1, "x must be (1, 1, dim)");
-  check(!wqs.empty(), "no layers");
-  std::vector<Layer> layers;
-  for (size_t i = 0; i < wqs.size(); i++) {
-    layers.push_back({input_norms[i], wqs[i], wks[i], wvs[i], wos[i], post_norms[i], gates[i], ups[i], downs[i],
-                      k_caches[i], v_caches[i]});
-    for (const at::Tensor* t : {&wqs[i], &wks[i], &wvs[i], &wos[i], &gates[i], &ups[i], &downs[i], &k_caches[i],
-                                &v_caches[i], &input_norms[i], &post_norms[i]}) {
-      check(t->is_contiguous() && t->scalar_type() == x.scalar_type(), "weights and caches contiguous, x's dtype");
-    }
-    check(k_caches[i].size(0) == 1, "batch-1 caches");
-  }
+  const Model m = bind_model(weights);
+  check(x.scalar_type() == m.embed.scalar_type(), "x in the weights' dtype");
   const int64_t p = read_pos(pos);
-  check(p >= 0 && p < k_caches[0].size(2), "pos beyond the cache");
+  check(p >= 0 && p < m.layers[0].k_cache.size(2), "pos beyond the cache");
   dispatch(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    decode_step<scalar_t>(Tuning{}, x.data_ptr<scalar_t>(), p, cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), layers,
-                          final_norm.data_ptr<scalar_t>(), lm_head.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                          x.size(2), lm_head.size(0), n_heads, n_kv_heads, static_cast<float>(eps));
+    decode_step<scalar_t>(Tuning{}, x.data_ptr<scalar_t>(), p, cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+                          m.layers, m.final_norm.data_ptr<scalar_t>(), m.lm_head.data_ptr<scalar_t>(),
+                          out.data_ptr<scalar_t>(), x.size(2), m.lm_head.size(0), n_heads, n_kv_heads,
+                          static_cast<float>(eps));
   });
 }
 
@@ -697,33 +741,12 @@ int64_t argmax(const T* v, int64_t n) {
 
 class DecodePlan {
  public:
-  DecodePlan(const at::Tensor& embed, const at::Tensor& cos_table, const at::Tensor& sin_table,
-             const std::vector<at::Tensor>& input_norms, const std::vector<at::Tensor>& wqs,
-             const std::vector<at::Tensor>& wks, const std::vector<at::Tensor>& wvs,
-             const std::vector<at::Tensor>& wos, const std::vector<at::Tensor>& post_norms,
-             const std::vector<at::Tensor>& gates, const std::vector<at::Tensor>& ups,
-             const std::vector<at::Tensor>& downs, const std::vector<at::Tensor>& k_caches,
-             const std::vector<at::Tensor>& v_caches, const at::Tensor& final_norm, const at::Tensor& lm_head,
-             int64_t n_heads, int64_t n_kv_heads, double eps)
-      : embed_(embed), final_norm_(final_norm), lm_head_(lm_head), n_heads_(n_heads), n_kv_(n_kv_heads),
-        eps_(static_cast<float>(eps)) {
-    const auto dtype = embed.scalar_type();
-    check(!wqs.empty(), "no layers");
-    check(embed.dim() == 2 && embed.is_contiguous(), "embedding table (vocab, dim), contiguous");
-    check(lm_head.dim() == 2 && lm_head.size(1) == embed.size(1) && lm_head.is_contiguous(), "lm_head (vocab, dim)");
-    check(final_norm.is_contiguous() && final_norm.scalar_type() == dtype && lm_head.scalar_type() == dtype,
-          "final norm and lm_head in the embedding's dtype");
+  DecodePlan(const Named& weights, const at::Tensor& cos_table, const at::Tensor& sin_table, int64_t n_heads,
+             int64_t n_kv_heads, double eps)
+      : model_(bind_model(weights)), n_heads_(n_heads), n_kv_(n_kv_heads), eps_(static_cast<float>(eps)) {
     check(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "heads: a multiple of the KV heads");
-    for (size_t i = 0; i < wqs.size(); i++) {
-      layers_.push_back({input_norms.at(i), wqs[i], wks.at(i), wvs.at(i), wos.at(i), post_norms.at(i), gates.at(i),
-                         ups.at(i), downs.at(i), k_caches.at(i), v_caches.at(i)});
-      for (const at::Tensor& t : {wqs[i], wks[i], wvs[i], wos[i], gates[i], ups[i], downs[i], k_caches[i],
-                                  v_caches[i], input_norms[i], post_norms[i]}) {
-        check(t.is_contiguous() && t.scalar_type() == dtype, "weights and caches contiguous, in one dtype");
-      }
-      check(k_caches[i].dim() == 4 && k_caches[i].size(0) == 1, "batch-1 caches (1, kv_heads, S, head_dim)");
-    }
-    const int64_t d = wqs[0].size(0) / n_heads;
+    const auto dtype = model_.embed.scalar_type();
+    const int64_t d = model_.layers[0].wq.size(0) / n_heads;
     check(cos_table.dim() == 2 && cos_table.size(1) == d && sin_table.sizes() == cos_table.sizes() &&
               cos_table.is_contiguous() && sin_table.is_contiguous(),
           "RoPE tables (max_seq_len, head_dim), contiguous");
@@ -734,6 +757,9 @@ class DecodePlan {
     cos_ = cos_table;
     sin_ = sin_table;
   }
+
+  // The names of the fields bound (DecodeWeights' fields: those this code does not read too).
+  std::vector<std::string> names() const { return model_.names; }
 
   // How the step's and the prefill's loops run from now on (see Tuning); values checked here.
   void configure(int64_t rows, int64_t ahead, int64_t hint, bool interleave, int64_t tile_rows,
@@ -757,15 +783,15 @@ class DecodePlan {
   // or a prefill of n_tok tokens, from token 0 at position 0, for the tuner. What those runs write into the
   // caches (positions 0 .. n_tok - 1 of every layer) is put back after, so the plan's state is unchanged.
   double measure(int64_t n_tok, int64_t calls) {
-    check(n_tok >= 1 && n_tok <= layers_[0].k_cache.size(2) && n_tok <= cos_.size(0), "measure: n_tok");
+    check(n_tok >= 1 && n_tok <= model_.layers[0].k_cache.size(2) && n_tok <= cos_.size(0), "measure: n_tok");
     check(calls >= 1, "measure: calls >= 1");
     std::vector<at::Tensor> saved;
     using at::indexing::Slice;
-    for (const Layer& L : layers_) {
+    for (const Layer& L : model_.layers) {
       saved.push_back(L.k_cache.index({Slice(), Slice(), Slice(0, n_tok)}).clone());
       saved.push_back(L.v_cache.index({Slice(), Slice(), Slice(0, n_tok)}).clone());
     }
-    at::Tensor logits = at::empty({lm_head_.size(0)}, lm_head_.options());
+    at::Tensor logits = at::empty({model_.lm_head.size(0)}, model_.lm_head.options());
     const at::Tensor toks = at::zeros({1, n_tok}, at::kLong), positions = at::arange(n_tok, at::kLong);
     double best = INFINITY;
     for (int64_t c = 0; c < calls; c++) {
@@ -773,9 +799,9 @@ class DecodePlan {
       run(toks, positions, logits);
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    for (size_t i = 0; i < layers_.size(); i++) {
-      layers_[i].k_cache.index({Slice(), Slice(), Slice(0, n_tok)}).copy_(saved[2 * i]);
-      layers_[i].v_cache.index({Slice(), Slice(), Slice(0, n_tok)}).copy_(saved[2 * i + 1]);
+    for (size_t i = 0; i < model_.layers.size(); i++) {
+      model_.layers[i].k_cache.index({Slice(), Slice(), Slice(0, n_tok)}).copy_(saved[2 * i]);
+      model_.layers[i].v_cache.index({Slice(), Slice(), Slice(0, n_tok)}).copy_(saved[2 * i + 1]);
     }
     return best;
   }
@@ -805,7 +831,7 @@ class DecodePlan {
     check_seed_state(seed_state);
     check(top_k >= 0 && top_p > 0.0 && top_p <= 1.0, "top_k >= 0, 0 < top_p <= 1");
     run(token, pos, logits);
-    out.data_ptr<int64_t>()[0] = draw_row(logits, lm_head_.size(0), seed_state, temperature, top_k, top_p,
+    out.data_ptr<int64_t>()[0] = draw_row(logits, model_.lm_head.size(0), seed_state, temperature, top_k, top_p,
                                           scratch_);
     seed_state.data_ptr<int64_t>()[1] += 1;
   }
@@ -819,16 +845,16 @@ class DecodePlan {
     check(n >= 1 && (token.dim() < 2 || token.size(0) == 1), "tokens: (1, T) ids, batch 1");
     check(static_cast<int64_t>(at.size()) == n, "pos: one position per token (T,)");
     for (int64_t t = 0; t < n; t++) {
-      check(toks[t] >= 0 && toks[t] < embed_.size(0), "token id out of the vocabulary");
+      check(toks[t] >= 0 && toks[t] < model_.embed.size(0), "token id out of the vocabulary");
       check(at[t] == at[0] + t, "pos: a prompt's positions must be consecutive (pos[0], pos[0] + 1, ...)");
     }
     const int64_t p = at[0];
-    check(p >= 0 && p + n <= layers_[0].k_cache.size(2) && p + n <= cos_.size(0), "pos beyond the cache");
-    check(logits.is_contiguous() && logits.numel() == lm_head_.size(0) &&
-              logits.scalar_type() == embed_.scalar_type(),
+    check(p >= 0 && p + n <= model_.layers[0].k_cache.size(2) && p + n <= cos_.size(0), "pos beyond the cache");
+    check(logits.is_contiguous() && logits.numel() == model_.lm_head.size(0) &&
+              logits.scalar_type() == model_.embed.scalar_type(),
           "logits: (vocab) in the model dtype, contiguous (the last token's only)");
-    const int64_t dim = embed_.size(1), d = cos_.size(1);
-    dispatch(embed_.scalar_type(), [&](auto zero) {
+    const int64_t dim = model_.embed.size(1), d = cos_.size(1);
+    dispatch(model_.embed.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       std::vector<T> c(n * d), s(n * d);  // these positions' RoPE rows in the model dtype (rope_cos[pos].to(dtype))
       for (int64_t i = 0; i < n * d; i++) {
@@ -841,19 +867,19 @@ class DecodePlan {
         }
       }
       if (n == 1) {
-        decode_step<T>(tuning_, ptr<T>(embed_) + toks[0] * dim, p, c.data(), s.data(), layers_, ptr<T>(final_norm_),
-                       ptr<T>(lm_head_), logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
+        decode_step<T>(tuning_, ptr<T>(model_.embed) + toks[0] * dim, p, c.data(), s.data(), model_.layers, ptr<T>(model_.final_norm),
+                       ptr<T>(model_.lm_head), logits.data_ptr<T>(), dim, model_.lm_head.size(0), n_heads_, n_kv_, eps_);
       } else {
         std::vector<const T*> rows(n);
-        for (int64_t t = 0; t < n; t++) rows[t] = ptr<T>(embed_) + toks[t] * dim;
-        prefill_step<T>(tuning_, rows.data(), n, p, c.data(), s.data(), layers_, ptr<T>(final_norm_), ptr<T>(lm_head_),
-                        logits.data_ptr<T>(), dim, lm_head_.size(0), n_heads_, n_kv_, eps_);
+        for (int64_t t = 0; t < n; t++) rows[t] = ptr<T>(model_.embed) + toks[t] * dim;
+        prefill_step<T>(tuning_, rows.data(), n, p, c.data(), s.data(), model_.layers, ptr<T>(model_.final_norm), ptr<T>(model_.lm_head),
+                        logits.data_ptr<T>(), dim, model_.lm_head.size(0), n_heads_, n_kv_, eps_);
       }
     });
   }
 
-  at::Tensor embed_, cos_, sin_, final_norm_, lm_head_;
-  std::vector<Layer> layers_;
+  Model model_;  // the bound tensors, by what they are
+  at::Tensor cos_, sin_;
   Tuning tuning_;  // how its loops run (configure); never what they compute
   int64_t n_heads_, n_kv_;
   float eps_;
@@ -893,16 +919,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mlp_decode", &mlp_decode, "one token: [RMSNorm +] SwiGLU MLP (+ residual)");
   m.def("sample_out", &sample_out, "the sampler's draw (temperature, top-k, top-p) from the last row of logits");
   m.def("isa", &isa, "the vector ISA this build was compiled for");
+  m.def("fields_read", []() { return kFieldsRead; }, "the DecodeWeights fields this code reads, by name");
   m.def("max_tile_tokens", []() { return TILE_T; }, "the prefill tile's most tokens in this build");
   // module_local: each ISA's build registers its own DecodePlan type (all three may load in one process)
   pybind11::class_<DecodePlan>(m, "DecodePlan", pybind11::module_local(), "the whole decode step over bound weights")
-      .def(pybind11::init<const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::vector<at::Tensor>&,
-                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,
-                          const at::Tensor&, int64_t, int64_t, double>())
+      .def(pybind11::init<const Named&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, double>(),
+           "over DecodeWeights.named(), the model's RoPE tables (max_seq_len, head_dim), heads, KV heads, eps")
+      .def("names", &DecodePlan::names, "the names of the fields it bound")
       .def("configure", &DecodePlan::configure, "how the loops run: rows, ahead, hint, interleave, tile_rows, tile_tokens")
       .def("tuning", &DecodePlan::tuning, "(rows, ahead, hint, interleave, tile_rows, tile_tokens) in use")
       .def("measure", &DecodePlan::measure, "fastest of `calls` runs (s) of a step (n_tok 1) or prefill, state kept")
