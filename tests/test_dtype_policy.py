@@ -35,9 +35,9 @@ def test_zero_dim_and_out_arguments_are_not_cast():
 
 
 def test_warning_is_logged_once(caplog):
-    import nativelab.device.ops as ops
+    import nativelab.device.policy as policy
 
-    ops._policy_warned.discard(torch.int64)
+    policy._policy_warned.discard(torch.int64)
     with caplog.at_level(logging.WARNING, logger="nativelab.device.dtype_policy"):
         a = torch.arange(4).to("neuron")
         (a * 2).cpu()

@@ -5,13 +5,21 @@ import warnings
 import torch
 
 import nativelab
-from nativelab.device import ops
+from nativelab.device import schema
 
 
 def test_native_op_list_ships_with_the_package():
-    assert len(ops.NATIVE_OPS) == 396
-    assert "aten::topk" in ops.NATIVE_OPS and "aten::mm" in ops.NATIVE_OPS
-    assert not any(n.startswith(("aten::argmax", "aten::sort", "aten::multinomial")) for n in ops.NATIVE_OPS)
+    assert len(schema.NATIVE_OPS) == 396
+    assert "aten::topk" in schema.NATIVE_OPS and "aten::mm" in schema.NATIVE_OPS
+    assert not any(n.startswith(("aten::argmax", "aten::sort", "aten::multinomial")) for n in schema.NATIVE_OPS)
+
+
+def test_op_base_name_is_the_schema_name_without_the_overload():
+    """The one name the device list, the partitioner and the checker use for an op, against the schema's own."""
+    for op in (torch.ops.aten.add.Tensor, torch.ops.aten.mm.default, torch.ops.aten.scatter_add_.default,
+               torch.ops.aten.max.dim_max):
+        assert schema.op_base_name(op) == str(op._schema).split("(")[0].split(".")[0]
+    assert schema.op_base_name(torch.ops.aten.add.Tensor) == "aten::add"
 
 
 def test_greedy_and_sampling_fallbacks_match_the_guide():

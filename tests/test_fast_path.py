@@ -7,16 +7,16 @@ import pytest
 import torch
 
 import nativelab
-from nativelab.device import memory, observe, ops, queue
+from nativelab.device import dispatch, memory, observe, queue, schema
 
 DEV = "neuron"
 
 
 @pytest.fixture(params=[True, False], ids=["cpp", "python"])
 def path(request):
-    ops.set_fast_path(request.param)
+    dispatch.set_fast_path(request.param)
     yield request.param
-    ops.set_fast_path(True)
+    dispatch.set_fast_path(True)
 
 
 def _program(dev: str, x: torch.Tensor, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -52,17 +52,17 @@ def test_program_matches_cpu_on_both_paths(path):
 
 def test_cpp_path_runs_without_python_and_counts_its_ops():
     x = torch.randn(16, 16, device=DEV)
-    x * 2 + 1  # a signature's first call runs at once through Python (ops._first_call)
+    x * 2 + 1  # a signature's first call runs at once through Python (dispatch._first_call)
     nativelab.clear_op_tracking()
     calls = []
-    orig = ops._device_kernel
-    ops._device_kernel = lambda *a, **k: calls.append(a[0]) or orig(*a, **k)
+    orig = dispatch._device_kernel
+    dispatch._device_kernel = lambda *a, **k: calls.append(a[0]) or orig(*a, **k)
     try:
         for _ in range(3):
             y = x * 2 + 1
         assert not queue.idle()  # queued, not run
     finally:
-        ops._device_kernel = orig
+        dispatch._device_kernel = orig
     assert calls == []  # no Python kernel at all (the C++ kernel asked Python for the output spec only)
     torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
     counts = nativelab.get_op_counts()["device"]
@@ -120,7 +120,7 @@ def test_cpp_path_out_of_memory_is_torch_oom_and_leaves_nothing():
 def test_cpp_queued_failure_surfaces_at_sync_naming_the_op():
     y = torch.randn(4, 4, device=DEV)
     bad = torch.tensor([[0, 9]], device=DEV)  # out of range: only the CPU kernel finds out
-    for _ in range(2):  # each signature's first call runs at once (ops._first_call), the second reaches C++
+    for _ in range(2):  # each signature's first call runs at once (dispatch._first_call), the second reaches C++
         torch.gather(y, 1, torch.zeros_like(bad)), y + 1
     torch.neuron.synchronize()
     r = torch.gather(y, 1, bad)  # queued: no error yet
@@ -183,7 +183,7 @@ def test_float_arguments_do_not_grow_the_signature_caches(path):
     x = torch.randn(8, device=DEV)
     want = x.cpu()
     x.add_(x, alpha=0.5)  # the signature seen once
-    rec = ops.record_for(torch.ops.aten.add_.Tensor)
+    rec = schema.record_for(torch.ops.aten.add_.Tensor)
     before = len(rec.meta_cache)
     for k in range(20):
         x.add_(x, alpha=1.0 / (k + 3))

@@ -201,10 +201,10 @@ def test_the_walker_sees_imports_and_cycles():
     mods = _modules()
     assert _private_torch_uses("import torch._dynamo\nfrom torch._ops import OpOverload\nx = torch._C\ny = torch.ops\n") == [
         "import torch._dynamo", "from torch._ops import ...", "torch._C"]
-    planted_source = "from ..device.ops import _call\nfrom ..device import ops as o\nx = o._scalars\ny = o.DEVICE\n"
+    planted_source = "from ..device.dispatch import _to_host\nfrom ..device import dispatch as o\nx = o._scalars\ny = o.DEVICE\n"
     assert _underscore_uses("nativelab.compiler.example", planted_source, False, mods) == [
-        "nativelab.compiler.example: from nativelab.device.ops import _call",
-        "nativelab.compiler.example: nativelab.device.ops._scalars",
+        "nativelab.compiler.example: from nativelab.device.dispatch import _to_host",
+        "nativelab.compiler.example: nativelab.device.dispatch._scalars",
     ]
 
 

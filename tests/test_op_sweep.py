@@ -64,7 +64,7 @@ def test_opinfo_sweep_fp32():
     assert len(passed) > 600  # the sweep really ran the database
 
 
-# bf16 ops that disagree with CPU bf16 today, with the cause found. Each is a device bug (in device/ops.py's
+# bf16 ops that disagree with CPU bf16 today, with the cause found. Each is a device bug (in device/policy.py's
 # policy), kept here so a new failure stands out; remove an entry when its cause is fixed.
 BF16_KNOWN_BUGS: dict[str, str] = {}
 

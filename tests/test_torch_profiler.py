@@ -165,15 +165,15 @@ def test_each_kind_of_device_work_is_named_by_what_it_is(tmp_path):
 def test_the_cpp_op_path_stays_on_during_a_trace(monkeypatch):
     """The C++ kernel queues ops during a torch.profiler trace too (the queue records their device events): the
     trace costs no Python per op, and the ops it queued are still attributed to the ops that launched them."""
-    from nativelab.device import ops, queue
+    from nativelab.device import dispatch, queue
 
-    if not ops.fast_path or queue.sync_mode:
+    if not dispatch.fast_path or queue.sync_mode:
         pytest.skip("NATIVELAB_FAST_PATH=0 or NATIVELAB_SYNC=1: every op takes the Python path")
     a = torch.randn(64, 64, device="neuron")
     (a * 2 + 1).cpu()  # the C++ kernel learns these call signatures
     python_path = []
-    real = ops._device_kernel
-    monkeypatch.setattr(ops, "_device_kernel", lambda op, *args, **kw: python_path.append(op) or real(op, *args, **kw))
+    real = dispatch._device_kernel
+    monkeypatch.setattr(dispatch, "_device_kernel", lambda op, *args, **kw: python_path.append(op) or real(op, *args, **kw))
     with profile(activities=BOTH) as prof:
         b = a * 2 + 1
         b.cpu()

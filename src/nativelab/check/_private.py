@@ -5,11 +5,6 @@ from __future__ import annotations
 from torch._ops import OpOverload  # noqa: F401 - the type of an ATen operator overload, as graph nodes target
 
 
-def op_base_name(op: OpOverload) -> str:
-    """An overload's operator name without the overload (`aten::mm` for `aten.mm.default`)."""
-    return op._schema.name
-
-
 def is_mutating(op: OpOverload) -> bool:
     """The overload writes one of its arguments (in place, out=)."""
     return op._schema.is_mutable

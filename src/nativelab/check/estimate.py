@@ -17,7 +17,8 @@ import operator
 
 import torch
 
-from ._private import OpOverload, op_base_name
+from ..device.schema import op_base_name
+from ._private import OpOverload
 from .hardware import Trainium2
 
 _MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",

@@ -16,6 +16,7 @@ import dataclasses
 
 import torch
 
+from ..device.schema import op_base_name
 from . import _private
 from .source import Site, parse_stack_trace
 
@@ -77,7 +78,7 @@ class GraphValues:
             if n not in integer or n.op == "placeholder" or n.target.is_view:
                 continue  # a view holds its base's values, read where the base is
             v = _val(n)
-            if _private.op_base_name(n.target) in int_fp32_ops and v.dtype in _INTS:
+            if op_base_name(n.target) in int_fp32_ops and v.dtype in _INTS:
                 targets.append(("int-fp32", n))
             elif v.dtype is torch.int64:
                 targets.append(("int64", n))

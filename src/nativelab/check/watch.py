@@ -21,8 +21,8 @@ from torch.optim import optimizer as _optimizer
 
 from ..device import memory as _memory
 from ..device import observe as _observe
-from ..device import ops as _ops
 from ..device import queue as _queue
+from ..device import schema as _schema
 from ..profile.session import Session
 from . import _private
 from .drift import Shadows
@@ -82,7 +82,7 @@ class Watch(Session):
                  drift: bool = False):
         super().__init__(name, timeline=False)
         # bf16 results against float32 shadows (drift.py): off by default, it runs every bf16 op twice
-        self.shadows = Shadows(_memory.host_view, _queue.drain, _ops.DEVICE) if drift else None
+        self.shadows = Shadows(_memory.host_view, _queue.drain, _memory.DEVICE) if drift else None
         self.alloc_threshold = alloc_threshold
         self.top_tensors = top_tensors
         self.steps = 0
@@ -239,7 +239,7 @@ class Watch(Session):
     def dispatch(self, op, args, kwargs, run):
         info = self._op_info.get(op)
         if info is None:
-            rec = _ops.record_for(op)
+            rec = _schema.record_for(op)
             # Written arguments (in place, out=) are not cast by the device's policy, only read inputs are.
             outs = {rec.kwnames[i - rec.npos] for i in rec.mutable if i >= rec.npos}
             written = frozenset(i for i in rec.mutable if i < rec.npos)
@@ -278,7 +278,7 @@ class Watch(Session):
         cast = origin = None
         wide = []
         for t in _tensors((*args, *kwargs.values())):
-            if t.device.type != _ops.DEVICE:
+            if t.device.type != _memory.DEVICE:
                 continue
             if t.dtype is torch.int64 and t.dim() != 0:
                 if not native:  # a CPU fallback computes in int64: nothing is cast
@@ -317,7 +317,7 @@ class Watch(Session):
         tensor made empty (`empty_like` in a clone, an out= buffer) takes the line of the values first written
         into it."""
         for t in _tensors(res if isinstance(res, (list, tuple)) else (res,)):
-            if t.dtype not in _WIDE or t.device.type != _ops.DEVICE:
+            if t.dtype not in _WIDE or t.device.type != _memory.DEVICE:
                 continue
             key = id(t)
             hit = self._wide_origin.get(key)
@@ -368,7 +368,7 @@ class Watch(Session):
                 key = id(t)
                 ref = weakref.ref(t, lambda _, key=key, table=self._wide_origin: table.pop(key, None))
                 self._wide_origin[key] = (ref, made, False)
-                if t.device.type == _ops.DEVICE:
+                if t.device.type == _memory.DEVICE:
                     self._wide_storage[_storage(t)] = made
             return res
 
@@ -377,7 +377,7 @@ class Watch(Session):
 
     def _int_fp32(self, name, op, args, res) -> None:
         out = res if isinstance(res, torch.Tensor) else (args[0] if args and isinstance(args[0], torch.Tensor) else None)
-        if out is None or out.dtype not in _INT_DTYPES or out.device.type != _ops.DEVICE or not out.numel():
+        if out is None or out.dtype not in _INT_DTYPES or out.device.type != _memory.DEVICE or not out.numel():
             return
         _queue.drain()
         h = _memory.host_view(out)
@@ -591,7 +591,7 @@ def _loading_safetensors(real, failures: list):
         try:
             return real(filename, device=device)
         except Exception as e:
-            if str(device).startswith(_ops.DEVICE):
+            if str(device).startswith(_memory.DEVICE):
                 failures.append((user_site(), str(device), f"{type(e).__name__}: {e}"))
             raise
 

@@ -12,7 +12,7 @@ from torch._ops import OpOverload  # the type of an ATen operator overload (`tor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 __all__ = ["OpOverload", "aot_autograd", "make_boxed_func", "dynamo_backend_known", "register_dynamo_backend",
-           "recompute_meta", "op_base_name", "standalone_compile", "load_artifact", "STANDALONE_COMPILE_LOGGER",
+           "recompute_meta", "standalone_compile", "load_artifact", "STANDALONE_COMPILE_LOGGER",
            "split_bf16_tile_transposes", "install_cpp_source_filter", "inductor_cache_tag", "rng_state_hops",
            "inductor_fallback_random", "functionalized_call", "python_modes_active", "no_python_modes",
            "route_default_backend", "INDUCTOR_ENTRY", "DEFAULT_BACKEND_KWARGS"]
@@ -114,11 +114,6 @@ def recompute_meta(gm: torch.fx.GraphModule, example_inputs) -> None:
     fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     with mode, torch.no_grad():
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
-
-
-def op_base_name(op: OpOverload) -> str:
-    """An overload's operator name without the overload (`aten::add` for `aten.add.Tensor`)."""
-    return op._schema.name
 
 
 # -- Inductor -----------------------------------------------------------------------------------------------

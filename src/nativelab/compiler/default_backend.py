@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from ..device import ops
+from ..device import dispatch
 from ..device.config import DEVICE_NAME
 from . import _private, metrics
 
@@ -65,4 +65,4 @@ def _user_stacklevel() -> int:
 
 def install() -> None:
     """Route the default backend's device graphs here (when Inductor is first imported; nothing before)."""
-    _private.route_default_backend(route, ops.after_import)
+    _private.route_default_backend(route, dispatch.after_import)

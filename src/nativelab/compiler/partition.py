@@ -14,11 +14,11 @@ import operator
 import torch
 import torch.fx
 
-from ..device import ops as device_ops
+from ..device.schema import NATIVE_OPS, op_base_name
 from . import random_ops
-from ._private import OpOverload, op_base_name
+from ._private import OpOverload
 
-_NATIVE_BASES = frozenset(n.split(".", 1)[0] for n in device_ops.NATIVE_OPS)
+_NATIVE_BASES = frozenset(n.split(".", 1)[0] for n in NATIVE_OPS)
 
 # Ops that move or make memory rather than compute: every device has them, the compiler lowers them.
 _DATA_MOVEMENT = frozenset(

@@ -8,7 +8,7 @@ import contextlib
 import torch
 
 from ..device import memory, observe, queue, rng, tracking
-from ..device.ops import device_index
+from ..device.dispatch import device_index
 from . import random_ops
 
 DEVICE = memory.DEVICE

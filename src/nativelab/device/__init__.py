@@ -19,8 +19,8 @@ import torch
 
 from .. import stand_ins
 from . import (
-    _private, attention, autocast, config, conversion, crash_report, dynamo_interface, guard, int32_targets, memory,
-    module, ops, queue, rnn_cells, runtime, runtime_ops, sparse, tracking,
+    _private, attention, autocast, config, conversion, crash_report, dispatch, dynamo_interface, guard,
+    int32_targets, memory, module, policy, queue, rnn_cells, runtime, runtime_ops, sparse, tracking,
 )
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
@@ -63,7 +63,7 @@ def register() -> bool:
     guard.init(cfg.num_cores)
     queue.set_sync_mode(cfg.sync)
     runtime_ops.quiet = cfg.quiet
-    ops.dtype_policy = cfg.dtype_policy
+    policy.dtype_policy = cfg.dtype_policy
     tracking.strict = cfg.strict
 
     _private.register_backend("neuron", _device_module(cfg))
@@ -71,7 +71,7 @@ def register() -> bool:
     _private.keep_out_of_fused_transformer_paths()
     memory.init(cfg)
     lib = torch.library.Library("_", "IMPL")
-    ops.install(runtime.load(), cfg.fast_path)  # the boxed kernel every op reaches (C++, Python behind it)
+    dispatch.install(runtime.load(), cfg.fast_path)  # the boxed kernel every op reaches (C++, Python behind it)
     aten_lib = torch.library.Library("aten", "IMPL")
     runtime_ops.install(aten_lib, runtime.load())
     rnn_cells.install(aten_lib)

@@ -81,7 +81,7 @@ graph = None
 compiled_source: str | None = None
 
 _stack: list = []
-_listeners: list = []  # called after the stack changes (ops.py: the C++ fast path stays off while anyone watches)
+_listeners: list = []  # called after the stack changes (dispatch.py: the C++ fast path stays off while anyone watches)
 
 
 def push(observer) -> None:

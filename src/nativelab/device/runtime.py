@@ -2,8 +2,9 @@
 
 It registers what PyTorch reads from C++ only: the device guard (current device per thread, streams,
 events), the PrivateUse1 hooks (availability, device count, generators, pinned host memory). The per-op
-policy stays Python (ops.py), decided once per op overload and call signature; the per-call work of the
-common case (allocation on a core, host views, the work queue) is C++ (ops.cpp, memory.cpp, queue.cpp).
+policy stays Python (schema.py, policy.py, dispatch.py), decided once per op overload and call signature;
+the per-call work of the common case (allocation on a core, host views, the work queue) is C++ (ops.cpp,
+memory.cpp, queue.cpp).
 """
 
 from __future__ import annotations

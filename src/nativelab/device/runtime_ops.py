@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import guard, memory, observe, ops, queue, rng, tracking
+from . import dispatch, guard, memory, observe, queue, rng, schema, tracking
 
 aten = torch.ops.aten
 DEVICE = memory.DEVICE
@@ -88,7 +88,7 @@ def copy_from(src, dst, non_blocking=False):
 def copy_from_and_resize(src, dst):
     if dst.shape != src.shape:
         if dst.device.type == DEVICE:
-            ops.resize_(dst, src.shape)
+            dispatch.resize_(dst, src.shape)
         else:
             dst.resize_(src.shape)
     return copy_(dst, src)
@@ -111,7 +111,7 @@ def _transfer(kind: str, copy, *args):
 
 
 def resize_(t, size, memory_format=None):
-    return ops.resize_(t, size, memory_format)
+    return dispatch.resize_(t, size, memory_format)
 
 
 def set_source_storage_offset(t, source, storage_offset, size, stride=()):
@@ -179,9 +179,9 @@ def convolution_backward_overrideable(grad_output, input, weight, stride, paddin
 
 
 def _host_fallback(name: str, cpu_op, args: tuple):
-    index = ops._device_index(args)
-    rec = ops.record_for(cpu_op)
-    return ops.run_on_host(name, rec, list(args), index)
+    index = dispatch._device_index(args)
+    rec = schema.record_for(cpu_op)
+    return dispatch.run_on_host(name, rec, list(args), index)
 
 
 KERNELS = {

@@ -23,8 +23,8 @@ import torch
 
 from .. import device as _device
 from ..compiler import metrics as _compile_metrics
+from ..device import memory as _memory
 from ..device import observe as _observe
-from ..device import ops as _ops
 from ..device import queue as _queue
 from ..device import runtime_ops as _runtime_ops
 from . import _private
@@ -321,9 +321,9 @@ def traffic_per_token(generate) -> float | None:
 
 def _on_device(a) -> bool:
     if isinstance(a, torch.Tensor):
-        return a.device.type == _ops.DEVICE
+        return a.device.type == _memory.DEVICE
     if isinstance(a, (list, tuple)):
-        return any(isinstance(t, torch.Tensor) and t.device.type == _ops.DEVICE for t in a)
+        return any(isinstance(t, torch.Tensor) and t.device.type == _memory.DEVICE for t in a)
     return False
 
 

@@ -20,7 +20,7 @@ import operator
 import torch
 import torch.fx
 
-from ..device import ops as _ops
+from ..device import dispatch as _dispatch
 from ._private import OpOverload
 
 _Tensor = torch.Tensor
@@ -47,7 +47,7 @@ def nbytes(t: _Tensor) -> int:
 
 def _immediate(t: _Tensor) -> bool:
     """A 0-d CPU constant the device made for a Python scalar (`t * 2`): an immediate, not memory traffic."""
-    return t.dim() == 0 and _ops.is_immediate(t)
+    return t.dim() == 0 and _dispatch.is_immediate(t)
 
 
 def tensor_bytes(x) -> int:

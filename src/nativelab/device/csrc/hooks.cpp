@@ -18,7 +18,7 @@ namespace nativelab {
 
 // ---- generators ---------------------------------------------------------------------------------------
 // A device generator keeps its state in a CPU generator: the device's random ops run CPU kernels, which
-// draw from that one (nativelab/device/ops.py swaps it in), so seeding, state save/restore and the numbers
+// draw from that one (nativelab/device/dispatch.py swaps it in), so seeding, state save/restore and the numbers
 // drawn are one state, exactly CPU's.
 
 struct NeuronGenerator final : public c10::GeneratorImpl {

@@ -1,10 +1,10 @@
 // The kernel every ATen op on the device reaches (the PrivateUse1 fallback, and the structured native ops
-// registered by name). Python decides once per op overload what the op is (ops.py: native / view / fallback,
+// registered by name). Python decides once per op overload what the op is (schema.py: native / view / fallback,
 // its out= form, what it returns) and once per call signature what its outputs are (meta kernels, the dtype
 // and GEMM policies); this file does the per-call work of the common case without entering the interpreter:
 // the signature key, the cached output spec, allocation on the core, host views and queueing. Anything
 // unusual (a first call of a signature, fallbacks, random ops, the dtype policy, a watching tool, sync mode)
-// goes to the Python kernel, ops.device_kernel.
+// goes to the Python kernel, dispatch.device_kernel.
 #include "queue.h"
 
 #include <ATen/ExpandUtils.h>
@@ -81,9 +81,9 @@ struct OpEntry {
 std::mutex g_mu;  // never held while taking the GIL
 std::unordered_map<const void*, OpEntry*> g_entries;
 std::atomic<bool> g_fast{false};
-py::object* g_python_kernel = nullptr;  // ops.device_kernel(op, *args, **kwargs)
-py::object* g_decide = nullptr;         // ops.fast_route(op_name, overload) -> (op, name, route)
-py::object* g_spec = nullptr;           // ops.fast_spec(op, *args) -> None | (kind, [(sizes, strides, dtype)])
+py::object* g_python_kernel = nullptr;  // dispatch.device_kernel(op, *args, **kwargs)
+py::object* g_decide = nullptr;         // dispatch.fast_route(op_name, overload) -> (op, name, route)
+py::object* g_spec = nullptr;           // dispatch.fast_spec(op, *args) -> None | (kind, [(sizes, strides, dtype)])
 
 OpEntry* entry_for(const c10::OperatorHandle& op) {
   const void* key = &op.schema();
@@ -319,7 +319,7 @@ Spec python_spec(OpEntry* e, const c10::OperatorHandle& op, const c10::IValue* a
 }
 
 // Call a Python kernel with an op's boxed arguments (keyword-only ones by name) and push what it returns.
-// `first`, when set, goes before the arguments (the OpOverload, for ops.device_kernel).
+// `first`, when set, goes before the arguments (the OpOverload, for dispatch.device_kernel).
 void call_python(const py::object& fn, const py::object* first, const c10::OperatorHandle& op,
                  torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -370,7 +370,7 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
   if (spec == nullptr) {  // first call of this signature: Python works out the outputs and the policies
     Spec s = python_spec(e, op, args, n);
-    if (s.later) return false;  // the signature's first call: Python runs it at once (ops._first_call)
+    if (s.later) return false;  // the signature's first call: Python runs it at once (dispatch._first_call)
     std::lock_guard<std::mutex> lock(g_mu);
     if (e->specs.size() >= kMaxSpecs) return false;  // a signature zoo: Python (and its own cache) serves it
     spec = &e->specs.emplace(std::move(key), std::move(s)).first->second;  // node-based: stays put

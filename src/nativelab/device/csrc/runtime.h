@@ -1,7 +1,7 @@
 // The emulated device's C++ runtime: what PyTorch reads through the PrivateUse1 hooks and the device guard
 // (current device per thread, streams, events, generators, pinned host memory). Layout after PyTorch's
-// OpenReg: a file per concept. The per-op policy is Python's (nativelab/device/ops.py), decided once per op
-// overload and call signature; the per-call work is ops.cpp's.
+// OpenReg: a file per concept. The per-op policy is Python's (nativelab/device/: schema.py, policy.py,
+// dispatch.py), decided once per op overload and call signature; the per-call work is ops.cpp's.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -1,11 +1,12 @@
-"""ATen ops on the device: one boxed kernel for every op that reaches the PrivateUse1 key.
+"""ATen ops on the device: one boxed kernel for every op that reaches the PrivateUse1 key, and its routes.
 
-Three routes, chosen once per op overload:
+Three routes, chosen once per op overload (`schema.OpRecord.route`):
 - views (`view`, `transpose`, `split`, ...): metadata only, answered at once on the same device storage;
 - ops the real device implements (`native_ops.txt`): output metadata from meta kernels (cached), outputs
   allocated, the CPU kernel queued to run later on host memory (asynchronous, in program order);
 - everything else: a CPU fallback, as on the real device: drain the queue, run the CPU kernel, record the
   op and warn once.
+What a call does other than plain CPU dispatch (the dtype policy, index dtypes, ...) is `policy.py`.
 A few ops the device runtime must answer itself (allocation, copies, `.item()`, `resize_`, `set_`) have
 their own kernels in `runtime_ops.py`.
 """
@@ -13,168 +14,28 @@ their own kernels in `runtime_ops.py`.
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
-from importlib import resources
 
 import torch
 
-from . import _private, gemm_policy, guard, memory, observe, queue, rng, sparse, tracking
+from . import _private, gemm_policy, guard, memory, observe, policy, queue, rng, schema, sparse, tracking
+from .schema import OpRecord
 
 DEVICE = memory.DEVICE
 _Tensor = torch.Tensor
 _meta = torch.device("meta")
 _cpu = torch.device("cpu")
 
-log = logging.getLogger("nativelab.device.dtype_policy")
-dtype_policy = True  # set from config at registration
-
-# CPU kernels that insist on int64 indices; the device takes int32 (the guide's int32 labels).
-_INT64_INDEX_ARGS = {
-    "nll_loss_forward": ("target",),
-    "nll_loss_backward": ("target",),
-    "nll_loss2d_forward": ("target",),
-    "nll_loss2d_backward": ("target",),
-    "gather": ("index",),
-    "scatter": ("index",),
-    "scatter_add": ("index",),
-    "scatter_add_": ("index",),
-    "scatter_": ("index",),
-    "scatter_reduce": ("index",),
-    "scatter_reduce_": ("index",),
-    "index_copy": ("index",),
-    "index_copy_": ("index",),
-    "take": ("index",),
-    "put_": ("index",),
-    "put": ("index",),
-    "multi_margin_loss": ("target",),
-    "multilabel_margin_loss_forward": ("target",),
-    "multilabel_margin_loss_backward": ("target",),
-}
-_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
-
-# Arguments that may be CPU tensors of any size, as on CUDA: the `Tensor?[] indices` of advanced indexing
-# (`index`, `index_put_` and their unsafe/impl forms), which PyTorch moves to `self`'s device itself
-# (`device_check: NoCheck` in native_functions.yaml, then `make_info`). Every other CPU operand must be a 0-d
-# scalar, which is what TensorIterator allows; `index_select`, `gather`, `take` ... reject CPU indices on CUDA.
-_CPU_INDEX_ARGS = ("indices",)
-
-
 _MISSING = object()
 
-
-def _load_native_names() -> frozenset[str]:
-    text = resources.files(__package__).joinpath("native_ops.txt").read_text()
-    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
-
-
-NATIVE_OPS = _load_native_names()
-
-
-class OpRecord:
-    """What the device needs to know about one op overload, worked out once from its schema."""
-
-    __slots__ = (
-        "op", "name", "route", "arg_pos", "mutable", "returns_alias", "int64_args", "gen_pos", "meta_cache",
-        "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos", "cpu_ok", "functional",
-        "random", "out_args",
-    )
-
-    def __init__(self, op: torch._ops.OpOverload):
-        schema = op._schema
-        self.op = op
-        base = schema.name  # 'aten::add'
-        self.name = base if schema.overload_name == "" else f"{base}.{schema.overload_name}"
-        args = schema.arguments
-        self.arg_pos = {a.name: i for i, a in enumerate(args)}
-        self.mutable = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
-        self.out_args = any(args[i].kwarg_only for i in self.mutable)  # out= arguments the op may resize
-        # For each return: the argument it aliases, if any.
-        sets = {}
-        for i, a in enumerate(args):
-            if a.alias_info is not None:
-                for s in a.alias_info.before_set:
-                    sets.setdefault(s, i)
-        self.returns_alias = tuple(
-            (sets.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None)
-            for r in schema.returns
-        )
-        is_view = any(
-            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
-        ) and not self.mutable
-        short = base.split("::", 1)[1]
-        self.int64_args = tuple(self.arg_pos[n] for n in _INT64_INDEX_ARGS.get(short, ()) if n in self.arg_pos)
-        self.gen_pos = self.arg_pos.get("generator")
-        self.random = self.gen_pos is not None or rng.is_random(op)
-        self.cpu_ok = tuple(
-            i for i, a in enumerate(args) if a.name in _CPU_INDEX_ARGS and str(a.type) == "List[Optional[Tensor]]"
-        )
-        self.functional = _MISSING  # an out= op's functional form, looked up when the dtype policy needs it
-        # Tensor arguments the dispatcher may hand us as Python numbers (wrapped scalars)
-        self.tensor_pos = tuple(i for i, a in enumerate(args) if str(a.type) == "Tensor")
-        self.npos = sum(1 for a in args if not a.kwarg_only)
-        self.kwnames = tuple(a.name for a in args if a.kwarg_only)
-        self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
-        # An entry without an overload ("aten::mul_") covers every overload of that op.
-        native = self.name in NATIVE_OPS or base in NATIVE_OPS
-        if is_view:
-            self.route = "view"
-        elif native and not op.is_view and schema.returns and all(
-            str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns
-        ):
-            self.route = "native"
-        else:
-            self.route = "fallback"
-        self.meta_cache: dict = {}
-        self.out_op, self.out_names = _out_variant(op) if self.route == "native" else (None, ())
-
-
-def _out_variant(op):
-    """The `out=` overload of a functional op (mul.Tensor -> mul.out), so queued work writes its result
-    straight into the device output instead of into a temporary that is then copied."""
-    schema = op._schema
-    want = [(a.name, str(a.type)) for a in schema.arguments]
-    for name in op.overloadpacket.overloads():
-        cand = getattr(op.overloadpacket, name)._schema
-        outs = [a for a in cand.arguments if a.alias_info is not None and a.alias_info.is_write]
-        if not outs or len(outs) != len(schema.returns) or not all(a.kwarg_only for a in outs):
-            continue
-        rest = [(a.name, str(a.type)) for a in cand.arguments if not (a.alias_info and a.alias_info.is_write)]
-        if rest == want:
-            return getattr(op.overloadpacket, name), tuple(a.name for a in outs)
-    return None, ()
-
-
-_records: dict = {}
+_records = schema.records  # OpOverload -> OpRecord (bound here: read per call)
 _no_context = contextlib.nullcontext()
-
-
-def record_for(op) -> OpRecord:
-    rec = _records.get(op)
-    if rec is None:
-        rec = _records[op] = OpRecord(op)
-    return rec
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Argument walking. Schema arguments arrive positionally in `args` and by name in `kwargs`; we normalise to
-# one positional list so schema positions (mutable args, index args, generator) can be used directly.
-
-
-def _normalise(rec: OpRecord, args: tuple, kwargs: dict) -> list:
-    if not kwargs and (rec.gen_pos is None or len(args) > rec.gen_pos):
-        return list(args)
-    full = list(args) + list(rec.defaults[len(args):])
-    for k, v in kwargs.items():
-        full[rec.arg_pos[k]] = v
-    return full
-
-
-def _call(rec: OpRecord, full: list):
-    """Call the op with schema-ordered arguments (keyword-only ones by name)."""
-    if len(full) <= rec.npos:
-        return rec.op(*full)
-    return rec.op(*full[: rec.npos], **dict(zip(rec.kwnames, full[rec.npos:])))
+# one positional list (`OpRecord.normalise`) so schema positions (mutable args, index args, generator) can be
+# used directly.
 
 
 def _device_index(args, cpu_ok: tuple = ()) -> int:
@@ -297,53 +158,6 @@ def _sig(x):
     return x
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Dtype policy (the real device's): int64 -> int32 and float64 -> float32 for inputs that are not 0-d.
-
-_policy_warned: set = set()
-
-
-def _narrow_inputs(rec: OpRecord, hargs: list) -> bool:
-    narrowed = False
-    for i, a in enumerate(hargs):
-        if i in rec.mutable or i in rec.int64_args:
-            continue
-        if isinstance(a, _Tensor):
-            nd = _NARROW.get(a.dtype)
-            if nd is not None and a.dim() != 0:
-                _warn_policy(a.dtype)
-                hargs[i] = a.to(nd)
-                narrowed = True
-        elif isinstance(a, list) and a and isinstance(a[0], _Tensor):
-            if any(t is not None and t.dtype in _NARROW and t.dim() != 0 for t in a):
-                hargs[i] = [
-                    (t.to(_NARROW[t.dtype]) if t is not None and t.dtype in _NARROW and t.dim() != 0 else t)
-                    for t in a
-                ]
-                for t in a:
-                    if t is not None and t.dtype in _NARROW:
-                        _warn_policy(t.dtype)
-                narrowed = True
-    return narrowed
-
-
-def _warn_policy(dtype) -> None:
-    if dtype in _policy_warned:
-        return
-    _policy_warned.add(dtype)
-    wide, narrow = ("int64", "int32") if dtype == torch.int64 else ("float64", "float32")
-    log.warning(
-        "Neuron backend does not support %s. Automatically casting to %s. Consider using %s directly for "
-        "better performance until native %s support is added.", wide, narrow, narrow, wide,
-    )
-
-
-def _widen_indices(rec: OpRecord, hargs: list) -> None:
-    for i in rec.int64_args:
-        a = hargs[i]
-        if isinstance(a, _Tensor) and a.dtype == torch.int32:
-            hargs[i] = a.long()
-
 
 # ---------------------------------------------------------------------------------------------------------
 # The three routes.
@@ -351,11 +165,11 @@ def _widen_indices(rec: OpRecord, hargs: list) -> None:
 
 def _view(rec: OpRecord, args: list, index: int):
     if any(isinstance(a, _Tensor) and _private.is_zero_tensor(a) for a in args):  # a view of memory that is not there
-        out = _call(rec, [_to_meta(a) for a in args])  # (PyTorch's ZeroTensor key passes views through)
+        out = rec.call([_to_meta(a) for a in args])  # (PyTorch's ZeroTensor key passes views through)
         back = lambda r: memory.zero_tensor(r.shape, r.stride(), r.dtype, index)  # noqa: E731
         return back(out) if isinstance(out, _Tensor) else type(out)(back(r) for r in out)
     hargs = [_to_host(a, rec.name) for a in args]
-    out = _call(rec, hargs)
+    out = rec.call(hargs)
     sources = [a for a in args if isinstance(a, _Tensor) and a.device.type == DEVICE]
 
     def back(r):
@@ -387,7 +201,7 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
         if first:  # (a call that raised is not cached: the next one is checked again)
             rec.meta_cache[key] = None
         return res
-    kind, outs_spec, resizes, policy = spec
+    kind, outs_spec, resizes, narrows = spec
     if first and resizes:  # CPU's kernel resizes them itself the first time: its checks of the out= arguments
         res = run_on_host(rec.name, rec, args, index, fallback=False, check=True)  # come before its resize
         rec.meta_cache[key] = spec
@@ -399,13 +213,13 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
             resize_(t, shape)
     if kind == "mutating":
         if first:
-            _first_call(rec, key, spec, _run_mutating_checked if policy else _run_mutating, args)
+            _first_call(rec, key, spec, _run_mutating_checked if narrows else _run_mutating, args)
         else:
             queue.launch("op", rec.name, _run_mutating, rec, args)
         tracking.executed[rec.name] += 1
-        return _alias_returns(rec, args)
+        return rec.alias_returns(args)
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
-    run = _run_functional_policy if policy else _run_functional
+    run = _run_functional_policy if narrows else _run_functional
     if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, args):
         run = _run_upcast_gemm
     if first:
@@ -442,13 +256,13 @@ def _first_call(rec: OpRecord, key: tuple, spec: tuple, run, args: list, outs: l
         if queue.sync_mode:  # NATIVELAB_SYNC=1 names the op in every failure, as its launches do
             raise queue.DeviceError(f"neuron: queued op {rec.name} failed: {type(e).__name__}: {e}") from e
         raise
-    kind, outs_spec, resizes, policy = spec
+    kind, outs_spec, resizes, narrows = spec
     if any(tuple(st) != tuple(o[1]) for st, o in zip(strides, outs_spec)):
         for out, st in zip(outs, strides):
             if tuple(st) != out.stride():
                 memory.set_storage(out, out.untyped_storage(), out.storage_offset(), out.shape, st)
         outs_spec = tuple((shape, tuple(st), dtype) for (shape, _, dtype), st in zip(outs_spec, strides))
-        spec = (kind, outs_spec, resizes, policy)
+        spec = (kind, outs_spec, resizes, narrows)
     rec.meta_cache[key] = spec
 
 
@@ -468,22 +282,15 @@ def _warn_resized(t: torch.Tensor, shape) -> None:
         )
 
 
-def _finish_policy(rec: OpRecord, hargs: list) -> bool:
-    """Apply the dtype policy to host arguments; True when an input was narrowed."""
-    narrowed = dtype_policy and _narrow_inputs(rec, hargs)
-    if rec.int64_args:
-        _widen_indices(rec, hargs)
-    return narrowed
-
 
 # Queued work. The dtype policy reads values, so it is applied here, when the op runs, not when it is queued.
 
 
 def _run_mutating(rec, hargs):
-    if _finish_policy(rec, hargs):
-        _call_narrowed(rec, hargs)
+    if policy.finish_policy(rec, hargs):
+        policy.call_narrowed(rec, hargs)
     else:
-        _call(rec, hargs)
+        rec.call(hargs)
 
 
 def _run_mutating_checked(rec, hargs):
@@ -491,94 +298,15 @@ def _run_mutating_checked(rec, hargs):
     kernel first sees the call as the user made it, on scratch copies of what it writes, so that its dtype checks
     raise as on CPU (the policy computes an out= op's functional form and casts into `out`, which would accept
     `index_select(out=int64)` of a float input)."""
-    _probe(rec, hargs)
+    policy.probe(rec, hargs)
     _run_mutating(rec, hargs)
 
-
-def _probe(rec, hargs) -> None:
-    """Run the call as made on copies of the storages it writes (every argument in such a storage viewed onto
-    the copy, so that CPU's overlap checks still see an out= that is also an input), dropping the result."""
-    written = {a.untyped_storage().data_ptr() for i in rec.mutable for a in _tensors((hargs[i],))}
-    copies: dict = {}
-
-    def onto_copy(t):
-        if not isinstance(t, _Tensor) or t.layout != torch.strided or t.untyped_storage().data_ptr() not in written:
-            return t
-        st = t.untyped_storage()
-        copy = copies.get(st.data_ptr())
-        if copy is None:
-            copy = copies[st.data_ptr()] = st.clone()
-        return torch.empty(0, dtype=t.dtype).set_(copy, t.storage_offset(), t.size(), t.stride())
-
-    probe = [[onto_copy(t) for t in a] if isinstance(a, (list, tuple)) else onto_copy(a) for a in hargs]
-    _widen_indices(rec, probe)  # the device takes int32 indices (the guide's labels): not a CPU check to keep
-    _call(rec, probe)
-
-
-def _call_narrowed(rec: OpRecord, hargs: list):
-    """Call an op that writes its arguments after the policy narrowed an input. The written arguments follow:
-    an out= op computes its functional form and the copy into `out` casts back (as functional ops do:
-    `scatter.value_out` on int64 must not see an int32 input and an int64 out); an in-place op computes on
-    a narrowed copy of what it writes, stored back afterwards (`x.scatter_(d, i, src)` needs x and src alike)."""
-    if not rec.mutable:
-        return _call(rec, hargs)
-    if all(i >= rec.npos for i in rec.mutable):
-        fn = _functional_of(rec)
-        if fn is not None:
-            fschema = fn._schema
-            fargs = [hargs[rec.arg_pos[a.name]] for a in fschema.arguments]
-            npos = sum(1 for a in fschema.arguments if not a.kwarg_only)
-            res = fn(*fargs[:npos], **{a.name: v for a, v in zip(fschema.arguments[npos:], fargs[npos:])})
-            for i, r in zip(rec.mutable, (res,) if isinstance(res, _Tensor) else res):
-                out = hargs[i]
-                if out.shape != r.shape:
-                    out.resize_(r.shape)
-                out.copy_(r)
-            return _alias_returns(rec, hargs)
-    wide = {}
-    for i in rec.mutable:
-        a = hargs[i]
-        if isinstance(a, _Tensor) and a.dtype in _NARROW:
-            wide[i] = a
-            hargs[i] = a.to(_NARROW[a.dtype])
-        elif isinstance(a, list) and any(isinstance(t, _Tensor) and t.dtype in _NARROW for t in a):
-            wide[i] = a
-            hargs[i] = [t.to(_NARROW[t.dtype]) if isinstance(t, _Tensor) and t.dtype in _NARROW else t for t in a]
-    try:
-        res = _call(rec, hargs)
-        for i, a in wide.items():
-            for dst, src in zip(a, hargs[i]) if isinstance(a, list) else ((a, hargs[i]),):
-                if dst is not src:
-                    if dst.shape != src.shape:
-                        dst.resize_(src.shape)
-                    dst.copy_(src)
-    finally:
-        for i, a in wide.items():
-            hargs[i] = a
-    return res
-
-
-def _functional_of(rec: OpRecord):
-    """The functional overload of an out= op (scatter.value_out -> scatter.value), or None."""
-    if rec.functional is _MISSING:
-        want = [(a.name, str(a.type)) for a in rec.op._schema.arguments if not (a.alias_info and a.alias_info.is_write)]
-        rec.functional = None
-        packet = rec.op.overloadpacket
-        for name in packet.overloads():
-            cand = getattr(packet, name)
-            args = cand._schema.arguments
-            if any(a.alias_info is not None and a.alias_info.is_write for a in args):
-                continue
-            if [(a.name, str(a.type)) for a in args] == want:
-                rec.functional = cand
-                break
-    return rec.functional
 
 
 
 def _run_functional_policy(rec, hargs, houts):
     # Narrowed inputs compute in the narrow dtype; the copy into the outputs casts back (the policy).
-    if _finish_policy(rec, hargs):
+    if policy.finish_policy(rec, hargs):
         _run_functional_copy(rec, hargs, houts)
     else:
         _run_functional(rec, hargs, houts)
@@ -588,7 +316,7 @@ def _run_functional_checked(rec, hargs, houts):
     """A signature's first call of a functional op the dtype policy may narrow: CPU's kernel sees the call as
     made first (its result dropped), so its dtype checks raise as on CPU (scatter of a float64 tensor with a
     float32 source, which narrowing would make agree)."""
-    _probe(rec, hargs)
+    policy.probe(rec, hargs)
     _run_functional_policy(rec, hargs, houts)
 
 
@@ -603,11 +331,11 @@ def _run_functional(rec, hargs, houts):
 
 def _run_upcast_gemm(rec, hargs, houts):
     # a bf16 product as an fp32 GEMM of upcast operands, rounded into the bf16 output (see gemm_policy)
-    houts[0].copy_(_call(rec, gemm_policy.upcast_tensors(hargs)))
+    houts[0].copy_(rec.call(gemm_policy.upcast_tensors(hargs)))
 
 
 def _run_functional_copy(rec, hargs, houts):
-    res = _call(rec, hargs)
+    res = rec.call(hargs)
     if isinstance(res, _Tensor):
         houts[0].copy_(res)
     else:
@@ -622,52 +350,22 @@ def _meta_spec(rec: OpRecord, args: list):
     with warnings.catch_warnings():
         # the out= meta kernels' own resize warning (its text is not CPU's): _native gives CPU's when it resizes
         warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
-        res = _call(rec, margs)
-    policy = _policy_applies(rec, args)
-    if rec.name in _CPU_OUTPUT_DTYPES:
-        res = _CPU_OUTPUT_DTYPES[rec.name](args, res)
+        res = rec.call(margs)
+    narrows = policy.policy_applies(rec, args)
+    if rec.name in policy.CPU_OUTPUT_DTYPES:
+        res = policy.CPU_OUTPUT_DTYPES[rec.name](args, res)
     if rec.mutable:
         resizes = tuple(
             (i, margs[i].shape) for i in rec.mutable
             if isinstance(args[i], _Tensor) and margs[i].shape != args[i].shape
         )
-        return ("mutating", (), resizes, policy)
+        return ("mutating", (), resizes, narrows)
     if isinstance(res, _Tensor):
-        return ("tensor", ((res.shape, res.stride(), res.dtype),), (), policy)
+        return ("tensor", ((res.shape, res.stride(), res.dtype),), (), narrows)
     kind = "list" if isinstance(res, list) else "tuple"
-    return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), (), policy)
+    return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), (), narrows)
 
 
-def _layer_norm_stats_dtype(args, res):
-    """CPU's native_layer_norm keeps a bf16/fp16 input's dtype for mean and rstd, where its meta kernel says
-    float32; the queued CPU kernel insists on its own (and users compare against CPU)."""
-    x = args[0]
-    if x.dtype not in (torch.bfloat16, torch.float16):
-        return res
-    return (res[0], *(torch.empty_strided(r.shape, r.stride(), dtype=x.dtype, device=_meta) for r in res[1:]))
-
-
-# Ops whose output dtypes on the CPU (whose kernels the device runs) differ from their meta kernels'
-_CPU_OUTPUT_DTYPES = {"aten::native_layer_norm": _layer_norm_stats_dtype}
-
-
-def _policy_applies(rec: OpRecord, args: list) -> bool:
-    if rec.int64_args:
-        return True
-    if not dtype_policy:
-        return False
-    for i, a in enumerate(args):
-        if i in rec.mutable:
-            continue
-        for t in (a if isinstance(a, (list, tuple)) else (a,)):
-            if isinstance(t, _Tensor) and t.dtype in _NARROW and t.dim() != 0:
-                return True
-    return False
-
-
-def _alias_returns(rec: OpRecord, args: list):
-    rets = [args[i] for i in rec.returns_alias]
-    return rets[0] if len(rets) == 1 else tuple(rets)
 
 
 def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool = True, check: bool = False):
@@ -697,12 +395,12 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
     narrowed = False
     if not fallback:
         as_called = list(hargs)
-        narrowed = _finish_policy(rec, hargs)
+        narrowed = policy.finish_policy(rec, hargs)
         if narrowed and (rec.mutable or check):  # CPU's dtype checks of the call as made (_run_mutating_checked;
-            _probe(rec, as_called)  # `check`: a signature's first call)
+            policy.probe(rec, as_called)  # `check`: a signature's first call)
     elif rec.int64_args:
-        _widen_indices(rec, hargs)
-    call = _call_narrowed if narrowed and rec.mutable else _call
+        policy.widen_indices(rec, hargs)
+    call = policy.call_narrowed if narrowed and rec.mutable else OpRecord.call
     obs = observe.host_op  # the profiler times the host run and counts the bytes moved
     run = call if obs is None else (lambda *a: obs(name, fallback, call, a, args))
     try:
@@ -714,34 +412,16 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
         for a in grown:  # the host storage that stayed the device's is not resizable for anyone else
             memory.host_storage(a.untyped_storage())
     if narrowed:
-        res = _widen_results(res, args)
+        res = policy.widen_results(res, args)
     for i in rec.mutable:  # the CPU kernel may have resized an out= argument
         _follow_host_resize(args[i], hargs[i])
     if not rec.returns_alias:
         return None
     if rec.mutable and all(i is not None for i in rec.returns_alias):
-        return _alias_returns(rec, args)
+        return rec.alias_returns(args)
     return _results_to_device(rec, res, args, index)
 
 
-def _widen_results(res, args):
-    """The policy's second half: results come back int64/float64 when an input had that dtype."""
-    wide = {t.dtype for t in _tensors(args) if t.dtype in _NARROW}
-    back = {_NARROW[w]: w for w in wide}
-    if isinstance(res, _Tensor):
-        return res.to(back[res.dtype]) if res.dtype in back else res
-    if isinstance(res, (list, tuple)):
-        out = [r.to(back[r.dtype]) if isinstance(r, _Tensor) and r.dtype in back else r for r in res]
-        return type(res)(out) if isinstance(res, list) else tuple(out)
-    return res
-
-
-def _tensors(args):
-    for a in args:
-        if isinstance(a, _Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (t for t in a if isinstance(t, _Tensor))
 
 
 def _follow_host_resize(dev, host) -> None:
@@ -801,7 +481,7 @@ def direct_kernels() -> dict:
     """Native ops whose functional form PyTorch would otherwise route through `empty` + the `.out` op
     (structured kernels): registering them directly saves an allocation, a resize and a dispatch."""
     found = {}
-    for name in NATIVE_OPS:
+    for name in schema.NATIVE_OPS:
         base, _, overload = name.partition(".")
         packet = getattr(torch.ops.aten, base.split("::", 1)[1], None)
         if packet is None:
@@ -816,29 +496,14 @@ def direct_kernels() -> dict:
                 )
             except RuntimeError:  # a TorchScript-only overload such as aten::le.int
                 continue
-            if structured or str(op) in _OVER_COMPOSITE:
+            if structured or str(op) in policy.OVER_COMPOSITE:
                 found[op] = _bind(op)
-    for name in _HOST_OVER_COMPOSITE:
+    for name in policy.HOST_OVER_COMPOSITE:
         op = getattr(getattr(torch.ops.aten, name.split(".")[1]), name.split(".")[2])
         found[op] = _bind(op)
     return found
 
 
-# Native ops whose CompositeExplicitAutograd kernel would win over the device's fallback and compute them from
-# ops the device does not have: native_layer_norm's math version goes through native_batch_norm (a CPU fallback).
-_OVER_COMPOSITE = {"aten.native_layer_norm.default"}
-# all/any over a tuple of dims with out=: the composite reduces dim by dim and copies into `out`, so CPU's check
-# of out's dtype never ran (all(x, (0, 1), out=float64) was accepted).
-_OVER_COMPOSITE |= {"aten.all.dims_out", "aten.any.dims_out"}
-# Ops the device does not have whose CompositeExplicitAutograd kernel would win over the CPU fallback and
-# decompose them into bf16 device steps, each rounding to bf16, where CPU's kernel keeps fp32 intermediates
-# (group_norm's error vs float64 0.079 against CPU's 0.046). Registered, they run as the fallback: CPU's kernel.
-_HOST_OVER_COMPOSITE = {"aten.native_group_norm.default", "aten.addr.default"}
-# Fallback ops that PyTorch's composite kernels would get wrong on the device: mode's out= form refuses any device
-# but CPU, CUDA and XPU; mse_loss and smooth_l1_loss go through their out= kernels, which on CPU resize the
-# 0-d result they are given (PyTorch's "An output with one or more elements was resized" warning at every call,
-# where CPU's own functional kernel warns nothing). Registered, they run CPU's kernel of the same overload.
-_HOST_OVER_COMPOSITE |= {"aten.mode.values", "aten.mse_loss.default", "aten.smooth_l1_loss.default"}
 
 
 def _bind(op):
@@ -855,8 +520,8 @@ def device_kernel(op, *args, **kwargs):
 
 
 def _device_kernel(op, *args, **kwargs):
-    rec = _records.get(op) or record_for(op)
-    full = _normalise(rec, args, kwargs)
+    rec = _records.get(op) or schema.record_for(op)
+    full = rec.normalise(args, kwargs)
     for i in rec.tensor_pos:
         if i < len(full) and type(full[i]) in _NUMBERS:
             full[i] = _scalar_tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
@@ -868,41 +533,10 @@ def _device_kernel(op, *args, **kwargs):
     if route == "view":
         return _view(rec, full, index)
     res = run_on_host(rec.name, rec, full, index)
-    keep = _KEEP_LAYOUT.get(rec.name)
+    keep = policy.KEEP_LAYOUT.get(rec.name)
     return res if keep is None else keep(full, res)
 
 
-def _channels_last_format(t):
-    """channels_last(_3d) if `t` is laid out so (and not also contiguous), else None."""
-    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
-    if fmt is None or t.is_contiguous() or not t.is_contiguous(memory_format=fmt):
-        return None
-    return fmt
-
-
-def _group_norm_forward(args, res):
-    """PyTorch's derivative of native_group_norm makes the gradient and the input contiguous on every device but
-    CPU (`device().is_cpu() ? input.suggest_memory_format() : Contiguous`), so the input gradient of a
-    channels_last GroupNorm came back contiguous where CPU's is channels_last. The forward's rstd reaches the
-    backward unchanged (its storage: autograd saves a shallow copy), so its storage remembers the input's layout."""
-    fmt = _channels_last_format(args[0])
-    if fmt is not None:
-        res[2].untyped_storage()._nl_group_norm_format = fmt
-    return res
-
-
-def _group_norm_backward(args, res):
-    fmt = getattr(args[3].untyped_storage(), "_nl_group_norm_format", None)
-    if fmt is None or res[0] is None or res[0].is_contiguous(memory_format=fmt):
-        return res
-    return (res[0].contiguous(memory_format=fmt), *res[1:])
-
-
-# CPU fallbacks whose results must keep a layout the composite or autograd code around them loses
-_KEEP_LAYOUT = {
-    "aten::native_group_norm": _group_norm_forward,
-    "aten::native_group_norm_backward": _group_norm_backward,
-}
 
 
 def resize_(t: torch.Tensor, shape, memory_format=None) -> torch.Tensor:
@@ -936,7 +570,7 @@ def fast_route(name: str, overload: str):
     outputs, or ('m', the argument each return is) for an op that writes its arguments."""
     ns, _, base = name.partition("::")
     op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
-    rec = record_for(op)
+    rec = schema.record_for(op)
     if rec.route != "native" or rec.random or rec.cpu_ok:
         return op, rec.name, None
     if rec.mutable:
@@ -961,7 +595,7 @@ def fast_spec(op, *args):
         if i in rec.int64_args:
             if isinstance(a, _Tensor) and a.dtype != torch.int64:
                 return None
-        elif any(t.dtype in _NARROW and t.dim() != 0 for t in _tensors((a,))):
+        elif any(t.dtype in policy.NARROW and t.dim() != 0 for t in policy.tensors((a,))):
             return None
     if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, full):
         return None

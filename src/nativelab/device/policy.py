@@ -1,0 +1,275 @@
+"""Where an op on the device does something other than plain CPU dispatch would, in one place.
+
+- The real device's dtype policy: int64 -> int32 and float64 -> float32 for inputs that are not 0-d, the results
+  cast back (`NARROW`, warned once per dtype); NATIVELAB_DTYPE_POLICY=0 turns it off.
+- Index arguments: the device takes int32 indices (the guide's labels), CPU kernels insist on int64
+  (`INT64_INDEX_ARGS`).
+- CPU-output dtypes: ops whose CPU kernels (which the device runs) give other dtypes than their meta kernels.
+- Composite overrides: ops registered on the device key so that PyTorch's composite kernels do not run them.
+- Layouts a CPU fallback's result must keep.
+The GEMM policy (bf16 products as fp32 GEMMs) is `gemm_policy.py`, shared with compiled graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+_Tensor = torch.Tensor
+_meta = torch.device("meta")
+
+log = logging.getLogger("nativelab.device.dtype_policy")
+dtype_policy = True  # set from config at registration
+
+# CPU kernels that insist on int64 indices; the device takes int32 (the guide's int32 labels).
+INT64_INDEX_ARGS = {
+    "nll_loss_forward": ("target",),
+    "nll_loss_backward": ("target",),
+    "nll_loss2d_forward": ("target",),
+    "nll_loss2d_backward": ("target",),
+    "gather": ("index",),
+    "scatter": ("index",),
+    "scatter_add": ("index",),
+    "scatter_add_": ("index",),
+    "scatter_": ("index",),
+    "scatter_reduce": ("index",),
+    "scatter_reduce_": ("index",),
+    "index_copy": ("index",),
+    "index_copy_": ("index",),
+    "take": ("index",),
+    "put_": ("index",),
+    "put": ("index",),
+    "multi_margin_loss": ("target",),
+    "multilabel_margin_loss_forward": ("target",),
+    "multilabel_margin_loss_backward": ("target",),
+}
+NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+def tensors(args):
+    """The tensors among an op's arguments (in tensor lists too)."""
+    for a in args:
+        if isinstance(a, _Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, _Tensor))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dtype policy (the real device's): int64 -> int32 and float64 -> float32 for inputs that are not 0-d.
+
+_policy_warned: set = set()
+
+
+def _narrow_inputs(rec, hargs: list) -> bool:
+    narrowed = False
+    for i, a in enumerate(hargs):
+        if i in rec.mutable or i in rec.int64_args:
+            continue
+        if isinstance(a, _Tensor):
+            nd = NARROW.get(a.dtype)
+            if nd is not None and a.dim() != 0:
+                _warn_policy(a.dtype)
+                hargs[i] = a.to(nd)
+                narrowed = True
+        elif isinstance(a, list) and a and isinstance(a[0], _Tensor):
+            if any(t is not None and t.dtype in NARROW and t.dim() != 0 for t in a):
+                hargs[i] = [
+                    (t.to(NARROW[t.dtype]) if t is not None and t.dtype in NARROW and t.dim() != 0 else t)
+                    for t in a
+                ]
+                for t in a:
+                    if t is not None and t.dtype in NARROW:
+                        _warn_policy(t.dtype)
+                narrowed = True
+    return narrowed
+
+
+def _warn_policy(dtype) -> None:
+    if dtype in _policy_warned:
+        return
+    _policy_warned.add(dtype)
+    wide, narrow = ("int64", "int32") if dtype == torch.int64 else ("float64", "float32")
+    log.warning(
+        "Neuron backend does not support %s. Automatically casting to %s. Consider using %s directly for "
+        "better performance until native %s support is added.", wide, narrow, narrow, wide,
+    )
+
+
+def widen_indices(rec, hargs: list) -> None:
+    for i in rec.int64_args:
+        a = hargs[i]
+        if isinstance(a, _Tensor) and a.dtype == torch.int32:
+            hargs[i] = a.long()
+
+
+def finish_policy(rec, hargs: list) -> bool:
+    """Apply the dtype policy to host arguments; True when an input was narrowed."""
+    narrowed = dtype_policy and _narrow_inputs(rec, hargs)
+    if rec.int64_args:
+        widen_indices(rec, hargs)
+    return narrowed
+
+
+def policy_applies(rec, args: list) -> bool:
+    if rec.int64_args:
+        return True
+    if not dtype_policy:
+        return False
+    for i, a in enumerate(args):
+        if i in rec.mutable:
+            continue
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, _Tensor) and t.dtype in NARROW and t.dim() != 0:
+                return True
+    return False
+
+
+def widen_results(res, args):
+    """The policy's second half: results come back int64/float64 when an input had that dtype."""
+    wide = {t.dtype for t in tensors(args) if t.dtype in NARROW}
+    back = {NARROW[w]: w for w in wide}
+    if isinstance(res, _Tensor):
+        return res.to(back[res.dtype]) if res.dtype in back else res
+    if isinstance(res, (list, tuple)):
+        out = [r.to(back[r.dtype]) if isinstance(r, _Tensor) and r.dtype in back else r for r in res]
+        return type(res)(out) if isinstance(res, list) else tuple(out)
+    return res
+
+
+def probe(rec, hargs) -> None:
+    """Run the call as made on copies of the storages it writes (every argument in such a storage viewed onto
+    the copy, so that CPU's overlap checks still see an out= that is also an input), dropping the result."""
+    written = {a.untyped_storage().data_ptr() for i in rec.mutable for a in tensors((hargs[i],))}
+    copies: dict = {}
+
+    def onto_copy(t):
+        if not isinstance(t, _Tensor) or t.layout != torch.strided or t.untyped_storage().data_ptr() not in written:
+            return t
+        st = t.untyped_storage()
+        copy = copies.get(st.data_ptr())
+        if copy is None:
+            copy = copies[st.data_ptr()] = st.clone()
+        return torch.empty(0, dtype=t.dtype).set_(copy, t.storage_offset(), t.size(), t.stride())
+
+    probe = [[onto_copy(t) for t in a] if isinstance(a, (list, tuple)) else onto_copy(a) for a in hargs]
+    widen_indices(rec, probe)  # the device takes int32 indices (the guide's labels): not a CPU check to keep
+    rec.call(probe)
+
+
+def call_narrowed(rec, hargs: list):
+    """Call an op that writes its arguments after the policy narrowed an input. The written arguments follow:
+    an out= op computes its functional form and the copy into `out` casts back (as functional ops do:
+    `scatter.value_out` on int64 must not see an int32 input and an int64 out); an in-place op computes on
+    a narrowed copy of what it writes, stored back afterwards (`x.scatter_(d, i, src)` needs x and src alike)."""
+    if not rec.mutable:
+        return rec.call(hargs)
+    if all(i >= rec.npos for i in rec.mutable):
+        fn = rec.functional_form()
+        if fn is not None:
+            fschema = fn._schema
+            fargs = [hargs[rec.arg_pos[a.name]] for a in fschema.arguments]
+            npos = sum(1 for a in fschema.arguments if not a.kwarg_only)
+            res = fn(*fargs[:npos], **{a.name: v for a, v in zip(fschema.arguments[npos:], fargs[npos:])})
+            for i, r in zip(rec.mutable, (res,) if isinstance(res, _Tensor) else res):
+                out = hargs[i]
+                if out.shape != r.shape:
+                    out.resize_(r.shape)
+                out.copy_(r)
+            return rec.alias_returns(hargs)
+    wide = {}
+    for i in rec.mutable:
+        a = hargs[i]
+        if isinstance(a, _Tensor) and a.dtype in NARROW:
+            wide[i] = a
+            hargs[i] = a.to(NARROW[a.dtype])
+        elif isinstance(a, list) and any(isinstance(t, _Tensor) and t.dtype in NARROW for t in a):
+            wide[i] = a
+            hargs[i] = [t.to(NARROW[t.dtype]) if isinstance(t, _Tensor) and t.dtype in NARROW else t for t in a]
+    try:
+        res = rec.call(hargs)
+        for i, a in wide.items():
+            for dst, src in zip(a, hargs[i]) if isinstance(a, list) else ((a, hargs[i]),):
+                if dst is not src:
+                    if dst.shape != src.shape:
+                        dst.resize_(src.shape)
+                    dst.copy_(src)
+    finally:
+        for i, a in wide.items():
+            hargs[i] = a
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU-output dtypes.
+
+
+def _layer_norm_stats_dtype(args, res):
+    """CPU's native_layer_norm keeps a bf16/fp16 input's dtype for mean and rstd, where its meta kernel says
+    float32; the queued CPU kernel insists on its own (and users compare against CPU)."""
+    x = args[0]
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return res
+    return (res[0], *(torch.empty_strided(r.shape, r.stride(), dtype=x.dtype, device=_meta) for r in res[1:]))
+
+
+# Ops whose output dtypes on the CPU (whose kernels the device runs) differ from their meta kernels'
+CPU_OUTPUT_DTYPES = {"aten::native_layer_norm": _layer_norm_stats_dtype}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Composite overrides: ops the device registers on its own key (dispatch.direct_kernels).
+
+# Native ops whose CompositeExplicitAutograd kernel would win over the device's fallback and compute them from
+# ops the device does not have: native_layer_norm's math version goes through native_batch_norm (a CPU fallback).
+OVER_COMPOSITE = {"aten.native_layer_norm.default"}
+# all/any over a tuple of dims with out=: the composite reduces dim by dim and copies into `out`, so CPU's check
+# of out's dtype never ran (all(x, (0, 1), out=float64) was accepted).
+OVER_COMPOSITE |= {"aten.all.dims_out", "aten.any.dims_out"}
+# Ops the device does not have whose CompositeExplicitAutograd kernel would win over the CPU fallback and
+# decompose them into bf16 device steps, each rounding to bf16, where CPU's kernel keeps fp32 intermediates
+# (group_norm's error vs float64 0.079 against CPU's 0.046). Registered, they run as the fallback: CPU's kernel.
+HOST_OVER_COMPOSITE = {"aten.native_group_norm.default", "aten.addr.default"}
+# Fallback ops that PyTorch's composite kernels would get wrong on the device: mode's out= form refuses any device
+# but CPU, CUDA and XPU; mse_loss and smooth_l1_loss go through their out= kernels, which on CPU resize the
+# 0-d result they are given (PyTorch's "An output with one or more elements was resized" warning at every call,
+# where CPU's own functional kernel warns nothing). Registered, they run CPU's kernel of the same overload.
+HOST_OVER_COMPOSITE |= {"aten.mode.values", "aten.mse_loss.default", "aten.smooth_l1_loss.default"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layouts a CPU fallback's result must keep.
+
+
+def _channels_last_format(t):
+    """channels_last(_3d) if `t` is laid out so (and not also contiguous), else None."""
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    if fmt is None or t.is_contiguous() or not t.is_contiguous(memory_format=fmt):
+        return None
+    return fmt
+
+
+def _group_norm_forward(args, res):
+    """PyTorch's derivative of native_group_norm makes the gradient and the input contiguous on every device but
+    CPU (`device().is_cpu() ? input.suggest_memory_format() : Contiguous`), so the input gradient of a
+    channels_last GroupNorm came back contiguous where CPU's is channels_last. The forward's rstd reaches the
+    backward unchanged (its storage: autograd saves a shallow copy), so its storage remembers the input's layout."""
+    fmt = _channels_last_format(args[0])
+    if fmt is not None:
+        res[2].untyped_storage()._nl_group_norm_format = fmt
+    return res
+
+
+def _group_norm_backward(args, res):
+    fmt = getattr(args[3].untyped_storage(), "_nl_group_norm_format", None)
+    if fmt is None or res[0] is None or res[0].is_contiguous(memory_format=fmt):
+        return res
+    return (res[0].contiguous(memory_format=fmt), *res[1:])
+
+
+# CPU fallbacks whose results must keep a layout the composite or autograd code around them loses
+KEEP_LAYOUT = {
+    "aten::native_group_norm": _group_norm_forward,
+    "aten::native_group_norm_backward": _group_norm_backward,
+}

@@ -1,0 +1,161 @@
+"""What the device knows about one ATen op overload, worked out once from its schema (`OpRecord`).
+
+Its route, chosen once per overload: a view (metadata only), an op the real device implements
+(`native_ops.txt`: queued), or a CPU fallback. Also the arguments it writes and the ones its returns alias,
+its `out=` and functional forms, its generator and index arguments, and how to call it with schema-ordered
+arguments. What the device then does with a call is `policy.py` (dtypes) and `dispatch.py` (the routes).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import torch
+
+from . import policy, rng
+
+# Arguments that may be CPU tensors of any size, as on CUDA: the `Tensor?[] indices` of advanced indexing
+# (`index`, `index_put_` and their unsafe/impl forms), which PyTorch moves to `self`'s device itself
+# (`device_check: NoCheck` in native_functions.yaml, then `make_info`). Every other CPU operand must be a 0-d
+# scalar, which is what TensorIterator allows; `index_select`, `gather`, `take` ... reject CPU indices on CUDA.
+_CPU_INDEX_ARGS = ("indices",)
+
+
+_MISSING = object()
+
+
+def _load_native_names() -> frozenset[str]:
+    text = resources.files(__package__).joinpath("native_ops.txt").read_text()
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+NATIVE_OPS = _load_native_names()
+
+
+def op_base_name(op) -> str:
+    """An overload's operator name without the overload (`aten::add` for `aten.add.Tensor`), which is how
+    `native_ops.txt` and the layers above name ops."""
+    return op.name().partition(".")[0]
+
+
+class OpRecord:
+    """What the device needs to know about one op overload, worked out once from its schema."""
+
+    __slots__ = (
+        "op", "name", "route", "arg_pos", "mutable", "returns_alias", "int64_args", "gen_pos", "meta_cache",
+        "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos", "cpu_ok", "functional",
+        "random", "out_args",
+    )
+
+    def __init__(self, op: torch._ops.OpOverload):
+        schema = op._schema
+        self.op = op
+        base = schema.name  # 'aten::add'
+        self.name = base if schema.overload_name == "" else f"{base}.{schema.overload_name}"
+        args = schema.arguments
+        self.arg_pos = {a.name: i for i, a in enumerate(args)}
+        self.mutable = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+        self.out_args = any(args[i].kwarg_only for i in self.mutable)  # out= arguments the op may resize
+        # For each return: the argument it aliases, if any.
+        sets = {}
+        for i, a in enumerate(args):
+            if a.alias_info is not None:
+                for s in a.alias_info.before_set:
+                    sets.setdefault(s, i)
+        self.returns_alias = tuple(
+            (sets.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None)
+            for r in schema.returns
+        )
+        is_view = any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        ) and not self.mutable
+        short = base.split("::", 1)[1]
+        self.int64_args = tuple(self.arg_pos[n] for n in policy.INT64_INDEX_ARGS.get(short, ()) if n in self.arg_pos)
+        self.gen_pos = self.arg_pos.get("generator")
+        self.random = self.gen_pos is not None or rng.is_random(op)
+        self.cpu_ok = tuple(
+            i for i, a in enumerate(args) if a.name in _CPU_INDEX_ARGS and str(a.type) == "List[Optional[Tensor]]"
+        )
+        self.functional = _MISSING  # an out= op's functional form, looked up when the dtype policy needs it
+        # Tensor arguments the dispatcher may hand us as Python numbers (wrapped scalars)
+        self.tensor_pos = tuple(i for i, a in enumerate(args) if str(a.type) == "Tensor")
+        self.npos = sum(1 for a in args if not a.kwarg_only)
+        self.kwnames = tuple(a.name for a in args if a.kwarg_only)
+        self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
+        # An entry without an overload ("aten::mul_") covers every overload of that op.
+        native = self.name in NATIVE_OPS or base in NATIVE_OPS
+        if is_view:
+            self.route = "view"
+        elif native and not op.is_view and schema.returns and all(
+            str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns
+        ):
+            self.route = "native"
+        else:
+            self.route = "fallback"
+        self.meta_cache: dict = {}
+        self.out_op, self.out_names = _out_variant(op) if self.route == "native" else (None, ())
+
+    # Argument walking. Schema arguments arrive positionally in `args` and by name in `kwargs`; we normalise to
+    # one positional list so schema positions (mutable args, index args, generator) can be used directly.
+
+    def normalise(self, args: tuple, kwargs: dict) -> list:
+        if not kwargs and (self.gen_pos is None or len(args) > self.gen_pos):
+            return list(args)
+        full = list(args) + list(self.defaults[len(args):])
+        for k, v in kwargs.items():
+            full[self.arg_pos[k]] = v
+        return full
+
+    def call(self, full: list):
+        """Call the op with schema-ordered arguments (keyword-only ones by name)."""
+        if len(full) <= self.npos:
+            return self.op(*full)
+        return self.op(*full[: self.npos], **dict(zip(self.kwnames, full[self.npos:])))
+
+    def alias_returns(self, args: list):
+        """What an op that writes its arguments returns: the arguments its returns alias."""
+        rets = [args[i] for i in self.returns_alias]
+        return rets[0] if len(rets) == 1 else tuple(rets)
+
+    def functional_form(self):
+        """The functional overload of an out= op (scatter.value_out -> scatter.value), or None."""
+        if self.functional is _MISSING:
+            want = [(a.name, str(a.type)) for a in self.op._schema.arguments
+                    if not (a.alias_info and a.alias_info.is_write)]
+            self.functional = None
+            packet = self.op.overloadpacket
+            for name in packet.overloads():
+                cand = getattr(packet, name)
+                args = cand._schema.arguments
+                if any(a.alias_info is not None and a.alias_info.is_write for a in args):
+                    continue
+                if [(a.name, str(a.type)) for a in args] == want:
+                    self.functional = cand
+                    break
+        return self.functional
+
+
+def _out_variant(op):
+    """The `out=` overload of a functional op (mul.Tensor -> mul.out), so queued work writes its result
+    straight into the device output instead of into a temporary that is then copied."""
+    schema = op._schema
+    want = [(a.name, str(a.type)) for a in schema.arguments]
+    for name in op.overloadpacket.overloads():
+        cand = getattr(op.overloadpacket, name)._schema
+        outs = [a for a in cand.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if not outs or len(outs) != len(schema.returns) or not all(a.kwarg_only for a in outs):
+            continue
+        rest = [(a.name, str(a.type)) for a in cand.arguments if not (a.alias_info and a.alias_info.is_write)]
+        if rest == want:
+            return getattr(op.overloadpacket, name), tuple(a.name for a in outs)
+    return None, ()
+
+
+records: dict = {}  # OpOverload -> OpRecord
+
+
+def record_for(op) -> OpRecord:
+    rec = records.get(op)
+    if rec is None:
+        rec = records[op] = OpRecord(op)
+    return rec
