@@ -6,6 +6,8 @@ instructions its trace issued. Every constant is AWS's and cited once, here:
   [trn1]  "Trainium/Inferentia2 Architecture Guide for NKI" (nki/about/trainium_inferentia2_arch.rst): the
           per-engine cost rules, stated for NeuronCore-v2 and applied here to v3's clocks
   [act]   the nki.isa.activation_reduce API page (MIN_II)
+  [isa226] the nki.isa API reference of Neuron SDK 2.26 (aws-neuron-sdk general/nki/api/nki/isa/__init__.py,
+          the last release whose pages state each instruction's "Estimated instruction cost")
 
 The model: each compute engine (Tensor, Vector, Scalar, GpSimd) runs its instructions in program order; an
 instruction starts when its engine is free and the instructions it depends on (read-after-write,
@@ -44,6 +46,12 @@ HBM_BYTES_PER_S = 2.9e12  # [trn2] per Trainium2 chip ...
 CORES_PER_CHIP = 8  # [trn2] ... shared by its 8 NeuronCore-v3
 DMA_FIXED_S = 600e-9  # [trn2] "Each DGE-based DMA instruction takes about 600 ns to execute"
 
+# [isa226] Vector Engine instructions with a cost of their own: max(MIN_II, k * N) cycles for N elements per
+# partition of the tile they stream (bn_aggr: 13 cycles per (count, mean, M2) triple), without the bf16
+# performance mode
+VECTOR_CYCLES_PER_ELEMENT = {"bn_stats": 1.0, "bn_aggr": 13 / 3, "range_select": 1.0, "dropout": 1.0,
+                             "max8": 1.0, "nc_find_index8": 1.0, "nc_match_replace8": 1.0}
+
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -57,6 +65,8 @@ def instruction_seconds(ins) -> tuple[float, float]:
         else:  # a transpose is a matmul against identity (fp32 transposes are 2x faster in transpose mode)
             cycles = max(n, MM_INIT_CYCLES) * (2 if ins.dtype == torch.float32 else 1)
         return cycles / (TENSOR_GHZ * 1e9), 0.0
+    if ins.engine == "vector" and ins.name in VECTOR_CYCLES_PER_ELEMENT:
+        return max(VECTOR_CYCLES_PER_ELEMENT[ins.name] * n, MIN_II_CYCLES) / (VECTOR_GHZ * 1e9), 0.0
     if ins.engine == "vector":
         speed = 1
         if ins.dtype in _HALF:

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
+import enum
 import math
 
 import numpy as np
@@ -29,6 +31,7 @@ float8_e5m2 = torch.float8_e5m2
 int8, int16, int32, int64 = torch.int8, torch.int16, torch.int32, torch.int64
 uint8, uint16, uint32, uint64 = torch.uint8, torch.uint16, torch.uint32, torch.uint64
 bool_ = torch.bool
+float8_e8m0fnu = torch.float8_e8m0fnu  # MX scale factors (a power of two per element)
 
 
 class PackedDtype:  # noqa: D101
@@ -62,6 +65,36 @@ class tile_size:  # noqa: N801 - NKI's name
     sbuf_fmax_bytes = limits.SBUF_PARTITION_BYTES
     sbuf_fmax = limits.SBUF_PARTITION_BYTES // 4
     total_available_sbuf_size = limits.SBUF_PARTITION_BYTES
+    bn_stats_fmax = limits.BN_STATS_FMAX
+
+
+class MemoryRegion(enum.Enum):  # noqa: D101
+    """The memories as names (nl.MemoryRegion.sbuf, ...)."""
+    sbuf = "sbuf"
+    psum = "psum"
+    private_hbm = "private_hbm"
+    shared_hbm = "shared_hbm"
+
+
+def _buffer(x) -> Buffer:
+    return x.buffer if isinstance(x, NkiTensor) else tensor.buffer_of(x.value if isinstance(x, MemoryRegion) else x)
+
+
+def is_hbm(buffer) -> bool:
+    """Whether a buffer (or a tensor's) is one of the HBMs (nl.hbm, nl.private_hbm, nl.shared_hbm)."""
+    return not _buffer(buffer).on_chip
+
+
+def is_on_chip(buffer) -> bool:
+    return _buffer(buffer).on_chip
+
+
+def is_sbuf(buffer) -> bool:
+    return _buffer(buffer) is sbuf
+
+
+def is_psum(buffer) -> bool:
+    return _buffer(buffer) is psum
 
 
 class NKIObject:
@@ -159,6 +192,24 @@ def static_range(start, stop=None, step=1, **_hints):
     return _loop(start, stop, step)
 
 
+def dynamic_range(start, stop=None, step=1):
+    """A loop the hardware runs with bounds known at run time (VirtualRegister bounds); with Python integer
+    bounds, as here, it runs as sequential_range. Register bounds are not emulated."""
+    for b in (start, stop, step):
+        if b is not None and not isinstance(b, (int, np.integer)):
+            raise limits.fail("nl.dynamic_range", f"bounds read from registers ({b!r}) are not emulated; "
+                                                  f"give Python integers")
+    limits.check(int(step) > 0, "nl.dynamic_range", f"step must be a positive compile-time integer, got {step}")
+    return _loop(int(start), None if stop is None else int(stop), int(step))
+
+
+@contextlib.contextmanager
+def no_reorder():
+    """`with nl.no_reorder():` keeps the block in program order. A trace already runs in program order and
+    the cost model keeps each engine's instructions in it, so the block changes nothing here."""
+    yield
+
+
 def program_id(axis: int = 0) -> int:
     tr = trace.current()
     limits.check(0 <= axis < builtins.max(len(tr.grid), 1), "nl.program_id",
@@ -206,6 +257,14 @@ def store(dst: NkiTensor, value, **_kw) -> None:
     write(dst, v, "nl.store", source=value if isinstance(value, NkiTensor) else None)
 
 
+def load_transpose2d(src: NkiTensor, dtype=None, **_kw) -> NkiTensor:
+    """Load a 2-D HBM tensor into a new SBUF tile transposed ([a, b] -> [b, a]), by one DMA transpose."""
+    limits.check(src.ndim == 2, "nl.load_transpose2d", f"transposes 2-D tensors, got shape {src.shape}")
+    dst = ndarray((src.shape[1], src.shape[0]), dtype or src.dtype, sbuf)
+    isa.dma_transpose(dst, src)
+    return dst
+
+
 def copy_into(dst: NkiTensor, value) -> None:
     """`dst[...] = value`: an on-chip copy, a load (HBM -> on chip) or a store (on chip -> HBM)."""
     if isinstance(value, NkiTensor):
@@ -228,6 +287,10 @@ def apply_op(op: Op, *args, dtype=None, **_kw) -> NkiTensor:
     if len(args) != op.arity:
         raise limits.fail(name, f"takes {op.arity} operand(s), got {len(args)}")
     on_chip(name, *args)
+    if op.integer:
+        for a in args:
+            limits.check(not isinstance(a, NkiTensor) or not a.dtype.is_floating_point, name,
+                         f"takes integer tiles, got {a.dtype}")
     out, dtype = compute(op, [value_of(a, name) for a in args], None if dtype is None else dtype_of(dtype))
     limits.check_partitions(name, "the result", tuple(out.shape))
     t = ndarray(tuple(out.shape), dtype, sbuf)
@@ -300,6 +363,77 @@ def any(x, axis, dtype=None, keepdims=False, **kw):  # noqa: A001
     return _reduce("any", x, axis, dtype, keepdims)
 
 
+def var(x: NkiTensor, axis, dtype=None, keepdims=False, **_kw) -> NkiTensor:
+    """The population variance along free axes (as np.var); the result keeps the reduced axes (NKI 0.5.0
+    ignores keepdims). On the Vector Engine (bn_stats + bn_aggr)."""
+    on_chip("nl.var", x)
+    axes = _axes(x, axis, "nl.var")
+    v = read(x, "nl.var").float()
+    out = torch.var(v, dim=axes, correction=0, keepdim=True)
+    t = ndarray(tuple(out.shape), dtype_of(dtype) if dtype is not None else x.dtype, sbuf)
+    record("nl.var", "vector", x)
+    write(t, out, "nl.var")
+    return t
+
+
+def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype=None, **_kw) -> NkiTensor:
+    """out[p, ...] = data[p].flatten()[indices[p, ...]]: each partition gathers from its own free elements
+    (GpSimd Engine). The result has indices' shape."""
+    on_chip("nl.gather_flattened", data, indices)
+    limits.check(not indices.dtype.is_floating_point, "nl.gather_flattened", f"indices must be integers, got {indices.dtype}")
+    limits.check(indices.shape[0] == data.shape[0], "nl.gather_flattened",
+                 f"data {data.shape} and indices {indices.shape} must have the same partitions")
+    p = data.shape[0]
+    flat = read(data, "nl.gather_flattened").reshape(p, -1)
+    idx = read(indices, "nl.gather_flattened").to(torch.int64).reshape(p, -1)
+    out = torch.gather(flat, 1, idx)
+    t = ndarray(indices.shape, dtype_of(dtype) if dtype is not None else data.dtype, sbuf)
+    record("nl.gather_flattened", "gpsimd", t)
+    write(t, out, "nl.gather_flattened")
+    return t
+
+
+# --- random numbers (the Vector Engine's generator: nki/isa/prng.py)
+
+
+def rand(shape, dtype=float32, buffer=sbuf, name: str = "", **kw) -> NkiTensor:
+    """A new tile of values uniform in [0, 1) (24 random bits each, rounded to dtype)."""
+    t = ndarray(shape, dtype, buffer, name, **kw)
+    limits.check(t.buffer.on_chip, "nl.rand", f"fills an on-chip tile (SBUF or PSUM), got {t.buffer}")
+    p = t.shape[0] if t.shape else 1
+    u = isa.prng.uniform("vector", p, t.numel() // builtins.max(p, 1))
+    record("nl.rand", "vector", t)
+    write(t, u.reshape(t.shape), "nl.rand")
+    return t
+
+
+def random_seed(seed: NkiTensor) -> None:
+    """Seed the generator nl.rand and nl.dropout draw from (a [1, 1] 32-bit tile): nisa.set_rng_seed."""
+    isa.set_rng_seed(seed)
+
+
+def dropout(x: NkiTensor, rate, dtype=None, **_kw) -> NkiTensor:
+    """x with each element zeroed with probability rate (a scalar or a [P, 1] tile): nisa.dropout."""
+    on_chip("nl.dropout", x)
+    out = ndarray(x.shape, x.dtype, sbuf)
+    isa.dropout(out, x, rate)
+    if dtype is not None and dtype_of(dtype) != x.dtype:
+        cast = ndarray(x.shape, dtype_of(dtype), sbuf)
+        isa.tensor_copy(cast, out)
+        return cast
+    return out
+
+
+def abs_max(x, y, dtype=None, **_kw):
+    """NeuronCore-v4's |x| vs |y| maximum (an error on the emulated NeuronCore-v3)."""
+    raise limits.needs_v4("nl.abs_max", "nl.abs_max")
+
+
+def abs_min(x, y, dtype=None, **_kw):
+    """NeuronCore-v4's |x| vs |y| minimum (an error on the emulated NeuronCore-v3)."""
+    raise limits.needs_v4("nl.abs_min", "nl.abs_min")
+
+
 # --- matmul, transpose, softmax, norms
 
 
@@ -370,7 +504,7 @@ def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
 
 
 for _name in ("full", "load", "store", "copy_into", "apply_op", "_reduce", "matmul", "transpose", "softmax",
-              "rms_norm", "where"):
+              "rms_norm", "where", "load_transpose2d", "var", "gather_flattened", "rand", "random_seed", "dropout"):
     globals()[_name] = core.instruction(globals()[_name])
 del _name
 

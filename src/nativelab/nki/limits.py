@@ -22,6 +22,7 @@ PSUM_BANK_BYTES = PSUM_BANK_FP32 * 4
 GEMM_STATIONARY_FMAX = 128  # [mm, trn1 "Tile Size": stationary free size <= 128, the PE columns]
 GEMM_MOVING_FMAX = 512  # [mm, trn1: moving free size <= 512, one PSUM bank of fp32 per partition]
 TENSOR_TRANSPOSE_MAX = 128  # nc_transpose on the Tensor Engine: a matmul against identity, so <= 128 x 128
+BN_STATS_FMAX = 512  # [trn1: bn_stats "free dimension size of input tile cannot exceed 512"; its API page]
 VECTOR_TRANSPOSE_MAX = 32  # nc_transpose on the Vector Engine: 32 x 32 blocks (nki.isa.nc_transpose page)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,6 +51,12 @@ def fail(instruction: str, problem: str) -> NkiError:
 def check(ok: bool, instruction: str, problem: str) -> None:
     if not ok:
         raise fail(instruction, problem)
+
+
+def needs_v4(instruction: str, what: str) -> NkiError:
+    """The error for an API that NeuronCore-v4 (Trainium3) added (raise it)."""
+    return fail(instruction, f"{what} is available on NeuronCore-v4 (Trainium3) and newer; the emulated core is a "
+                             f"NeuronCore-v3 (Trainium2)")
 
 
 def check_partitions(instruction: str, what: str, shape) -> None:

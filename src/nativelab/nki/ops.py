@@ -44,6 +44,20 @@ def _gelu_sigmoid(x):  # x * sigmoid(1.702 x), the sigmoid approximation of GELU
     return x * torch.sigmoid(1.702 * x)
 
 
+def _gelu_dx(x):  # d/dx x * Phi(x) = Phi(x) + x * phi(x)
+    return 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _gelu_sigmoid_dx(x):  # d/dx x * sigmoid(1.702 x)
+    s = torch.sigmoid(1.702 * x)
+    return s + 1.702 * x * s * (1.0 - s)
+
+
+def _silu_dx(x):  # d/dx x * sigmoid(x)
+    s = torch.sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
 def _unary(name, fn):
     return Op(name, 1, fn)
 
@@ -60,7 +74,9 @@ UNARY = [
     _unary("ceil", torch.ceil), _unary("trunc", torch.trunc), _unary("copy", lambda x: x),
     _unary("identity", lambda x: x), _unary("bypass", lambda x: x),
     _unary("erf_dx", lambda x: 2.0 / math.sqrt(math.pi) * torch.exp(-x * x)),
-    _unary("logical_not", torch.logical_not),
+    _unary("logical_not", torch.logical_not), _unary("gelu_dx", _gelu_dx),
+    _unary("gelu_apprx_sigmoid_dx", _gelu_sigmoid_dx), _unary("silu_dx", _silu_dx),
+    Op("invert", 1, torch.bitwise_not, integer=True),
 ]
 
 BINARY = [
@@ -70,6 +86,7 @@ BINARY = [
     Op("divide", 2, torch.div),
     Op("maximum", 2, torch.maximum, reduce=torch.amax, identity=-math.inf),
     Op("minimum", 2, torch.minimum, reduce=torch.amin, identity=math.inf),
+    Op("average", 2, lambda a, b: (a + b) * 0.5, reduce=torch.mean),
     Op("power", 2, torch.pow),
     Op("mod", 2, torch.remainder),
     Op("fmod", 2, torch.fmod),

@@ -63,6 +63,7 @@ class Trace:
     constants: list = field(default_factory=list)  # tensors baked into the trace (part of its cache key)
     quiet: bool = False  # the second pass: the first has warned already
     device: str = "cpu"  # where the trace's tensors are: "meta" (checking pass) or "cpu" (recording pass)
+    registers: dict = field(default_factory=dict)  # engine state kept across instructions (accumulators, PRNGs)
 
     def account(self, storage) -> None:
         """Count an on-chip allocation as live from its first use (so a tile re-allocated in each loop

@@ -13,6 +13,7 @@ from .. import limits, trace
 from ..core import compute, fill, instruction, ndarray, record
 from ..ops import as_op
 from ..tensor import NkiTensor, psum, read, read_float, sbuf, write, written
+from . import prng
 from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
 
 
@@ -191,9 +192,6 @@ def nc_transpose(dst, data: NkiTensor = None, engine=None, name=None, **_kw):
 
 # --- Scalar Engine
 
-_regs: dict = {}  # the Scalar Engine's per-partition reduce registers, per trace
-
-
 def activation(dst, op, data: NkiTensor, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None, **_kw):
     """dst = op(data * scale + bias) on the Scalar Engine (scale: scalar or [P, 1]; bias: [P, 1] vector or
@@ -216,17 +214,17 @@ def activation(dst, op, data: NkiTensor, bias=None, scale=1.0, reduce_op=None, r
         if reduce_op is not None:
             limits.check(as_op(reduce_op).name == "add", ins,
                          f"reduce_op must be nl.add (the Scalar Engine's registers only sum), got {reduce_op!r}")
-        key = id(trace.active())
+        registers = trace.current().registers  # the Scalar Engine's per-partition reduce registers
         p = data.shape[0]
         rowsum = y.reshape(p, -1).sum(dim=1, keepdim=True)
-        regs = _regs.get(key)
+        regs = registers.get("scalar_acc")
         if reduce_cmd == "reset":
             regs = torch.zeros(p, 1, device=data.data.device)
         elif reduce_cmd == "reduce":
             regs = rowsum if regs is None else regs[:p] + rowsum
         elif reduce_cmd == "reset_reduce" or reduce_res is not None:
             regs = rowsum
-        _regs[key] = regs
+        registers["scalar_acc"] = regs
         if reduce_res is not None:
             _tile(ins, reduce_res, "reduce_res", "scalar")
             limits.check(reduce_res.shape[0] == p and _free(reduce_res) == 1, ins,
@@ -376,7 +374,7 @@ def tensor_reduce(dst, op, data: NkiTensor, axis, negate=False, keepdims=False, 
     limits.check(f.reduce_fn is not None or f.integer, ins, f"{f!r} is not a reduction operator")
     x = read(data, ins)
     x = x if f.integer else x.float()
-    if f.reduce_fn in (torch.amax, torch.amin, torch.sum):
+    if f.reduce_fn in (torch.amax, torch.amin, torch.sum, torch.mean):
         out = f.reduce_fn(x, dim=axes, keepdim=keepdims)
     else:
         out = x
@@ -490,11 +488,35 @@ def select_reduce(dst, predicate: NkiTensor, on_true: NkiTensor, on_false, reduc
     _tile(ins, dst, "dst", "vector")
     record(ins, "vector", on_true, inputs=2)
     write(dst, out, ins)
-    if reduce_res is not None:
-        limits.check(reduce_op is None or as_op(reduce_op).name == "maximum", ins,
-                     f"reduce_op must be nl.maximum, got {reduce_op!r}")
-        write(reduce_res, out.reshape(out.shape[0], -1).amax(dim=1, keepdim=True), ins)
+    _max_accumulate(ins, out, reduce_cmd, reduce_op, reduce_res)
     return dst
+
+
+def _max_accumulate(ins: str, out: torch.Tensor, cmd, reduce_op, reduce_res) -> None:
+    """The Vector Engine's accumulator registers (one per partition, shared by its accumulating
+    instructions), driven by reduce_cmd: reset_reduce starts them at this instruction's row maxima, reduce
+    takes the maximum with them, reset sets them to -inf, idle leaves them. reduce_res receives the
+    registers (with idle: this instruction's own row maxima)."""
+    if reduce_op is not None:
+        limits.check(as_op(reduce_op).name == "maximum", ins, f"reduce_op must be nl.maximum, got {reduce_op!r}")
+    if reduce_res is None and cmd in ("idle", None):
+        return
+    p = out.shape[0]
+    rowmax = out.reshape(p, -1).amax(dim=1, keepdim=True)
+    registers = trace.current().registers
+    acc = registers.get("vector_acc")
+    if cmd == "reset":
+        acc = torch.full((limits.PMAX, 1), -math.inf, device=out.device)
+    elif cmd == "reduce" and acc is not None:
+        acc = torch.cat([torch.maximum(acc[:p], rowmax), acc[p:]])
+    elif cmd in ("reset_reduce", "reduce"):
+        acc = torch.cat([rowmax, torch.full((limits.PMAX - p, 1), -math.inf, device=out.device)])
+    registers["vector_acc"] = acc
+    if reduce_res is not None:
+        _tile(ins, reduce_res, "reduce_res", "vector")
+        limits.check(reduce_res.shape[0] == p and _free(reduce_res) == 1, ins,
+                     f"reduce_res must hold one value per partition ({p}, 1), got {reduce_res.shape}")
+        write(reduce_res, rowmax if cmd in ("idle", None) or acc is None else acc[:p], ins)
 
 
 def tensor_tensor_scan(dst, data0: NkiTensor, data1: NkiTensor, initial, op0, op1, reverse0=False,
@@ -586,10 +608,240 @@ def nc_find_index8(dst, data: NkiTensor, vals: NkiTensor, name=None, **_kw):
     return dst
 
 
+def nc_match_replace8(dst, data: NkiTensor, vals: NkiTensor, imm, dst_idx: NkiTensor = None, name=None, **_kw):
+    """For each of the 8 values per partition in vals, in order: the first element of that partition of data
+    equal to it becomes imm (so a value that occurs twice in vals replaces two occurrences); dst = the
+    result, and dst_idx (uint16/uint32, optional) the indices replaced (Vector Engine; with max8 it is one
+    step of a top-k)."""
+    ins = "nc_match_replace8"
+    _tile(ins, data, "data", "vector")
+    _tile(ins, vals, "vals", "vector")
+    p, n = data.shape[0], _free(data)
+    limits.check(8 <= n <= 16384, ins, f"reads 8 to 16384 elements per partition, got {n}")
+    limits.check(vals.shape[0] == p and _free(vals) == 8, ins, f"vals must be ({p}, 8), got {vals.shape}")
+    x = read(data, ins).float().reshape(p, n)
+    v = read(vals, ins).float().reshape(p, 8)
+    fill_value = _f32(imm)
+    idx = []
+    for j in range(8):  # in order: each match sees the replacements before it
+        hit = x == v[:, j:j + 1]
+        first = hit & (torch.cumsum(hit.to(torch.int32), dim=1) == 1)
+        idx.append(first.to(torch.int32).argmax(dim=1, keepdim=True))
+        x = torch.where(first, fill_value, x)
+    dst = _out(dst, data.shape, data.dtype)
+    _tile(ins, dst, "dst", "vector")
+    limits.check(dst.shape[0] == p and _free(dst) == n, ins, f"dst must be the shape of data {data.shape}, got {dst.shape}")
+    record(ins, "vector", data)
+    write(dst, x.reshape(dst.shape), ins)
+    if dst_idx is not None:
+        _tile(ins, dst_idx, "dst_idx", "vector")
+        limits.check(dst_idx.dtype in (torch.uint16, torch.uint32), ins,
+                     f"dst_idx holds uint16 or uint32 indices, got {dst_idx.dtype}")
+        limits.check(dst_idx.shape[0] == p and _free(dst_idx) == 8, ins, f"dst_idx must be ({p}, 8), got {dst_idx.shape}")
+        write(dst_idx, torch.cat(idx, dim=1).to(torch.int64), ins)
+    return dst
+
+
+# --- statistics (Vector Engine, fp32)
+
+
+def bn_stats(dst, data: NkiTensor, name=None, **_kw):
+    """Per partition, 6 values: count, mean and count * variance of the even-indexed free elements, then the
+    same of the odd-indexed ones (up to 512 elements per partition: nl.tile_size.bn_stats_fmax); bn_aggr
+    combines one or more of these into a mean and a variance."""
+    ins = "bn_stats"
+    _tile(ins, data, "data", "vector")
+    p, n = data.shape[0], _free(data)
+    limits.check(n <= limits.BN_STATS_FMAX, ins,
+                 f"data has {n} elements per partition (shape {data.shape}); bn_stats reads at most "
+                 f"{limits.BN_STATS_FMAX} (nl.tile_size.bn_stats_fmax): run it per 512-element slice and "
+                 f"combine the outputs with one bn_aggr")
+    x = read(data, ins).float().reshape(p, n)
+    cols = []
+    for half in (x[:, 0::2], x[:, 1::2]):
+        count = half.shape[1]
+        if count == 0:  # a single element per partition: no odd elements
+            cols += [torch.zeros(p, 1, device=x.device)] * 3
+            continue
+        mean = half.mean(dim=1, keepdim=True)
+        cols += [torch.full((p, 1), float(count), device=x.device), mean,
+                 ((half - mean) ** 2).sum(dim=1, keepdim=True)]
+    dst = _out(dst, (p, 6), data.dtype)
+    _tile(ins, dst, "dst", "vector")
+    limits.check(dst.shape[0] == p and _free(dst) == 6, ins, f"dst holds 6 values per partition ({p}, 6), got {dst.shape}")
+    record(ins, "vector", data)
+    write(dst, torch.cat(cols, dim=1), ins)
+    return dst
+
+
+def bn_aggr(dst, data: NkiTensor, name=None, **_kw):
+    """dst[P, 2] = the mean and the (population) variance per partition from the (count, mean,
+    count * variance) triples of one or more bn_stats outputs (Chan et al.'s pairwise combination)."""
+    ins = "bn_aggr"
+    _tile(ins, data, "data", "vector")
+    p, n = data.shape[0], _free(data)
+    limits.check(n % 3 == 0 and n > 0, ins,
+                 f"data holds (count, mean, count * variance) triples: its {n} elements per partition are not a "
+                 f"multiple of 3")
+    t = read(data, ins).float().reshape(p, n // 3, 3)
+    count, mean, m2 = t[..., 0], t[..., 1], t[..., 2]
+    total = count.sum(dim=1, keepdim=True)
+    mu = (count * mean).sum(dim=1, keepdim=True) / total
+    var = (m2 + count * (mean - mu) ** 2).sum(dim=1, keepdim=True) / total
+    dst = _out(dst, (p, 2), data.dtype)
+    _tile(ins, dst, "dst", "vector")
+    limits.check(dst.shape[0] == p and _free(dst) == 2, ins, f"dst holds a mean and a variance per partition ({p}, 2), got {dst.shape}")
+    record(ins, "vector", data)
+    write(dst, torch.cat([mu, var], dim=1), ins)
+    return dst
+
+
+# --- selection by index range
+
+
+_RANGE_CMP = ("equal", "less", "less_equal", "greater", "greater_equal")
+FP32_MIN = -torch.finfo(torch.float32).max
+
+
+def range_select(dst, on_true_tile: NkiTensor, comp_op0, comp_op1, bound0: NkiTensor, bound1: NkiTensor,
+                 reduce_cmd=reduce_cmd.reset_reduce, reduce_res=None, reduce_op=None, range_start=0,
+                 on_false_value=FP32_MIN, name=None, **_kw):
+    """dst = on_true_tile where comp_op0(i, bound0) and comp_op1(i, bound1) for the free index
+    i = range_start + 0, 1, ... (compared in fp32; bounds fp32 [P, 1]), else FP32_MIN (which a bf16/fp16
+    dst rounds to -inf); the row maxima go to the Vector Engine's accumulators and reduce_res (reduce_cmd).
+    NeuronCore-v3 and newer."""
+    ins = "range_select"
+    _tile(ins, on_true_tile, "on_true_tile", "vector")
+    limits.check(on_true_tile.dtype.is_floating_point, ins, f"on_true_tile must be a float tile, got {on_true_tile.dtype}")
+    p, n = on_true_tile.shape[0], _free(on_true_tile)
+    ops = []
+    for what, op in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        f = as_op(op)
+        limits.check(f.name in _RANGE_CMP, ins,
+                     f"{what} must be one of {', '.join('nl.' + c for c in _RANGE_CMP)}, got {f!r}")
+        ops.append(f)
+    bounds = []
+    for what, b in (("bound0", bound0), ("bound1", bound1)):
+        _tile(ins, b, what, "vector")
+        limits.check(b.shape[0] == p and _free(b) == 1, ins,
+                     f"{what} must hold one value per partition ({p}, 1), got {b.shape}")
+        limits.check(b.dtype == torch.float32, ins, f"{what} must be float32, got {b.dtype}")
+        bounds.append(read(b, ins).float().reshape(p, 1))
+    limits.check(isinstance(range_start, int), ins, f"range_start must be a compile-time integer, got {range_start!r}")
+    limits.check(0 <= range_start and range_start + n <= 2**24, ins,
+                 f"range_start + the free index ({range_start} + {n}) must stay within 2**24 (compared in fp32)")
+    limits.check(_f32(on_false_value) == FP32_MIN, ins,
+                 f"on_false_value must be FP32_MIN ({FP32_MIN}) on the hardware, got {on_false_value!r}")
+    index = (torch.arange(n, dtype=torch.float32, device=on_true_tile.data.device) + range_start).reshape(1, n)
+    keep = (ops[0].apply(index, bounds[0]) != 0) & (ops[1].apply(index, bounds[1]) != 0)
+    out = torch.where(keep, read(on_true_tile, ins).float().reshape(p, n), FP32_MIN)
+    dst = _out(dst, on_true_tile.shape, on_true_tile.dtype)
+    _tile(ins, dst, "dst", "vector")
+    record(ins, "vector", on_true_tile)
+    write(dst, out.reshape(dst.shape), ins)
+    _max_accumulate(ins, out, reduce_cmd, reduce_op, reduce_res)
+    return dst
+
+
+# --- random numbers (see prng.py for the generator)
+
+_RNG_DTYPES = (torch.int8, torch.int16, torch.int32, torch.uint8, torch.uint16, torch.uint32)
+
+
+def rng(dst: NkiTensor, engine=engine.vector, name=None, **_kw):
+    """Fill dst (int8/16/32, uint8/16/32) with pseudo-random values: 32 random bits per element, truncated
+    to dst's width (its least significant bits). Vector Engine (SBUF or PSUM) or GpSimd (SBUF)."""
+    ins = "rng"
+    eng = _engine(ins, engine, ("vector", "gpsimd"))
+    _tile(ins, dst, "dst", eng, _memories(eng))
+    limits.check(dst.dtype in _RNG_DTYPES, ins,
+                 f"writes integer tiles (int8, int16, int32, uint8, uint16, uint32), dst is {dst.dtype}")
+    b = prng.bits(eng, dst.shape[0], _free(dst))
+    record(ins, eng, dst)
+    write(dst, prng.truncate(b, dst.dtype).reshape(dst.shape), ins)
+    return dst
+
+
+def set_rng_seed(src_seeds: NkiTensor, name=None, **_kw):
+    """Seed the Vector Engine's generator from a [1, 1] 32-bit tile in SBUF or PSUM: the same seed, the same
+    values from the rng, dropout and nl.rand that follow."""
+    ins = "set_rng_seed"
+    _tile(ins, src_seeds, "src_seeds", "vector")
+    limits.check(src_seeds.numel() == 1, ins, f"src_seeds must be a [1, 1] tile, got {src_seeds.shape}")
+    limits.check(src_seeds.data.element_size() == 4, ins, f"src_seeds must be a 32-bit value, got {src_seeds.dtype}")
+    x = read(src_seeds, ins)
+    record(ins, "vector", src_seeds)
+    prng.seed("vector", x.view(torch.int32) if x.dtype == torch.float32 else x)
+
+
+def _state_tile(ins: str, chosen, t: NkiTensor, what: str) -> str:
+    """The engine of a PRNG state load/store (GpSimd on NeuronCore-v3), with its tile checked: uint32 in
+    SBUF, the 6-word state per lane."""
+    if chosen is not None and chosen != engine.unknown and chosen == "vector":
+        raise limits.needs_v4(ins, "the Vector Engine's loadable PRNG state")
+    eng = _engine(ins, chosen, ("gpsimd",))
+    _tile(ins, t, what, eng, ("sbuf",))
+    limits.check(t.dtype == torch.uint32, ins, f"{what} must be uint32, got {t.dtype}")
+    limits.check(_free(t) == prng.WORDS, ins,
+                 f"{what} holds the {prng.WORDS}-word XORWOW state per lane, got shape {t.shape}")
+    record(ins, eng, t)
+    return eng
+
+
+def rand_set_state(src_seeds: NkiTensor, engine=engine.gpsimd, name=None, **_kw):
+    """Load the GpSimd Engine's generator state: partition p of src_seeds (uint32, 6 words, SBUF) is compute
+    lane p's state (rand_get_state stores it back)."""
+    ins = "rand_set_state"
+    eng = _state_tile(ins, engine, src_seeds, "src_seeds")
+    prng.set_state(eng, read(src_seeds, ins).reshape(src_seeds.shape[0], prng.WORDS).to(torch.int64))
+
+
+def rand_get_state(dst: NkiTensor, engine=engine.gpsimd, name=None, **_kw):
+    """Store the GpSimd Engine's generator state of lanes 0..P-1 into dst (uint32, 6 words, SBUF)."""
+    ins = "rand_get_state"
+    eng = _state_tile(ins, engine, dst, "dst")
+    write(dst, prng.state(eng)[:dst.shape[0]].reshape(dst.shape), ins)
+    return dst
+
+
+def rand2(dst, min, max, name=None, **_kw):  # noqa: A002 - NKI's names
+    """Uniform random values in [min, max]: NeuronCore-v4's Vector Engine only (an error here)."""
+    raise limits.needs_v4("rand2", "rand2")
+
+
+def dropout(dst, data: NkiTensor, prob, name=None, **_kw):
+    """dst = data with each element replaced by zero with probability prob (a scalar, or a [P, 1] tile of
+    one probability per partition), from the Vector Engine's generator; kept elements are not rescaled.
+    dst has data's dtype; an integer data tile takes float32 probabilities."""
+    ins = "dropout"
+    _tile(ins, data, "data", "vector")
+    p, n = data.shape[0], _free(data)
+    if isinstance(prob, NkiTensor):
+        _tile(ins, prob, "prob", "vector")
+        limits.check(prob.dtype.is_floating_point, ins, f"prob must be a float tile, got {prob.dtype}")
+        limits.check(data.dtype.is_floating_point or prob.dtype == torch.float32, ins,
+                     f"with {data.dtype} data, prob must be float32, got {prob.dtype}")
+    else:
+        limits.check(0.0 <= float(prob) <= 1.0, ins, f"prob is a probability in [0, 1], got {prob!r}")
+    threshold = _scalar_or_vector(ins, prob, data, "prob")
+    threshold = threshold.reshape(p, 1) if isinstance(threshold, torch.Tensor) else threshold
+    drop = prng.uniform("vector", p, n) < threshold
+    x = read(data, ins).reshape(p, n)
+    out = torch.where(drop, torch.zeros((), dtype=x.dtype, device=x.device), x)
+    dst = _out(dst, data.shape, data.dtype)
+    _tile(ins, dst, "dst", "vector")
+    limits.check(dst.dtype == data.dtype, ins, f"dst must have data's dtype {data.dtype}, got {dst.dtype}")
+    record(ins, "vector", data)
+    write(dst, out.reshape(dst.shape), ins)
+    return dst
+
+
 for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activation", "activation_reduce",
               "tensor_tensor", "tensor_scalar", "tensor_scalar_reduce", "scalar_tensor_tensor", "tensor_copy", "tensor_copy_predicated",
               "reciprocal", "exponential", "tensor_reduce", "tensor_partition_reduce", "memset", "iota",
-              "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8", "nc_stream_shuffle"):
+              "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8", "nc_stream_shuffle",
+              "nc_match_replace8", "bn_stats", "bn_aggr", "range_select", "rng", "set_rng_seed", "rand_set_state",
+              "rand_get_state", "dropout"):
     globals()[_name] = instruction(globals()[_name])
 del _name
 
