@@ -1,7 +1,7 @@
 """NKI kernels: traced NKI vs the same computation in PyTorch compiled by Inductor, on this CPU; and the cost
 model's Trainium2 estimate of bf16 matmuls against the Tensor Engine's roofline.
 
-    python bench/nki.py [--iters 20] [--dtype bfloat16] [--threads 1] [--skip-cpu]
+    python bench/nki.py [--iters 20] [--dtype bfloat16] [--threads 1] [--only rope mlp ...] [--skip-cpu]
 
 Both sides run on the host CPU (CPU tensors, so the device queue adds nothing to either): the NKI kernel is
 traced once and compiled by Inductor (kernels/nki), the reference is the plain PyTorch expression under
@@ -14,12 +14,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import types
 
 import torch
 
 import nativelab  # noqa: F401
 from nativelab.kernels import nki as nk
 from nativelab.kernels.ops import reference_rmsnorm
+from nativelab.kernels.ops.attention import reference_attention_cte, reference_attention_tkg
+from nativelab.kernels.ops.mlp import reference_mlp
+from nativelab.kernels.ops.qkv import reference_qkv
+from nativelab.kernels.ops.rope import reference_rope
+from nativelab.kernels.ops.transformer import reference_transformer_tkg
 
 
 def timed(fn, iters: int) -> float:
@@ -31,17 +37,67 @@ def timed(fn, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
+def _w(out_features, in_features, dt):
+    return (torch.randn(out_features, in_features) * in_features ** -0.5).to(dt)
+
+
+class _DecodeStep:
+    """One decode layer (decode_layer_kernel) and the LM head (lm_head_kernel): two launches, their estimates
+    added (the reference, reference_transformer_tkg, has no layer-only form)."""
+
+    def __init__(self, final_norm, head):
+        self.final_norm, self.head = final_norm, head
+
+    def __call__(self, *layer_inputs):
+        h = nk.decode_layer_kernel(*layer_inputs)[0]
+        return nk.lm_head_kernel(h[:, 0], self.final_norm, self.head, 1e-5)
+
+    def estimate(self, *layer_inputs):
+        a = nk.decode_layer_kernel.estimate(*layer_inputs)
+        h = torch.empty(layer_inputs[0].shape[0], layer_inputs[0].shape[2], dtype=layer_inputs[0].dtype)
+        b = nk.lm_head_kernel.estimate(h, self.final_norm, self.head, 1e-5)
+        return types.SimpleNamespace(seconds=a.seconds + b.seconds, bound=f"{a.bound}+{b.bound}")
+
+
 def cases(dt):
+    """(name, NKI kernel, its inputs, PyTorch reference, its inputs): Lab 2's small Llama's shapes (dim 512, 8
+    heads of 64, MLP 2048, a 512-position cache, vocab 32000) where a kernel is one of its pieces."""
     torch.manual_seed(0)
     x = torch.randn(1024, 1024, dtype=dt)
     y = torch.randn(1024, 1024, dtype=dt)
     w = torch.randn(1024, dtype=dt)
     a, b = torch.randn(512, 1024, dtype=dt), torch.randn(1024, 1024, dtype=dt)
+    q, k, v = (torch.randn(1, 8, 128, 64, dtype=dt) for _ in range(3))
+    rows, cos, sin = torch.randn(128, 512, dtype=dt), torch.randn(128, 64, dtype=dt), torch.randn(128, 64, dtype=dt)
+    mlp_w = (_w(2048, 512, dt), _w(2048, 512, dt), _w(512, 2048, dt))
+    qkv_w = (torch.randn(512, dtype=dt), _w(512, 512, dt), _w(512, 512, dt), _w(512, 512, dt))
+    q1, k1, v1 = (torch.randn(1, 8, 1, 64, dtype=dt) for _ in range(3))
+    k_cache, v_cache = torch.randn(1, 8, 512, 64, dtype=dt), torch.randn(1, 8, 512, 64, dtype=dt)
+    pos, x1 = torch.tensor([300]), torch.randn(1, 1, 512, dtype=dt)
+    layer = (qkv_w[0], *qkv_w[1:], _w(512, 512, dt), torch.randn(512, dtype=dt), *mlp_w)
+    head, logits = _w(32000, 512, dt), torch.randn(1, 32000, dtype=dt)
+    tkg_ref = lambda *t: reference_attention_tkg(*t[:3], t[3].clone(), t[4].clone(), t[5])  # noqa: E731
+    final_norm = torch.randn(512, dtype=dt)
+    step_ref = lambda *t: reference_transformer_tkg(  # noqa: E731
+        *t[:4], *[[u] for u in t[4:15]], final_norm, head, 8, 8, 1e-5)[:, 0]
     return [
-        ("add 1024x1024", nk.add_kernel, (x, y), lambda x, y: x + y),
-        ("rmsnorm 1024x1024", nk.rmsnorm_kernel, (x, w, 1e-5), reference_rmsnorm),
-        ("softmax 1024x1024", nk.softmax_kernel, (x,), nk.reference_softmax),
-        ("matmul 512x1024x1024", nk.matmul_kernel, (a, b), lambda a, b: a @ b),
+        ("add 1024x1024", nk.add_kernel, (x, y), lambda x, y: x + y, None),
+        ("rmsnorm 1024x1024", nk.rmsnorm_kernel, (x, w, 1e-5), reference_rmsnorm, None),
+        ("softmax 1024x1024", nk.softmax_kernel, (x,), nk.reference_softmax, None),
+        ("matmul 512x1024x1024", nk.matmul_kernel, (a, b), lambda a, b: a @ b, None),
+        ("rope 8x128x64", nk.rope_kernel, (q, cos, sin), reference_rope, None),
+        ("mlp 128x512x2048", nk.mlp_kernel, (rows, *mlp_w), reference_mlp, None),
+        ("mlp 1x512x2048", nk.mlp_kernel, (rows[:1], *mlp_w), reference_mlp, None),
+        ("qkv 128x512", nk.qkv_kernel, (rows[None], *qkv_w, cos, sin, 8, 8, 1e-5), reference_qkv, None),
+        ("attention_cte 8x128x64", nk.attention_cte_kernel, (q, k, v), reference_attention_cte, None),
+        ("attention_tkg 8x512x64", nk.attention_tkg_kernel, (q1, k1, v1, k_cache, v_cache, pos.float()), tkg_ref,
+         (q1, k1, v1, k_cache, v_cache, pos)),
+        ("decode layer + head", _DecodeStep(final_norm, head),
+         (x1, pos.float(), cos[:1], sin[:1], *layer, k_cache, v_cache, 8, 8, 1e-5), step_ref,
+         (x1, pos, cos[:1], sin[:1], *layer, k_cache.clone(), v_cache.clone())),
+        ("lm_head 1x512x32000", nk.lm_head_kernel, (x1[0], w[:512], head, 1e-5),
+         lambda x, n, h, e: reference_rmsnorm(x, n, e) @ h.t(), None),
+        ("argmax 1x32000", nk.argmax_kernel, (logits,), lambda t: t.argmax(-1, keepdim=True).int(), None),
     ]
 
 
@@ -50,6 +106,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None, help="only the kernels whose names contain one of these")
     ap.add_argument("--skip-cpu", action="store_true", help="only the Trainium2 estimates (no compiles)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1: steadier on a shared machine)")
     args = ap.parse_args()
@@ -59,11 +116,17 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
     if not args.skip_cpu:
         print(f"{'kernel':24s} {'NKI us':>10s} {'Inductor us':>12s} {'ratio':>7s} {'est. trn2 us':>13s}  bound")
-        for name, kernel, inputs, ref in cases(dt):
+        for name, kernel, inputs, ref, ref_inputs in cases(dt):
+            if args.only and not any(o in name for o in args.only):
+                continue
+            ref_inputs = ref_inputs or inputs
             compiled_ref = torch.compile(ref)
-            torch.testing.assert_close(kernel(*inputs).float(), ref(*inputs).float(), rtol=3e-2, atol=3e-2)
+            got, want = kernel(*inputs), ref(*ref_inputs)
+            for g, r in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (got, want))):
+                torch.testing.assert_close(g.float().reshape(r.shape), r.float(), rtol=3e-2, atol=3e-2)
             nki_us = statistics.median(timed(lambda: kernel(*inputs), args.iters) for _ in range(args.repeats))
-            ref_us = statistics.median(timed(lambda: compiled_ref(*inputs), args.iters) for _ in range(args.repeats))
+            ref_us = statistics.median(timed(lambda: compiled_ref(*ref_inputs), args.iters)
+                                       for _ in range(args.repeats))
             e = kernel.estimate(*inputs)
             print(f"{name:24s} {nki_us:10.1f} {ref_us:12.1f} {nki_us / ref_us:6.2f}x {e.seconds * 1e6:13.2f}  {e.bound}")
     print("\nmatmul_kernel on one NeuronCore-v3 (cost model), bf16; roofline 79 TFLOPS")

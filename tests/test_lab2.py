@@ -167,3 +167,30 @@ def test_the_three_folders_say_the_same_in_float32_and_an_edit_changes_what_runs
     assert "kernel:mlp_kernel_no_norm" not in after and "aten::silu" in after
     (edited,) = json.loads((lab / "c.json").read_text())
     assert edited["generated"] == tokens["base"]
+
+
+@pytest.mark.slow
+def test_with_nki_kernels_the_three_folders_say_base_tokens(tmp_path):
+    """--kernels nki: core's and experimental's ops run the NKI kernels (kernels/nki: the tracked launches are
+    theirs, none of the CPU kernels'), and greedy float32 gives base's tokens, which are Hugging Face's."""
+    lab = _copy(tmp_path)
+    src = (lab / "run.py").read_text()
+    at = src.index("\n", src.index('print(f"\\nGenerated IDs:')) + 1
+    (lab / "run.py").write_text(src[:at] + '    print(f"Executed ops: {sorted(torch_neuronx.get_executed_ops())}")\n'
+                                + src[at:])
+    out = lab / "r.json"
+    r = _run(lab, "--model", "all", "--size", "tiny", "--greedy", "--dtype", "float32", "--tokens", "8", "--warmup",
+             "0", "--repeat", "1", "--kernels", "nki", "--json", str(out), "--plot", str(lab / "p.png"))
+    results = {x["model"]: x for x in json.loads(out.read_text())}
+    reference = _hf_greedy([t % 256 for t in [1, 15043, 29892, 590, 1024, 338]], 8)
+    assert {m: x["generated"] for m, x in results.items()} == {"base": reference, "core": reference,
+                                                              "experimental": reference}
+    assert {x["kernels"] for x in results.values()} == {"nki"}
+    ran = [ast.literal_eval(x.removeprefix("Executed ops: ")) for x in r.stdout.splitlines()
+           if x.startswith("Executed ops: ")]
+    kernels = [{op for op in ops if op.startswith("kernel:")} for ops in ran]
+    # core draws its token with the library's sampler (the generator's, not an nki_ops kernel)
+    assert kernels[1] == {"kernel:mlp_kernel", "kernel:rope_kernel", "kernel:attention_cte_kernel",
+                          "kernel:attention_tkg_kernel", "kernel:sample_kernel"}, kernels
+    assert kernels[2] == {"kernel:decode_layer_kernel", "kernel:lm_head_kernel", "kernel:argmax_kernel"}, kernels
+    assert "Kernels : nki" in r.stdout

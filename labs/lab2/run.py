@@ -4,6 +4,7 @@
    set of weights (the `small` model's, from a fixed seed; --size / --model-path for others).
 2. Applies torch.compile(backend="neuron") to the prefill and decode steps if --compile is given.
 3. Decodes greedily if --greedy is given (else top-p sampling).
+   --kernels nki|cpu: what nki_ops.py's kernels run, the NKI kernels or the library's faster CPU kernels (default).
 4. Warms up 3 times, times 50 tokens (median of --repeat runs) and prints the throughput.
 
 `nativelab run ...` runs this file with the same flags.
@@ -24,6 +25,8 @@ from nativelab.apps.timed_section import timed_section
 from nativelab.device import threads
 from nativelab.models.llama import Generator, Sampling
 
+import nki_ops  # this folder's kernels (--kernels chooses what they run)
+
 
 def run(tier, args, weights, tokenizer):
     dtype = getattr(torch, args.dtype)
@@ -36,6 +39,8 @@ def run(tier, args, weights, tokenizer):
     print(f"Model   : {tier} — {DESCRIPTIONS[tier]}")
     print(f"Size    : {args.size}")
     print(f"Compile : {args.compile}")
+    if tier != "base":
+        print(f"Kernels : {args.kernels}")
     if gen.cuda_graph:
         print("Decode  : one CUDA graph replay per token")
     print(f"Tokens  : {args.tokens}")
@@ -74,13 +79,15 @@ def run(tier, args, weights, tokenizer):
     print(flush=True)
     return {
         "model": tier, "size": args.size, "compile": args.compile, "greedy": args.greedy, "dtype": args.dtype,
-        "device": args.device, "tokens": len(tokens), "seconds": times, "tok_per_s": [len(tokens) / t for t in times],
+        "device": args.device, "kernels": args.kernels, "tokens": len(tokens), "seconds": times,
+        "tok_per_s": [len(tokens) / t for t in times],
         "fallback_ops": fallbacks, "generated": tokens, **extra, "timed_section": section.as_dict(),
     }
 
 
 def main(argv=None):
     args = parse_args(argv)
+    nki_ops.use(args.kernels)
     weights, tokenizer = load_weights(args)
     return finish([run(tier, args, weights, tokenizer) for tier in tiers_of(args)], args)
 

@@ -40,6 +40,9 @@ DESCRIPTIONS = {
     "experimental": "NKI experimental (CTE prefill + megakernel decode, static KV cache)",
 }
 DEFAULT_PROMPT = [1, 15043, 29892, 590, 1024, 338]  # a fixed prompt for random-weight models
+# why --kernels defaults to cpu (measured with bench/nki.py and --kernels nki on this machine's CPU)
+KERNELS_REASON = ("the NKI kernels run their tiles as many small compiled operations, several times slower on a "
+                  "CPU than the CPU kernels' few large ones; the tiers' code is the same either way")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,6 +65,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kernels", default="cpu", choices=["nki", "cpu"],
+                    help="what nki_ops.py's kernels run: nki, the NKI kernels (nativelab.kernels.nki: nki.language / "
+                         "nki.isa code, traced and compiled, what would run on Trainium), or cpu, the library's CPU "
+                         "kernels computing the same (PyTorch compiled by Inductor, hand-written C++ for the "
+                         "one-token step). Default cpu: the faster here, " + KERNELS_REASON)
     ap.add_argument("--estimate", action="store_true",
                     help="also estimate each tier's Trainium2 tok/s (the porting check's estimate of one more, "
                          "untimed generation; off by default: under the check the kernels run their traced code, "

@@ -15,5 +15,6 @@ from .sample import argmax, argmax_kernel
 from .softmax import reference_softmax, softmax, softmax_kernel
 
 __all__ = ["add", "add_kernel", "argmax", "argmax_kernel", "attention_cte", "attention_cte_kernel", "attention_tkg",
-           "attention_tkg_kernel", "matmul", "matmul_kernel", "mlp", "mlp_kernel", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel",
-           "rope", "rope_kernel", "decode_layer", "decode_layer_kernel", "lm_head", "lm_head_kernel", "softmax", "softmax_kernel", "reference_softmax"]
+           "attention_tkg_kernel", "decode_layer", "decode_layer_kernel", "lm_head", "lm_head_kernel", "matmul",
+           "matmul_kernel", "mlp", "mlp_kernel", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel", "rope",
+           "rope_kernel", "softmax", "softmax_kernel", "reference_softmax"]
