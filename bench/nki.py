@@ -22,6 +22,7 @@ import nativelab  # noqa: F401
 from nativelab.kernels import nki as nk
 from nativelab.kernels.ops import reference_rmsnorm
 from nativelab.kernels.ops.attention import reference_attention_cte, reference_attention_tkg
+from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
@@ -78,8 +79,8 @@ def cases(dt):
     head, logits = _w(32000, 512, dt), torch.randn(1, 32000, dtype=dt)
     tkg_ref = lambda *t: reference_attention_tkg(*t[:3], t[3].clone(), t[4].clone(), t[5])  # noqa: E731
     final_norm = torch.randn(512, dtype=dt)
-    step_ref = lambda *t: reference_transformer_tkg(  # noqa: E731
-        *t[:4], *[[u] for u in t[4:15]], final_norm, head, 8, 8, 1e-5)[:, 0]
+    step_ref = lambda *t: reference_transformer_tkg(  # noqa: E731 - one layer's DecodeWeights (embed unused)
+        *t[:4], DecodeWeights(head, *[[u] for u in t[4:13]], final_norm, head, [t[13]], [t[14]]), 8, 8, 1e-5)[:, 0]
     return [
         ("add 1024x1024", nk.add_kernel, (x, y), lambda x, y: x + y, None),
         ("rmsnorm 1024x1024", nk.rmsnorm_kernel, (x, w, 1e-5), reference_rmsnorm, None),

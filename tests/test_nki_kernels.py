@@ -14,6 +14,7 @@ from nativelab import nki
 from nativelab.kernels import nki as nki_kernels
 from nativelab.kernels.ops import reference_rmsnorm
 from nativelab.kernels.ops.attention import reference_attention_cte, reference_attention_tkg
+from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
@@ -182,11 +183,10 @@ def _step(dtype, n_layers=2, b=2, dim=200, heads=4, kv_heads=2, d=16, inter=300,
 def _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads):
     """reference_transformer_tkg's logits (B, vocab), on copies of the caches (returned)."""
     caches = [(c["k_cache"].clone(), c["v_cache"].clone()) for c in layers]
-    lists = [[c[name] for c in layers] for name in ("input_norm", "wq", "wk", "wv", "wo", "post_norm", "gate", "up",
-                                                     "down")]
-    logits = reference_transformer_tkg(x, pos, cos, sin, *lists, [k for k, _ in caches], [v for _, v in caches],
-                                       final_norm, head, heads, kv_heads, 1e-5)
-    return logits[:, 0], caches
+    per_layer = [[c[name] for c in layers] for name in ("input_norm", "wq", "wk", "wv", "wo", "post_norm", "gate",
+                                                         "up", "down")]
+    w = DecodeWeights(head, *per_layer, final_norm, head, [k for k, _ in caches], [v for _, v in caches])
+    return reference_transformer_tkg(x, pos, cos, sin, w, heads, kv_heads, 1e-5)[:, 0], caches
 
 
 def _layer_args(c):
