@@ -83,6 +83,7 @@ class Check:
             step_kind=w.step_kind, wall_seconds=w.wall_seconds, compile_seconds=w.compile_seconds(),
             fallback_ops=w.fallback_ops(), reference=reference, memory=collect.memory_summary(w, hw),
             notes=[f"int64 values of a compiled graph not read ({e})" for e in w.probe_errors],
+            nki_kernels=w.nki_kernels(),
         )
 
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..profile._files import write_atomic
+from ..profile.report import nki_table
 from . import findings as F
 from .hardware import CITATIONS
 
@@ -32,6 +33,7 @@ class Report:
     reference: dict | None = None  # measured figures to print beside the estimate (e.g. the guide's tok/s)
     memory: dict = dataclasses.field(default_factory=dict)  # logical core -> peak, usable, top tensors
     notes: list = dataclasses.field(default_factory=list)  # what the check could not see (e.g. a graph's values)
+    nki_kernels: dict = dataclasses.field(default_factory=dict)  # NKI kernel -> launches and per-launch estimate
 
     # -- gating --------------------------------------------------------------------------------------------
 
@@ -77,6 +79,7 @@ class Report:
             "estimate": {**self.estimate, "rate_per_s": self.rate()},
             "top_bottlenecks": [f.as_dict() for f in self.bottlenecks()],
             "memory": self.memory, "reference": self.reference, "citations": CITATIONS, "notes": self.notes,
+            "nki_kernels": self.nki_kernels,
         }
 
     # -- outputs -------------------------------------------------------------------------------------------
@@ -118,6 +121,9 @@ class Report:
                 mt.add_row(f"{x['bytes'] / 2**20:,.1f}", escape(f"{x['site'] or '-'}  {x['code'][:70]}"))
             console.print(mt)
         console.print(self._estimate_table())
+        if self.nki_kernels:
+            console.print(nki_table(self.nki_kernels, "NKI kernels launched (nki/cost.py's estimate per launch on one "
+                                                      "NeuronCore-v3)"))
         for i, f in enumerate(self.bottlenecks(), 1):
             console.print(escape(f"top bottleneck {i}: {f.title} at {f.site}: {f.fix}"))
         for n in self.notes:
@@ -180,6 +186,12 @@ class Report:
                          f"{once['seconds'] * 1e3:.3f} | |")
         if self.reference:
             lines += [""] + [f"- {k}: {v}" for k, v in self.reference.items()]
+        if self.nki_kernels:
+            lines += ["", "NKI kernels launched (estimated per launch on one NeuronCore-v3):", "",
+                      "| kernel | launches | est. trn2 us | bound | busy us per engine |", "|---|---|---|---|---|"]
+            for name, k in self.nki_kernels.items():
+                busy = ", ".join(f"{e} {v:,.2f}" for e, v in k["busy_us"].items())
+                lines.append(f"| `{name}` | {k['calls']} | {k['est_trn2_us']:,.2f} | {k['bound']} | {busy} |")
         b = self.bottlenecks()
         if b:
             lines += ["", "Top bottlenecks:"] + [f"{i}. {_md(f.title)} at `{f.site}`: {_md(f.fix)}"

@@ -54,6 +54,11 @@ class Observer(Protocol):
         """Each library-kernel call as it runs (inside a compiled graph too, where the graph's queue entry is all
         `run` sees), with its traced graph, so a tool can count the ops the kernel performs."""
 
+    def nki_launch(self, name: str, estimate) -> None:
+        """Each NKI kernel launch as it runs (queued on the device, inside a compiled graph, on CPU tensors, or
+        interpreted by nki.simulate), with its estimated time on one NeuronCore-v3 (`nki.cost.Estimate`:
+        `seconds`, `busy` per engine, `bound`, and the per-engine `events` of its timeline)."""
+
     def collective(self, kind: str, tensors, world_size: int) -> None:
         """Each collective the `neuron` process group launches, as the user's code calls it: `kind` its name
         (all_reduce, all_gather, ..., barrier), `tensors` its tensor arguments as passed (nested lists)."""
@@ -63,7 +68,7 @@ class Observer(Protocol):
         a compile on the real device): `kind` ("forward", "backward", "inference"), the inputs' shapes."""
 
 
-EVENTS = ("run", "host_op", "transfer", "dispatch", "alloc", "kernel_run", "collective", "graph")
+EVENTS = ("run", "host_op", "transfer", "dispatch", "alloc", "kernel_run", "nki_launch", "collective", "graph")
 
 # The published events (see the module's docstring): None while nobody on the stack implements one.
 run = None
@@ -72,6 +77,7 @@ transfer = None
 dispatch = None
 alloc = None
 kernel_run = None
+nki_launch = None
 collective = None
 graph = None
 
@@ -191,4 +197,4 @@ def _each(event):
 
 
 _CHAINS = {"run": _chain_run, "host_op": _chain_host_op, "dispatch": _chain_dispatch,
-           **{e: _each(e) for e in ("transfer", "alloc", "kernel_run", "collective", "graph")}}
+           **{e: _each(e) for e in ("transfer", "alloc", "kernel_run", "nki_launch", "collective", "graph")}}

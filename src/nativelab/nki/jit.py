@@ -177,6 +177,8 @@ class JitKernel:
                                  f"which is not contiguous: pass a contiguous tensor")
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         if self.options.get("simulate"):
+            if observe.nki_launch is not None:
+                observe.nki_launch(self.name, traced.estimate(self.name))
             return _result(traced, self._simulate(sig, tensors), tensors, numpy_mode)
         if traced.launch is None:
             self._compile(sig, traced)
@@ -250,6 +252,8 @@ class JitKernel:
         def launch(*ts):
             if observe.kernel_run is not None:
                 observe.kernel_run(name, gm)
+            if observe.nki_launch is not None:  # the estimate is computed once per signature, when first watched
+                observe.nki_launch(name, traced.estimate(name))
             for i, r in zip(written, artifact(*ts)):
                 t = ts[i]
                 if r.data_ptr() != t.data_ptr():

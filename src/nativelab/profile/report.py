@@ -9,6 +9,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from ..nki.cost import ENGINES
 from ._files import write_atomic
 from .categories import CATEGORIES
 
@@ -73,6 +74,9 @@ def print_report(session, console: Console | None = None, top: int = 15) -> None
         ops.add_row(name, st["category"], str(st["calls"]), _ms(st["seconds"]), _mb(st["read"]), _mb(st["written"]))
     console.print(ops)
 
+    if s["nki_kernels"]:
+        console.print(nki_table(s["nki_kernels"]))
+
     if s["fallbacks"]:
         fb = Table(title="CPU fallbacks")
         for col in ("op", "calls", "ms", "MB to host", "MB back to device"):
@@ -80,6 +84,18 @@ def print_report(session, console: Console | None = None, top: int = 15) -> None
         for name, st in s["fallbacks"].items():
             fb.add_row(name, str(st["calls"]), _ms(st["seconds"]), _mb(st["to_host"]), _mb(st["to_device"]))
         console.print(fb)
+
+
+def nki_table(kernels: dict, title: str = "NKI kernels (estimated per launch on one NeuronCore-v3)") -> Table:
+    """Per NKI kernel: launches, est. trn2 us per launch, the bounding engine and each engine's busy us."""
+    engines = [e for e in ENGINES if any(k["busy_us"].get(e) for k in kernels.values())]
+    t = Table(title=title)
+    for col in ("kernel", "launches", "est. trn2 us", "bound", *(f"{e} us" for e in engines), "instructions"):
+        t.add_column(col, justify="left" if col in ("kernel", "bound") else "right")
+    for name, k in sorted(kernels.items(), key=lambda x: -x[1]["est_trn2_seconds_total"]):
+        t.add_row(name, str(k["calls"]), f"{k['est_trn2_us']:,.2f}", k["bound"],
+                  *(f"{k['busy_us'].get(e, 0.0):,.2f}" for e in engines), str(k["instructions"]))
+    return t
 
 
 def compare_rows(sessions) -> list[dict]:

@@ -7,7 +7,8 @@
 
 While active, the session is one of the device's observers (`nativelab.device.observe`): it runs each queued
 entry itself (timing it on the thread that drains the queue and counting the bytes it reads and writes), each
-CPU fallback and each host <-> device copy. Sessions nest (and run inside `nativelab check`): each sees every
+CPU fallback and each host <-> device copy, and each NKI kernel launch with its estimated NeuronCore-v3 time
+and engine timeline (nki/cost.py). Sessions nest (and run inside `nativelab check`): each sees every
 event while it is active. Dynamo compilations are timed through Dynamo's compile callbacks, graph breaks read
 from its counters. Inside a `torch.profiler.profile` every entry is also a `neuron::<name>` event.
 """
@@ -49,6 +50,24 @@ class OpStat:
     to_device: int = 0  # fallbacks: result bytes copied back to the device
 
 
+@dataclasses.dataclass
+class NkiStat:
+    """The launches of one NKI kernel and their estimated time on one NeuronCore-v3 (nki/cost.py), summed."""
+
+    calls: int = 0
+    est_seconds: float = 0.0
+    busy: dict = dataclasses.field(default_factory=dict)  # engine -> estimated busy seconds, summed
+    instructions: int = 0  # of the latest launch
+
+    def per_launch(self) -> dict:
+        n = self.calls or 1
+        busy = {e: b / n for e, b in self.busy.items()}
+        return {"calls": self.calls, "est_trn2_us": 1e6 * self.est_seconds / n,
+                "bound": max(busy, key=busy.get) if busy else "none",
+                "busy_us": {e: 1e6 * b for e, b in busy.items()}, "instructions": self.instructions,
+                "est_trn2_seconds_total": self.est_seconds}
+
+
 class Event(NamedTuple):
     """One unit of work on the timeline (the trace's events)."""
     track: str  # "device", "host", ...: the trace's thread
@@ -71,6 +90,8 @@ class Session(_observe.Observer):
         self.ops: dict[str, OpStat] = {}
         self.events: list[Event] = []
         self.dropped_events = 0
+        self.nki: dict[str, NkiStat] = {}  # NKI kernel -> its launches' estimate on a NeuronCore-v3
+        self.nki_launches: list = []  # (perf_ns at the launch, cost.Estimate): the trace's engine lanes
         self.transfers = collections.Counter()  # "host_to_device"/"device_to_host" -> bytes
         self.transfer_calls = collections.Counter()
         self.compiles: list[tuple[str, float]] = []  # (Dynamo compile id, seconds)
@@ -163,6 +184,19 @@ class Session(_observe.Observer):
         self._count_transfer(kind, nbytes)
         name = "device -> host" if kind == "device_to_host" else "host -> device"
         self._add(name, "host sync", "transfer", t1 - int(seconds * 1e9), t1, 0, 0, track="host")
+
+    def nki_launch(self, name: str, estimate) -> None:
+        """An NKI kernel launch: its estimated NeuronCore-v3 time and engine timeline (nki/cost.py)."""
+        st = self.nki.get(name)
+        if st is None:
+            st = self.nki[name] = NkiStat()
+        st.calls += 1
+        st.est_seconds += estimate.seconds
+        for engine, b in estimate.busy.items():
+            st.busy[engine] = st.busy.get(engine, 0.0) + b
+        st.instructions = len(estimate.events)
+        if self.timeline and len(self.nki_launches) < self.max_events:
+            self.nki_launches.append((_perf_ns(), estimate))
 
     # -- bookkeeping -------------------------------------------------------------------------------------
 
@@ -266,6 +300,11 @@ class Session(_observe.Observer):
     def graph_breaks(self) -> dict[str, int]:
         return dict(self.dynamo.get("graph_break", {}))
 
+    def nki_kernels(self) -> dict:
+        """Per NKI kernel launched: calls, and per launch the estimated NeuronCore-v3 time (est_trn2_us), the
+        bounding engine and each engine's busy time (busy_us)."""
+        return {name: st.per_launch() for name, st in self.nki.items()}
+
     def host_syncs(self) -> int:
         """Times the host waited for device data: device-to-host reads and CPU fallbacks."""
         return self.transfer_calls["device_to_host"]
@@ -291,6 +330,7 @@ class Session(_observe.Observer):
             "ops": {n: dataclasses.asdict(st) for n, st in self.ops.items()},
             "transfers": {"bytes": dict(self.transfers), "calls": dict(self.transfer_calls)},
             "host_syncs": self.host_syncs(),
+            "nki_kernels": self.nki_kernels(),
             "queue_drains": self.drains,
             "compile_seconds": self.compile_seconds(),
             "dynamo": {

@@ -1,7 +1,10 @@
 """Chrome / Perfetto trace JSON (chrome://tracing, ui.perfetto.dev): device work on its own track.
 
 Each session is a process with two threads: the device queue (every executed op, compiled graph and kernel
-launch, with the bytes it read and wrote) and the host (CPU fallbacks, host <-> device copies, compiles).
+launch, with the bytes it read and wrote) and the host (CPU fallbacks, host <-> device copies, compiles);
+a session that saw NKI launches has one more thread per NeuronCore-v3 engine (tensor, vector, scalar, gpsimd,
+dma), the view neuron-profile gives on a chip: each launch's estimated instructions (nki/cost.py), laid out
+from the moment the emulator launched it (or from the end of the previous launch's estimate, if later).
 Given a `torch.profiler` trace recorded over the same session, its CPU events are kept and the device
 tracks are placed on its clock (matched through the `neuron::<name>` events the session emitted into it).
 """
@@ -16,9 +19,11 @@ import tempfile
 
 import torch
 
+from ..nki.cost import ENGINES
 from ._files import write_atomic
 
 _THREADS = {"device": (1, "neuron device queue"), "host": (2, "host: fallbacks, transfers, compiles")}
+_ENGINE_TID0 = 10  # the NeuronCore-v3 engine lanes of NKI launches
 _PID0 = 1_000_000  # far from torch.profiler's real process ids
 
 
@@ -58,9 +63,30 @@ def chrome_trace(sessions, torch_data: dict | None = None) -> dict:
             args = {"bytes read": e.read, "bytes written": e.written} if e.track == "device" else {}
             events.append({"ph": "X", "pid": pid, "tid": _THREADS[e.track][0], "name": e.name, "cat": e.category,
                            "ts": ts, "dur": e.dur_ns / 1e3, "args": args})
+        if s.nki_launches:
+            events += _engine_lanes(s, pid, lambda ns: ns / 1e3 + offset_us if offset_us is not None else (ns - origin) / 1e3)
     out = dict(torch_data or {})
     out["traceEvents"] = events
     out.setdefault("displayTimeUnit", "ms")
+    return out
+
+
+def _engine_lanes(session, pid: int, us_of) -> list:
+    """The engine threads of a session's NKI launches (at most session.max_events instructions)."""
+    out = [{"ph": "M", "pid": pid, "tid": _ENGINE_TID0 + i, "name": "thread_name",
+            "args": {"name": f"NeuronCore-v3 {e} (NKI, estimated)"}} for i, e in enumerate(ENGINES)]
+    lane = {e: _ENGINE_TID0 + i for i, e in enumerate(ENGINES)}
+    cursor, budget = float("-inf"), session.max_events
+    for launched_ns, est in session.nki_launches:
+        start = max(us_of(launched_ns), cursor)
+        for name, engine, t0, t1, line in est.events[:budget]:
+            out.append({"ph": "X", "pid": pid, "tid": lane[engine], "name": name, "cat": "nki",
+                        "ts": start + t0 * 1e6, "dur": max(t1 - t0, 0.0) * 1e6,
+                        "args": {"kernel": est.kernel, "line": line}})
+        budget -= min(len(est.events), budget)
+        cursor = start + est.seconds * 1e6
+        if budget <= 0:
+            break
     return out
 
 
