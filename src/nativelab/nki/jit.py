@@ -24,11 +24,11 @@ from .. import settings
 from ..compiler import metrics
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
-from . import cost, limits, trace
+from . import cost, fusion, limits, trace
 from ._private import is_fake
 from .tensor import NkiTensor, Storage, hbm, new_trace, view_of
 
-NKI_VERSION = "nativelab-nki 1"  # bump when tracing changes the graphs it records
+NKI_VERSION = "nativelab-nki 2"  # bump when tracing changes the graphs it records
 DEVICE = memory.DEVICE
 
 
@@ -86,6 +86,9 @@ def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
         for pid in programs:
             tr.program, tr.hbm_allocs_this_program = tuple(pid), 0
             r = sig.call(fn, inputs)
+            if tr.fuser is not None:  # a program's deferred matmuls and stores land before the next runs
+                tr.fuser.flush()
+                tr.fuser.flush_stores()
             if result is None:
                 result = r
     finally:
@@ -234,7 +237,8 @@ class JitKernel:
         constants = []
 
         def body(*ts):
-            tr = trace.Trace(self.name, self.grid, output_examples=list(ts[n_in:]), quiet=True, device="cpu")
+            tr = trace.Trace(self.name, self.grid, output_examples=list(ts[n_in:]), quiet=True, device="cpu",
+                             fuser=fusion.PsumFuser(traced.written_inputs) if self.options.get("fuse", True) else None)
             _run(self.fn, sig, ts[:n_in], tr)
             constants.extend(tr.constants)
             return tuple(ts[i] for i in written)
@@ -291,7 +295,8 @@ def _to_numpy(r):
 
 def jit(fn=None, **options):
     """@nki.jit / @nki.jit(...): make `fn` an NKI kernel. Options AWS's compiler takes (mode=, platform
-    target, debug flags) are accepted and ignored."""
+    target, debug flags) are accepted and ignored. nativelab's own: simulate=True interprets every launch
+    (nki.simulate); fuse=False compiles each instruction as issued (no tile GEMMs fused: nki/fusion.py)."""
     if fn is None:
         return lambda f: jit(f, **options)
     return fn if isinstance(fn, JitKernel) else JitKernel(fn, **options)

@@ -453,7 +453,7 @@ def transpose(x: NkiTensor, dtype=None, **_kw) -> NkiTensor:
     limits.check_partitions("nl.transpose", "the result", (x.shape[1], x.shape[0]))
     t = ndarray((x.shape[1], x.shape[0]), dtype or x.dtype, sbuf)
     record("nl.transpose", "tensor", x)
-    write(t, read(x, "nl.transpose").t(), "nl.transpose", source=x)
+    write(t, read(x, "nl.transpose").t(), "nl.transpose", source=x._derive("permute", (1, 0)))
     return t
 
 

@@ -4,6 +4,7 @@ a torch operation on that view; a kernel trace records those operations as a gra
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 
@@ -67,6 +68,9 @@ def buffer_of(b) -> Buffer:
                           f"got {b!r}")
 
 
+_uids = itertools.count()
+
+
 class Storage:
     """One allocation: its current value (a torch tensor of the allocation's shape), where it lives, what of
     it has been written (on-chip tensors and the kernel's own HBM tensors), its share of on-chip capacity
@@ -82,6 +86,9 @@ class Storage:
                  track: bool = True, pinned: bool = False):
         self.tensor = tensor
         _bind(tensor)
+        # which allocation, for the cost model's dependencies: id() of a dropped tile is reused by the next,
+        # which made later tiles depend on unrelated earlier ones (estimates varied from trace to trace)
+        self.uid = next(_uids)
         self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
         self.meta = torch.empty(self.shape, dtype=self.dtype, device="meta")  # the layout views are taken of
         self.buffer = buffer
@@ -99,6 +106,9 @@ class Storage:
         self.banks = 0
         self.release = None
         self.float_value = None  # (value, its fp32 upcast): upcast once, however many matmuls read it
+        self.rounded = None  # (value, value.to(bf16) computed more cheaply): see fusion.py
+        self.origin = None  # (argument storage, flat index in it or -1 per element): which are copies, fusion.py
+        self.gemm = None  # (value, operand descriptors) when the value is a bf16 GEMM of argument views
 
     def describe(self) -> str:
         return f"{self.name + ' ' if self.name else ''}{self.shape} {_dtype_name(self.dtype)}"
@@ -115,7 +125,7 @@ class Storage:
 
     def before_in_place_write(self) -> None:
         """Make an in-place write safe: own the value, and give borrowers of it their own copies first."""
-        self.float_value = None
+        self.float_value = self.rounded = self.gemm = None
         if not self.owned and not self.pinned:
             self.tensor = self.tensor.clone()
             _bind(self.tensor)
@@ -393,7 +403,7 @@ def view_of(t: torch.Tensor, chain) -> torch.Tensor:
     return _apply(t, chain)
 
 
-def _flat_indices(t: NkiTensor) -> np.ndarray | None:
+def flat_indices(t: NkiTensor) -> np.ndarray | None:
     """The allocation's elements (row-major) the view covers; None when its dtype was reinterpreted."""
     if any(op[0] == "dtype" or (op[0] == "ap" and op[4] is not None) for op in t.chain):
         return None
@@ -404,7 +414,7 @@ def _flat_indices(t: NkiTensor) -> np.ndarray | None:
     return idx.reshape(-1)
 
 
-def _covers_all(t: NkiTensor) -> bool:
+def covers_all(t: NkiTensor) -> bool:
     if not t.chain:
         return True
     v = t.layout()
@@ -416,7 +426,7 @@ def _region(t: NkiTensor):
     v = t.layout()
     lo = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s < 0 and n > 0)
     hi = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s > 0 and n > 0)
-    return id(t.storage), lo, hi
+    return t.storage.uid, lo, hi
 
 
 def read(t: NkiTensor, instruction: str) -> torch.Tensor:
@@ -425,11 +435,13 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
     st = t.storage
     tr = trace.active()
     if tr is not None:
+        if tr.fuser is not None:
+            tr.fuser.before_read(st)  # deferred matmuls and stores into it land first
         tr.account(st)
         if not tr.quiet:
             tr.pending_reads.append(_region(t))
         if st.written is not None:
-            idx = _flat_indices(t)
+            idx = flat_indices(t)
             if idx is not None and not st.written[idx].all():
                 tr.warn_once((id(st), limits.kernel_line()), instruction,
                              f"reads {st.describe()} ({st.buffer}, allocated at {st.site}) where it was never "
@@ -440,7 +452,20 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
 def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool = False,
           source: NkiTensor | None = None) -> None:
     """Write `value` (rounded to the destination's dtype) through the view `t`. `source`: the value is a view
-    of that tensor (a copy instruction), not a fresh result."""
+    of that tensor (a copy instruction), not a fresh result, its elements in the view's row-major order."""
+    tr = trace.active()
+    if tr is not None and tr.fuser is not None:
+        if tr.fuser.store(t, value, source):  # a GEMM's tile stored: one GEMM for all tiles, later
+            note_write(t)
+            return
+        tr.fuser.before_write(t.storage)  # deferred work this write may change or overwrite lands first
+    note_write(t)
+    assign(t, value, instruction, accumulate, source)
+
+
+def note_write(t: NkiTensor) -> None:
+    """What a write records besides its value: capacity, written arguments, the cost model's region, and
+    which elements are now defined (a deferred matmul notes its write when issued, assigns it later)."""
     st = t.storage
     tr = trace.active()
     if tr is not None:
@@ -449,7 +474,25 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
             tr.written_inputs.add(st.input_index)
         if not tr.quiet:
             tr.pending_writes.append(_region(t))
+    if st.written is not None:
+        idx = flat_indices(t)
+        if idx is None:
+            st.written[:] = True
+        else:
+            st.written[idx] = True
+
+
+def assign(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool = False,
+           source: NkiTensor | None = None) -> None:
+    """The value half of `write`: `value`, rounded to the allocation's dtype, becomes what the view holds."""
+    st = t.storage
     shape = t.shape
+    copied_from = source if not accumulate else None
+    r = source.storage.rounded if source is not None and not accumulate else None
+    rounded = r is not None and r[0] is value and st.dtype == torch.bfloat16
+    if rounded:
+        value, source = r[1], None  # a fused GEMM's result, rounded by a bf16 GEMM (fusion.py)
+    written_value = value
     if tuple(value.shape) != shape:
         limits.check(value.numel() == math.prod(shape), instruction,
                      f"the result has shape {tuple(value.shape)} but the destination {t!r} has shape {shape}")
@@ -461,7 +504,7 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
     limits.check(not any(op[0] == "expand" for op in t.chain), instruction,
                  f"writes through a broadcast view of {st.describe()}")
     fresh = source is None and not is_view(value) and not _is_bound(value)
-    if not st.pinned and _covers_all(t) and (fresh or source is not None):
+    if not st.pinned and covers_all(t) and (fresh or source is not None):
         st.tensor = value.reshape(st.shape)  # a new SSA value: no copy
         _bind(st.tensor)
         st.owned, st.lender = True, None
@@ -472,12 +515,10 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
     else:
         st.before_in_place_write()
         t.data.copy_(value)
-    if st.written is not None:
-        idx = _flat_indices(t)
-        if idx is None:
-            st.written[:] = True
-        else:
-            st.written[idx] = True
+    tr = trace.active()
+    if tr is not None and tr.fuser is not None and st.buffer.on_chip:
+        tr.fuser.copied(t, source if source is not None and value.numel() == source.numel() else None)
+        tr.fuser.copied_gemm(t, written_value, copied_from, rounded)
 
 
 def read_float(t: NkiTensor, instruction: str) -> torch.Tensor:
@@ -528,5 +569,5 @@ def written(t: NkiTensor) -> bool:
     st = t.storage
     if st.written is None:
         return True
-    idx = _flat_indices(t)
+    idx = flat_indices(t)
     return bool(st.written.all() if idx is None else st.written[idx].all())

@@ -64,6 +64,7 @@ class Trace:
     quiet: bool = False  # the second pass: the first has warned already
     device: str = "cpu"  # where the trace's tensors are: "meta" (checking pass) or "cpu" (recording pass)
     registers: dict = field(default_factory=dict)  # engine state kept across instructions (accumulators, PRNGs)
+    fuser: object = None  # the recording pass's fusion.PsumFuser (matmuls deferred into one GEMM), or None
 
     def account(self, storage) -> None:
         """Count an on-chip allocation as live from its first use (so a tile re-allocated in each loop

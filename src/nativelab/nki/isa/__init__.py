@@ -12,7 +12,7 @@ import torch
 from .. import limits, trace
 from ..core import compute, fill, instruction, ndarray, record
 from ..ops import as_op
-from ..tensor import NkiTensor, psum, read, read_float, sbuf, write, written
+from ..tensor import NkiTensor, note_write, psum, read, read_float, sbuf, write, written
 from . import prng
 from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
 
@@ -127,7 +127,7 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, dge_mode=None, name
     limits.check(dst.buffer is sbuf, "dma_transpose", f"writes SBUF, dst is in {dst.buffer}")
     limits.check_partitions("dma_transpose", "dst", dst.shape)
     record("dma_transpose", "dma", dst)
-    write(dst, v, "dma_transpose", source=src)
+    write(dst, v, "dma_transpose", source=src._derive("permute", perm))  # the value's element order
     return dst
 
 
@@ -141,7 +141,8 @@ def nc_matmul(dst, stationary: NkiTensor, moving: NkiTensor = None, is_stationar
 
     K (the partition dimension of both) <= 128, M (stationary's free size) <= 128, N (moving's) <= 512.
     accumulate=True adds into dst, False overwrites it; None (the default) adds into what earlier matmuls
-    wrote there and overwrites a region not yet written: a loop over K tiles into one PSUM tile sums them."""
+    wrote there and overwrites a region not yet written: a loop over K tiles into one PSUM tile sums them.
+    Compiled, such a loop is one GEMM (nki/fusion.py): the same fp32 sum, its additions in another order."""
     if moving is None and isinstance(dst, NkiTensor) and isinstance(stationary, NkiTensor) and dst.buffer is not psum:
         dst, stationary, moving = None, dst, stationary  # nc_matmul(stationary, moving): the result is returned
     ins = "nc_matmul"
@@ -162,10 +163,17 @@ def nc_matmul(dst, stationary: NkiTensor, moving: NkiTensor = None, is_stationar
     limits.check(dst.buffer is psum, ins, f"writes its result to PSUM; dst is in {dst.buffer}")
     limits.check(dst.numel() == m * n and dst.shape[0] == m, ins,
                  f"dst has shape {dst.shape}; stationary {stationary.shape} x moving {moving.shape} gives ({m}, {n})")
+    add = bool(accumulate) if accumulate is not None else (not is_transpose and written(dst))
+    fuser = trace.active().fuser if trace.active() is not None else None
+    if fuser is not None and dst.dtype == torch.float32:  # recorded for compiling: one GEMM per K loop
+        s_value, m_value = read(stationary, ins), read(moving, ins)
+        record(ins, "tensor", moving, flops=2 * k * m * n)
+        note_write(dst)
+        fuser.defer(dst, stationary, s_value, moving, m_value, k, m, n, add)
+        return dst
     s = read_float(stationary, ins).reshape(k, m)
     mv = read_float(moving, ins).reshape(k, n)
     out = (s.t() @ mv).reshape(dst.shape)
-    add = bool(accumulate) if accumulate is not None else (not is_transpose and written(dst))
     record(ins, "tensor", moving, flops=2 * k * m * n)
     write(dst, out, ins, accumulate=add)
     return dst
@@ -186,7 +194,7 @@ def nc_transpose(dst, data: NkiTensor = None, engine=None, name=None, **_kw):
     if eng == "tensor":
         limits.check(dst.buffer is psum, "nc_transpose", f"on the Tensor Engine writes PSUM; dst is in {dst.buffer}")
     record("nc_transpose", eng, data)
-    write(dst, read(data, "nc_transpose").t(), "nc_transpose", source=data)
+    write(dst, read(data, "nc_transpose").t(), "nc_transpose", source=data._derive("permute", (1, 0)))
     return dst
 
 

@@ -1,0 +1,359 @@
+"""Tile GEMMs fused back together while a kernel is recorded for compilation.
+
+A kernel contracts over K in tiles of at most 128 partitions: a loop of nc_matmul calls into one fp32 PSUM
+tile. Recorded one by one, each is a small fp32 GEMM plus an addition. Here consecutive nc_matmul calls into
+one PSUM tile are deferred; when anything else reads or writes a tile they are emitted as one GEMM per run of
+K tiles that sit at a constant stride in one SBUF tile (the [partition, k tile, free] blocks kernels keep, and
+adjacent slices of one tile), viewed as one [K, free] operand without a copy. The accumulation is fp32 as in
+PSUM; only the order of its additions differs from tile order.
+
+A fused GEMM of bf16 operands whose fp32 result is then only rounded to bf16 (tensor_copy of the PSUM tile
+into a bf16 tile) is recorded as a bf16 GEMM instead: oneDNN accumulates it in fp32 and rounds once, the same
+value up to the order of the additions, and on AMX it runs ~5x faster (device/gemm_policy.py; where the
+policy upcasts bf16 products, the compiler turns it back into an fp32 GEMM).
+
+Only the recording pass fuses: the checking pass, the cost model and nki.simulate see every instruction."""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+import torch
+
+from .tensor import NkiTensor, assign, flat_indices
+from .tensor import covers_all as _covers
+
+
+class _Operand:
+    """A matmul operand as issued: its value viewed [K, free], and where it sits in its tile's value."""
+
+    __slots__ = ("value", "base", "offset", "strides", "origin")
+
+    def __init__(self, t: NkiTensor, value: torch.Tensor, k: int, f: int):
+        self.value = value.reshape(k, f)
+        o, idx = t.storage.origin, flat_indices(t)
+        # (argument storage, [K, F] flat indices in it) when the view is a copy of an argument's elements
+        self.origin = (o[0], o[1][idx].reshape(k, f)) if o is not None and idx is not None else None
+        self.base = None  # the tile's whole value, when the view is [K, free] at fixed strides in it
+        self.offset, self.strides = 0, ()
+        if any(op[0] == "dtype" or (op[0] == "ap" and op[4] is not None) for op in t.chain):
+            return  # reinterpreted bytes: offsets are not elements of the tile's value
+        try:
+            layout = t.layout().view(k, f)
+        except RuntimeError:
+            return
+        self.base = t.storage.tensor
+        self.offset, self.strides = layout.storage_offset(), tuple(layout.stride())
+
+
+class _Run:
+    """Products whose operands step through their tiles at constant strides: one GEMM over all of them."""
+
+    def __init__(self, s: _Operand, m: _Operand):
+        self.first = (s, m)
+        self.last = (s, m)
+        self.steps = None
+        self.count = 1
+
+    def extend(self, s: _Operand, m: _Operand) -> bool:
+        s0, m0 = self.first
+        for a, a0 in ((s, s0), (m, m0)):
+            if a.base is None or a.base is not a0.base or a.strides != a0.strides or a.value.shape != a0.value.shape:
+                return False
+        steps = (s.offset - self.last[0].offset, m.offset - self.last[1].offset)
+        if self.steps is not None and steps != self.steps:
+            return False
+        self.steps, self.last, self.count = steps, (s, m), self.count + 1
+        return True
+
+    def operands(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[count * K, M] and [count * K, N]: row k * count + t is row k of the t-th product (any order
+        sums the same products, as long as both operands use the same one)."""
+        if self.count == 1:
+            return self.first[0].value, self.first[1].value
+        return tuple(_stacked(a, self.count, step) for a, step in zip(self.first, self.steps))
+
+
+def _stacked(a: _Operand, count: int, step: int) -> torch.Tensor:
+    base = a.base
+    flat = base.view(-1) if base.is_contiguous() else base.reshape(-1)
+    k, f = a.value.shape
+    v = torch.as_strided(flat, (count, k, f), (step,) + a.strides, flat.storage_offset() + a.offset)
+    return v.permute(1, 0, 2).reshape(count * k, f)
+
+
+class _Pending:
+    """A PSUM tile's deferred matmuls: dst = [dst +] sum of stationary.T @ moving."""
+
+    def __init__(self, dst: NkiTensor, add: bool):
+        self.storage = weakref.ref(dst.storage)  # a dropped tile's products are never seen: drop them
+        self.chain = dst.chain
+        self.add = add
+        self.runs: list[_Run] = []
+        self.products: list[tuple[_Operand, _Operand]] = []
+
+    def append(self, s: _Operand, m: _Operand) -> None:
+        self.products.append((s, m))
+        if not self.runs or not self.runs[-1].extend(s, m):
+            self.runs.append(_Run(s, m))
+
+
+class PsumFuser:
+    """The recording pass's deferred matmuls, one entry per PSUM tile; and which tile elements are plain
+    copies of which elements of the kernel's arguments (so a GEMM can read the argument itself)."""
+
+    def __init__(self, written_inputs=()):
+        self.pending: list[_Pending] = []
+        self.stores: list[_Store] = []
+        self.written_inputs = set(written_inputs)  # arguments the kernel writes: their copies may go stale
+
+    # --- copies of arguments (Storage.origin)
+
+    def copied(self, dst: NkiTensor, source: NkiTensor | None) -> None:
+        """dst (on chip) was just written; with `source`, as a copy of it, element for element."""
+        st = dst.storage
+        idx = flat_indices(dst)
+        src = None
+        if source is not None and idx is not None:
+            s_st = source.storage
+            s_idx = flat_indices(source)
+            if s_idx is not None and s_st.input_index is not None and s_st.input_index not in self.written_inputs:
+                src = (s_st, s_idx)
+            elif s_idx is not None and s_st.origin is not None:
+                src = (s_st.origin[0], s_st.origin[1][s_idx])
+        if src is None:
+            if st.origin is not None:
+                if idx is None:
+                    st.origin = None
+                else:
+                    st.origin[1][idx] = -1
+            return
+        if st.origin is None or st.origin[0] is not src[0]:
+            st.origin = (src[0], np.full(math.prod(st.shape), -1, dtype=np.int64))
+        st.origin[1][idx] = src[1]
+
+    def _argument_view(self, operands):
+        """The operands stacked along K, [sum K, F], as a strided view of the argument they are copies of;
+        None unless every element is a copy, at affine positions. Returns (view, (argument, offset, row
+        step, column step, rows, columns))."""
+        arg = operands[0].origin[0] if operands[0].origin is not None else None
+        if arg is None or any(a.origin is None or a.origin[0] is not arg for a in operands):
+            return None
+        grid = np.concatenate([a.origin[1] for a in operands]) if len(operands) > 1 else operands[0].origin[1]
+        if (grid < 0).any():
+            return None
+        k, f = grid.shape
+        start = int(grid[0, 0])
+        rs = int(grid[1, 0] - start) if k > 1 else 0
+        cs = int(grid[0, 1] - start) if f > 1 else 0
+        if rs < 0 or cs < 0:
+            return None
+        expect = start + np.arange(k, dtype=np.int64)[:, None] * rs + np.arange(f, dtype=np.int64)[None, :] * cs
+        if not np.array_equal(grid, expect):
+            return None
+        desc = (arg, start, rs, cs, k, f)
+        return _view(desc), desc
+
+    def pending_into(self, storage) -> bool:
+        return any(p.storage() is storage for p in self.pending) or any(x.storage is storage for x in self.stores)
+
+    def before_write(self, storage) -> None:
+        """A write is about to change `storage`: what deferred work reads or writes it lands first."""
+        self.flush()  # (every deferred matmul: its tiles may be the ones written)
+        if any(x.storage is storage for x in self.stores):
+            self.flush_stores(storage)
+
+    def before_read(self, storage) -> None:
+        if self.pending_into(storage):
+            self.flush()
+            self.flush_stores(storage)
+
+    # --- stores of GEMM results into the kernel's outputs, one GEMM over all output tiles
+
+    def store(self, dst: NkiTensor, value: torch.Tensor, source: NkiTensor | None) -> bool:
+        """dma_copy(out[...], tile) of a tile that holds a bf16 GEMM of argument views: defer it (True)."""
+        st = dst.storage
+        if source is None or source.chain or not st.pinned or st.input_index is not None or st.buffer.on_chip:
+            return False
+        g = source.storage.gemm
+        if g is None or g[0] is not source.storage.tensor or g[2] != st.dtype or value.dtype != st.dtype:
+            return False
+        if any(op[0] in ("dtype", "expand") or (op[0] == "ap" and op[4] is not None) for op in dst.chain):
+            return False
+        (a, b) = g[1]
+        try:
+            layout = dst.layout().view(a[5], b[5])  # the result's [M, N], row-major, as dma_copy writes it
+        except RuntimeError:
+            return False
+        self.stores.append(_Store(st, layout.storage_offset(), tuple(layout.stride()), a, b))
+        return True
+
+    def copied_gemm(self, dst: NkiTensor, value: torch.Tensor, source: NkiTensor | None, rounded: bool) -> None:
+        """dst (on chip) was written with `value`: it holds a GEMM of argument views if the source did and
+        this write copied it whole (rounded: to bf16)."""
+        st = dst.storage
+        g = source.storage.gemm if source is not None and not source.chain else None
+        st.gemm = None
+        if g is None or g[0] is not source.storage.tensor or not _covers(dst) or st.pinned:
+            return
+        if rounded or value is g[0]:  # (converted to dst's dtype: the GEMM's fp32 result, rounded once)
+            st.gemm = (st.tensor, g[1], st.dtype)
+
+    def flush_stores(self, storage=None) -> None:
+        todo = [x for x in self.stores if storage is None or x.storage is storage]
+        if not todo:
+            return
+        self.stores = [x for x in self.stores if not (storage is None or x.storage is storage)]
+        by_output: dict = {}
+        for x in todo:
+            by_output.setdefault(id(x.storage), []).append(x)
+        for group in by_output.values():
+            merged = _merge(group)
+            for x in [merged] if merged is not None else group:
+                _emit(x)
+
+    def defer(self, dst: NkiTensor, stationary: NkiTensor, s_value, moving: NkiTensor, m_value,
+              k: int, m: int, n: int, add: bool) -> None:
+        """nc_matmul(dst, stationary, moving) issued: dst = [dst +] stationary.T @ moving, later."""
+        entry = next((p for p in self.pending if p.storage() is dst.storage), None)
+        if entry is not None and entry.chain != dst.chain:
+            self.flush()  # another view of the tile: keep the order of the writes
+            entry = None
+        if entry is None or not add:  # an overwrite drops what was pending for the same view
+            if entry is not None:
+                self.pending.remove(entry)
+            entry = _Pending(dst, add)
+            self.pending.append(entry)
+        entry.append(_Operand(stationary, s_value, k, m), _Operand(moving, m_value, k, n))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        for p in pending:
+            st = p.storage()
+            if st is None:
+                continue
+            # read the arguments themselves where the tiles are copies of them (the copies are then dead
+            # code), else the tiles, one GEMM per run
+            s_arg = self._argument_view([s for s, _ in p.products])
+            m_arg = self._argument_view([m for _, m in p.products]) if s_arg is not None else None
+            desc = (s_arg[1], m_arg[1]) if m_arg is not None else None
+            pairs = [(s_arg[0], m_arg[0])] if m_arg is not None else [r.operands() for r in p.runs]
+            total = None
+            for s, mv in pairs:
+                y = s.float().t() @ mv.float()
+                total = y if total is None else total + y
+            assign(NkiTensor(st, p.chain), total, "nc_matmul", accumulate=p.add)
+            if p.add or p.chain:
+                continue
+            if desc is not None:
+                st.gemm = (st.tensor, desc, torch.float32)
+            if all(s.dtype == torch.bfloat16 and mv.dtype == torch.bfloat16 for s, mv in pairs):
+                # recorded now, while the operands hold these values; unused, the compiler drops it
+                st.rounded = (st.tensor, _bf16_gemm(pairs))
+
+
+def _view(desc) -> torch.Tensor:
+    """The [rows, columns] view of an argument a GEMM operand descriptor names."""
+    arg, start, rs, cs, k, f = desc
+    base = arg.tensor
+    flat = base.view(-1) if base.is_contiguous() else base.reshape(-1)
+    return torch.as_strided(flat, (k, f), (rs, cs), flat.storage_offset() + start)
+
+
+class _Store:
+    """out[region] = a.T @ b (bf16): region at `offset` with `strides` in the output's elements."""
+
+    __slots__ = ("storage", "offset", "strides", "a", "b")
+
+    def __init__(self, storage, offset, strides, a, b):
+        self.storage, self.offset, self.strides, self.a, self.b = storage, offset, strides, a, b
+
+
+def _merge(stores: list[_Store]) -> _Store | None:
+    """One store for output tiles that cover a block exactly once, each the product of the block's rows of
+    one operand and columns of the other (the tiles of one GEMM); else None."""
+    if len(stores) < 2:
+        return None
+    x0 = stores[0]
+    (a_arg, _, a_rs, a_cs, k, _), (b_arg, _, b_rs, b_cs, _, _) = x0.a, x0.b
+    if a_cs <= 0 or b_cs <= 0:
+        return None
+    for x in stores:
+        if (x.strides != x0.strides or x.a[0] is not a_arg or x.b[0] is not b_arg or x.a[2:5] != (a_rs, a_cs, k)
+                or x.b[2:5] != (b_rs, b_cs, k)):
+            return None
+    a0 = min(x.a[1] for x in stores)
+    b0 = min(x.b[1] for x in stores)
+    at = []
+    for x in stores:
+        (da, ra), (db, rb) = divmod(x.a[1] - a0, a_cs), divmod(x.b[1] - b0, b_cs)
+        if ra or rb:
+            return None
+        at.append((da, db))
+    o0 = x0.offset - at[0][0] * x0.strides[0] - at[0][1] * x0.strides[1]
+    if o0 < 0 or any(x.offset != o0 + i * x0.strides[0] + j * x0.strides[1] for x, (i, j) in zip(stores, at)):
+        return None
+    m = max(i + x.a[5] for x, (i, _) in zip(stores, at))
+    n = max(j + x.b[5] for x, (_, j) in zip(stores, at))
+    cover = np.zeros((m, n), dtype=np.int32)
+    for x, (i, j) in zip(stores, at):
+        cover[i:i + x.a[5], j:j + x.b[5]] += 1
+    if not (cover == 1).all():
+        return None
+    return _Store(x0.storage, o0, x0.strides, (a_arg, a0, a_rs, a_cs, k, m), (b_arg, b0, b_rs, b_cs, k, n))
+
+
+def _emit(x: _Store) -> None:
+    """Write the store's GEMM into its output region (a slice of the output where it is one)."""
+    out = x.storage.tensor
+    a, b = _view(x.a), _view(x.b)
+    if out.dtype == torch.bfloat16 and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+        y = a.t() @ b  # fp32 accumulation, one rounding (as fusion's bf16 GEMMs)
+    else:
+        y = (a.float().t() @ b.float()).to(out.dtype)
+    region = _slice_of(out, x.offset, x.strides, tuple(y.shape))
+    if region is not None:
+        region.copy_(y)
+        return
+    flat = out.reshape(-1)
+    new = torch.as_strided_scatter(flat, y, tuple(y.shape), x.strides, x.offset)
+    out.copy_(new.view(out.shape))
+
+
+def _slice_of(t: torch.Tensor, offset: int, strides, sizes):
+    """t's 2-D view at `offset` with `strides` and `sizes`, by indexing and slicing (an in-place copy into
+    it traces; into an as_strided view it does not); None if it is no such view."""
+    if not t.is_contiguous() or 1 in sizes:
+        return None
+    meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+    contiguous = meta.stride()
+    index, dims = [], []
+    for d, (size, stride) in enumerate(zip(t.shape, contiguous)):
+        start = (offset // stride) % size
+        r = strides.index(stride) if stride in strides else None
+        if r is not None and r not in [q for q, _ in dims]:
+            index.append(slice(start, start + sizes[r]))
+            dims.append((r, d))
+        else:
+            index.append(start)
+    v = meta[tuple(index)]
+    order = [r for r, _ in dims]
+    if len(order) == 2 and order == [1, 0]:
+        v = v.t()
+    if tuple(v.shape) != tuple(sizes) or tuple(v.stride()) != tuple(strides) or v.storage_offset() != offset:
+        return None
+    out = t[tuple(index)]
+    return out.t() if len(order) == 2 and order == [1, 0] else out
+
+
+def _bf16_gemm(pairs) -> torch.Tensor:
+    """The fused GEMM with bf16 output (oneDNN: fp32 accumulation, one rounding)."""
+    if len(pairs) == 1:
+        s, mv = pairs[0]
+    else:  # a ragged last K tile is a run of its own: one GEMM over all runs (a copy of the operands)
+        s, mv = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+    return s.t() @ mv
