@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 import nativelab
-from nativelab.device import queue
+from nativelab.device import state
 from nativelab.models.llama import Llama
 
 
@@ -95,12 +95,10 @@ def measure(fn, n: int, repeats: int, with_sync: bool = True) -> dict[str, list[
     results = {"cpu": [], "neuron (async)": []} | ({"neuron (sync)": []} if with_sync else {})
     for _ in range(repeats):  # interleaved, so machine noise hits every variant alike
         results["cpu"].append(fn("cpu", n))
-        queue.set_sync_mode(False)
         results["neuron (async)"].append(fn("neuron", n))
         if with_sync:
-            queue.set_sync_mode(True)
-            results["neuron (sync)"].append(fn("neuron", n))
-            queue.set_sync_mode(False)
+            with state.device.mode(sync=True):
+                results["neuron (sync)"].append(fn("neuron", n))
     return results
 
 

@@ -7,16 +7,15 @@ import pytest
 import torch
 
 import nativelab
-from nativelab.device import dispatch, memory, observe, queue, schema
+from nativelab.device import dispatch, memory, observe, queue, schema, state
 
 DEV = "neuron"
 
 
 @pytest.fixture(params=[True, False], ids=["cpp", "python"])
 def path(request):
-    dispatch.set_fast_path(request.param)
-    yield request.param
-    dispatch.set_fast_path(True)
+    with state.device.mode(fast_path=request.param):
+        yield request.param
 
 
 def _program(dev: str, x: torch.Tensor, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -104,7 +103,7 @@ def test_cpp_path_out_of_memory_is_torch_oom_and_leaves_nothing():
     x = torch.randn(1024, 1024, device=DEV)  # 4 MiB
     torch.neuron.synchronize()
     before = torch.neuron.memory_allocated()
-    rt = memory._rt
+    rt = state.device.rt
     cap = memory.stats(0).capacity
     rt.mem_set_capacity(0, before + (1 << 20))
     try:

@@ -335,3 +335,97 @@ def test_the_environment_checks_can_fail():
     assert [r.split(":")[0] for r in reads] == ["line 3", "line 4", "line 5", "line 8"], reads
     assert [w.split(":")[0] for w in writes] == ["line 10", "line 11", "line 12", "line 13", "line 14", "line 15"], \
         writes
+
+
+
+# -- the device's state: one object ------------------------------------------------------------------------------
+
+DEVICE_STATE = "nativelab.device.state"  # the Device object: the runtime handle and every setting
+RUNTIME_LOADER = "nativelab.device.runtime"  # builds and loads the runtime (its load-once cache)
+
+
+def _state_names() -> set[str]:
+    from nativelab.device.state import Device
+
+    return {n for n in Device.__slots__ if not n.startswith("_")} | {"_rt", "sync_mode"}
+
+
+def _state_copies(source: str, names: set[str]) -> list[str]:
+    """Where a module keeps device state of its own: a module-level name (assigned at the top level or through
+    `global`) that is named as a setting or the runtime handle, or whose value is read from the runtime
+    (`....rt`, `rt`, `runtime.load()`); and any other way to the runtime than the Device object
+    (`runtime.load()` / `runtime.loaded()`)."""
+    tree = ast.parse(source)
+
+    def from_runtime(value) -> bool:
+        for n in ast.walk(value):
+            if (isinstance(n, ast.Attribute) and n.attr == "rt") or (isinstance(n, ast.Name) and n.id in ("rt", "_rt")):
+                return True
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("load", "loaded")
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "runtime"):
+                return True
+        return False
+
+    def assigned(stmt):
+        """(target names, value) of an assignment statement."""
+        if isinstance(stmt, ast.Assign):
+            targets = stmt.targets
+        elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+            targets = [stmt.target]
+        else:
+            return [], None
+        out = []
+        for t in targets:
+            out += [n.id for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        return out, stmt.value
+
+    found = []
+    for stmt in tree.body:  # the module's own names
+        targets, value = assigned(stmt)
+        for name in targets:
+            if name in names or (value is not None and from_runtime(value)):
+                found.append(f"line {stmt.lineno}: {name} (module level)")
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        declared = {n for g in ast.walk(fn) if isinstance(g, ast.Global) for n in g.names}
+        for stmt in ast.walk(fn):
+            targets, value = assigned(stmt)
+            for name in set(targets) & declared:
+                if name in names or (value is not None and from_runtime(value)):
+                    found.append(f"line {stmt.lineno}: {name} (global in {fn.name})")
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("load", "loaded")
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == "runtime"):
+            found.append(f"line {n.lineno}: {ast.unparse(n)} (the handle is state.device.rt)")
+    return sorted(set(found), key=lambda f: int(f.split()[1].rstrip(":")))
+
+
+def test_no_device_module_keeps_its_own_copy_of_the_runtime_or_a_setting():
+    """The runtime handle and every setting of the device live in one object (device/state.py's Device, built
+    by register() from Config); the other modules of device/ read it there."""
+    names = _state_names()
+    found = [f"{m}: {c}" for m, (path, _) in _modules().items()
+             if m.startswith("nativelab.device.") and m not in (DEVICE_STATE, RUNTIME_LOADER)
+             for c in _state_copies(path.read_text(), names)]
+    assert not found, "read these from nativelab.device.state.device:\n" + "\n".join(sorted(found))
+
+
+def test_the_state_copy_check_can_fail():
+    names = {"sync", "num_cores", "_rt", "sync_mode"}
+    planted = (
+        "from . import runtime, state\n"
+        "num_cores = 4\n"  # a setting's copy
+        "_adopt = None\n"  # fine until a function stores the runtime's entry in it
+        "_cache: dict = {}\n"  # fine
+        "def init(rt):\n"
+        "    global _rt, _adopt, _seen\n"
+        "    _rt = rt\n"
+        "    _adopt = state.device.rt.mem_adopt\n"
+        "    _seen = True\n"  # a module's own state, not the device's: fine
+        "def f():\n"
+        "    sync = state.device.sync\n"  # a local: fine
+        "    return runtime.load()\n"
+    )
+    assert [c.split(":")[0] for c in _state_copies(planted, names)] == ["line 2", "line 7", "line 8", "line 12"], \
+        _state_copies(planted, names)

@@ -407,17 +407,14 @@ def test_cpp_python_kernel_bridge_converts_arguments_and_results():
     """ops.cpp hands calls it leaves to Python over with torch::jit::toPyObject / toIValue (declared by hand)
     plus getTHPDtype / getTHPLayout / getTHPMemoryFormat for ints that are dtypes, layouts, memory formats:
     a Python-path op with such arguments and several results must round-trip."""
-    from nativelab.device import dispatch
+    from nativelab.device import state
 
-    dispatch.set_fast_path(False)
-    try:
+    with state.device.mode(fast_path=False):
         x = torch.randn(4, 6)
         d = x.to("neuron")
         vals, idx = torch.max(d, dim=1)  # two results through toIValue
         e = torch.empty(2, 3, 4, 5, dtype=torch.bfloat16, device="neuron", memory_format=torch.channels_last)
         s = d.sum(0, dtype=torch.float64)  # a ScalarType argument seen as torch.float64 by the Python kernel
-    finally:
-        dispatch.set_fast_path(True)
     torch.testing.assert_close(vals.cpu(), x.max(1).values)
     assert torch.equal(idx.cpu(), x.max(1).indices)
     assert e.dtype == torch.bfloat16 and e.is_contiguous(memory_format=torch.channels_last)
@@ -442,9 +439,11 @@ def test_cpp_view_kernels_and_composite_redispatch():
 
 def test_cpp_storage_wrap_and_unpack():
     """memory.cpp passes storages to Python with THPStorage_Unpack / THPStorage_Wrap."""
+    from nativelab.device import state
+
     d = torch.randn(8, device="neuron") * 2  # memory the runtime allocated
     st = d.untyped_storage()
-    assert memory._rt.mem_owns(st)
+    assert state.device.rt.mem_owns(st)
     host = memory.host_storage(st)
     assert host.device.type == "cpu" and host.data_ptr() == st.data_ptr() and host.nbytes() == st.nbytes()
 

@@ -165,9 +165,9 @@ def test_each_kind_of_device_work_is_named_by_what_it_is(tmp_path):
 def test_the_cpp_op_path_stays_on_during_a_trace(monkeypatch):
     """The C++ kernel queues ops during a torch.profiler trace too (the queue records their device events): the
     trace costs no Python per op, and the ops it queued are still attributed to the ops that launched them."""
-    from nativelab.device import dispatch, queue
+    from nativelab.device import dispatch, state
 
-    if not dispatch.fast_path or queue.sync_mode:
+    if not state.device.fast_path or state.device.sync:
         pytest.skip("NATIVELAB_FAST_PATH=0 or NATIVELAB_SYNC=1: every op takes the Python path")
     a = torch.randn(64, 64, device="neuron")
     (a * 2 + 1).cpu()  # the C++ kernel learns these call signatures

@@ -20,7 +20,7 @@ import torch
 from .. import stand_ins
 from . import (
     _private, attention, autocast, config, conversion, crash_report, dispatch, dynamo_interface, guard,
-    int32_targets, memory, module, policy, queue, rnn_cells, runtime, runtime_ops, sparse, tracking,
+    int32_targets, memory, module, rnn_cells, runtime_ops, sparse, state,
 )
 from .tracking import clear_op_tracking, get_executed_ops, get_fallback_ops, get_op_counts
 
@@ -58,25 +58,21 @@ def register() -> bool:
     current = torch._C._get_privateuse1_backend_name()
     if current != "privateuseone":
         raise RuntimeError(f"PrivateUse1 is already taken by the '{current}' backend; nativelab cannot register")
-    cfg = config.load()
-    crash_report.install(runtime.load())  # a crash from here on names the device work it happened in
-    guard.init(cfg.num_cores)
-    queue.set_sync_mode(cfg.sync)
-    runtime_ops.quiet = cfg.quiet
-    policy.dtype_policy = cfg.dtype_policy
-    tracking.strict = cfg.strict
+    dev = state.device.build(config.load())  # the runtime handle and every setting, in one object
+    crash_report.install(dev.rt)  # a crash from here on names the device work it happened in
+    guard.init()
 
-    _private.register_backend("neuron", _device_module(cfg))
+    _private.register_backend("neuron", _device_module(dev.num_cores))
     conversion.install()  # after the generated Module.neuron() exists
     _private.keep_out_of_fused_transformer_paths()
-    memory.init(cfg)
+    memory.init()
     lib = torch.library.Library("_", "IMPL")
-    dispatch.install(runtime.load(), cfg.fast_path)  # the boxed kernel every op reaches (C++, Python behind it)
+    dispatch.install()  # the boxed kernel every op reaches (C++, Python behind it)
     aten_lib = torch.library.Library("aten", "IMPL")
-    runtime_ops.install(aten_lib, runtime.load())
+    runtime_ops.install(aten_lib)
     rnn_cells.install(aten_lib)
     attention.install(aten_lib)  # the device's own SDPA backend choice, the overrideable fused pair
-    dynamo_interface.install(cfg.num_cores)
+    dynamo_interface.install(dev.num_cores)
     autocast.install(lib, aten_lib)
     int32_targets.install(aten_lib)
     sparse.install(lib)  # sparse layouts: one clear error
@@ -106,12 +102,12 @@ def _no_quantized(op, *args, **kwargs):
     raise NotImplementedError(f"{memory.quantized_message(dtype)} (in {op})")
 
 
-def _device_module(cfg: config.Config) -> types.ModuleType:
+def _device_module(num_cores: int) -> types.ModuleType:
     mod = types.ModuleType("torch.neuron", "nativelab's emulated neuron device")
     for name in dir(module):
         if not name.startswith("__"):
             setattr(mod, name, getattr(module, name))
     mod.__getattr__ = module.__getattr__  # attributes computed on access (`_initialized`)
-    mod.default_generators = tuple(guard.default_generator(i) for i in range(cfg.num_cores))
+    mod.default_generators = tuple(guard.default_generator(i) for i in range(num_cores))
     sys.modules["torch.neuron"] = mod
     return mod

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from . import _private, gemm_policy, guard, memory, observe, policy, queue, rng, schema, sparse, tracking
+from . import _private, gemm_policy, guard, memory, observe, policy, queue, rng, schema, sparse, state, tracking
 from .schema import OpRecord
 
 DEVICE = memory.DEVICE
@@ -108,7 +108,7 @@ def _scalar_tensor(v):
     t = _scalars.get(key)
     if t is None:
         t = torch.tensor(v, dtype=_WRAPPED_DTYPES.get(type(v)))
-        _rt.mark_wrapped_number(t)
+        state.device.rt.mark_wrapped_number(t)
         if len(_scalars) < 4096:
             _scalars[key] = t
     return t
@@ -253,7 +253,7 @@ def _first_call(rec: OpRecord, key: tuple, spec: tuple, run, args: list, outs: l
         # (rec, host args, host outs) as the queue passes them, which the profiler reads
         strides = queue.run_now("op", rec.name, lambda r, h, o: _run_reporting_strides(run, r, h, o), rec, args, outs)
     except Exception as e:
-        if queue.sync_mode:  # NATIVELAB_SYNC=1 names the op in every failure, as its launches do
+        if state.device.sync:  # NATIVELAB_SYNC=1 names the op in every failure, as its launches do
             raise queue.DeviceError(f"neuron: queued op {rec.name} failed: {type(e).__name__}: {e}") from e
         raise
     kind, outs_spec, resizes, narrows = spec
@@ -560,8 +560,6 @@ def resize_(t: torch.Tensor, shape, memory_format=None) -> torch.Tensor:
 # The C++ kernel (csrc/ops.cpp) takes the common case of a native op without entering the interpreter; it asks
 # these two once per op overload and once per call signature, and sends every other call to device_kernel.
 
-fast_path = True  # NATIVELAB_FAST_PATH=0: every op through the Python kernel above (the reference path)
-_rt = None
 
 
 def fast_route(name: str, overload: str):
@@ -614,26 +612,23 @@ def fast_spec(op, *args):
 
 
 def _refresh_fast_path() -> None:
-    """The C++ path is off while anything watches the device (a profiler, nativelab check) or in sync mode."""
-    _rt.set_fast(fast_path and not queue.sync_mode and not observe.watched())
+    """The C++ path is on unless turned off (NATIVELAB_FAST_PATH=0, `state.device.set(fast_path=False)`), off
+    in sync mode and while anything watches the device (a profiler, nativelab check)."""
+    dev = state.device
+    dev.rt.set_fast(dev.fast_path and not dev.sync and not observe.watched())
 
 
-def install(rt, enabled: bool = True) -> None:
-    """Register the device's kernel (the C++ one, which calls device_kernel for what it leaves to Python)."""
-    global _rt, fast_path
-    _rt, fast_path = rt, enabled
-    direct = sorted(op.name().split("::", 1)[1] for op in direct_kernels() if op.name().startswith("aten::"))
-    rt.install_kernels(device_kernel, fast_route, fast_spec, direct)
-    queue._listeners.append(_refresh_fast_path)
-    observe._listeners.append(_refresh_fast_path)
+def _mode_changed() -> None:
+    queue.drain()  # the work queued before the change runs as it was queued
     _refresh_fast_path()
 
 
-def set_fast_path(on: bool) -> None:
-    """Turn the C++ path on or off (tests compare the two; off is NATIVELAB_FAST_PATH=0)."""
-    global fast_path
-    queue.drain()
-    fast_path = bool(on)
+def install() -> None:
+    """Register the device's kernel (the C++ one, which calls device_kernel for what it leaves to Python)."""
+    direct = sorted(op.name().split("::", 1)[1] for op in direct_kernels() if op.name().startswith("aten::"))
+    state.device.rt.install_kernels(device_kernel, fast_route, fast_spec, direct)
+    state.device.on_change(_mode_changed)
+    observe._listeners.append(_refresh_fast_path)
     _refresh_fast_path()
 
 

@@ -8,33 +8,33 @@ from __future__ import annotations
 
 import torch
 
-from . import _private, queue, runtime
+from . import _private, queue, state
 
-num_cores = 4
-_rt = None
 _defaults: list[torch.Generator] = []  # torch.neuron.default_generators
 _hosts: list[torch.Generator] = []  # the CPU generators behind them
 
 
-def init(cores: int) -> None:
-    """Build/load the runtime and register its guard and hooks for `cores` logical cores."""
-    global num_cores, _rt
-    num_cores = cores
-    _rt = runtime.load()
-    queue.bind(_rt)
-    _rt.init(cores, queue.drain, queue.idle, _record_marker)
-    _defaults[:] = [_rt.default_generator(i) for i in range(cores)]
-    _hosts[:] = [_rt.host_generator(g) for g in _defaults]
+def init() -> None:
+    """Register the runtime's guard and hooks for the device's logical cores."""
+    rt, cores = state.device.rt, state.device.num_cores
+    rt.init(cores, queue.drain, queue.idle, _record_marker)
+    _defaults[:] = [rt.default_generator(i) for i in range(cores)]
+    _hosts[:] = [rt.host_generator(g) for g in _defaults]
 
 
 def _record_marker(event_id: int, version: int) -> None:
     """An event's marker in the queue: the runtime stamps the event when the queue reaches it."""
-    queue.launch("marker", "event_record", _rt.event_reached, event_id, version)
+    queue.launch("marker", "event_record", state.device.rt.event_reached, event_id, version)
+
+
+def core_count() -> int:
+    return state.device.num_cores
 
 
 def check_index(index: int) -> int:
     if not isinstance(index, int) or isinstance(index, bool):
         raise TypeError(f"neuron device index must be an int, got {type(index).__name__}")
+    num_cores = state.device.num_cores
     if not 0 <= index < num_cores:
         raise RuntimeError(
             f"Invalid device index neuron:{index}: The device index is out of range; this host has {num_cores} "
@@ -45,11 +45,11 @@ def check_index(index: int) -> int:
 
 
 def current_index() -> int:
-    return _rt.current_device()
+    return state.device.rt.current_device()
 
 
 def set_index(index: int) -> None:
-    _rt.set_device(check_index(index))
+    state.device.rt.set_device(check_index(index))
     _private.run_backward_in_caller_thread()
 
 
@@ -80,7 +80,7 @@ def host_generator(gen: torch.Generator | None, index: int) -> torch.Generator:
     if gen is None:
         return _hosts[index]
     if gen.device.type == "neuron":
-        return _rt.host_generator(gen)
+        return state.device.rt.host_generator(gen)
     return gen
 
 
@@ -97,4 +97,4 @@ def seed(index: int) -> None:
 
 
 def is_pinned_ptr(ptr: int) -> bool:
-    return _rt.is_pinned(ptr)
+    return state.device.rt.is_pinned(ptr)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _private, config as _config, observe, runtime
+from . import _private, config as _config, observe, state
 
 DEVICE = _config.DEVICE_NAME
-_rt = None
 
 
 class CoreStats:
@@ -26,34 +25,30 @@ class CoreStats:
     def __init__(self, index: int):
         self.index = index
 
-    allocated = property(lambda self: _rt.mem_stats(self.index)[0])
-    peak = property(lambda self: _rt.mem_stats(self.index)[1])
-    num_allocs = property(lambda self: _rt.mem_stats(self.index)[2])
-    num_frees = property(lambda self: _rt.mem_stats(self.index)[3])
-    capacity = property(lambda self: _rt.mem_stats(self.index)[4])
-    blocks = property(lambda self: _rt.mem_stats(self.index)[5])  # allocations alive
+    allocated = property(lambda self: state.device.rt.mem_stats(self.index)[0])
+    peak = property(lambda self: state.device.rt.mem_stats(self.index)[1])
+    num_allocs = property(lambda self: state.device.rt.mem_stats(self.index)[2])
+    num_frees = property(lambda self: state.device.rt.mem_stats(self.index)[3])
+    capacity = property(lambda self: state.device.rt.mem_stats(self.index)[4])
+    blocks = property(lambda self: state.device.rt.mem_stats(self.index)[5])  # allocations alive
 
     def reset_peak(self) -> None:
-        _rt.mem_reset_peak(self.index)
+        state.device.rt.mem_reset_peak(self.index)
 
 
 _stats: list[CoreStats] = []
 _templates: dict[tuple[int, torch.dtype, bool], torch.Tensor] = {}
 _inference_mode = torch.is_inference_mode_enabled
 _devices: list[torch.device] = []
-# The runtime's entries (set by init): raise torch.OutOfMemoryError if bytes would not fit on a core; adopt a
-# CPU storage's memory as a device storage on a core.
-_check_capacity = _adopt = None
 
 
-def init(cfg: _config.Config) -> None:
-    global _rt, _check_capacity, _adopt
-    _rt = runtime.load()
-    _check_capacity, _adopt = _rt.mem_check, _rt.mem_adopt
-    for i in range(cfg.num_cores):
-        _rt.mem_set_capacity(i, cfg.core_memory_bytes)
-    _stats[:] = [CoreStats(i) for i in range(cfg.num_cores)]
-    _devices[:] = [torch.device(DEVICE, i) for i in range(cfg.num_cores)]
+def init() -> None:
+    """Give the runtime each core's capacity (the runtime keeps the account and raises the OOM)."""
+    dev = state.device
+    for i in range(dev.num_cores):
+        dev.rt.mem_set_capacity(i, dev.core_memory_bytes)
+    _stats[:] = [CoreStats(i) for i in range(dev.num_cores)]
+    _devices[:] = [torch.device(DEVICE, i) for i in range(dev.num_cores)]
 
 
 def stats(index: int) -> CoreStats:
@@ -62,16 +57,16 @@ def stats(index: int) -> CoreStats:
 
 def device_stats(index: int) -> dict:
     """The core's allocator statistics as PyTorch's allocator interface reports them (CUDA's names, nested)."""
-    return _rt.mem_device_stats(index)
+    return state.device.rt.mem_device_stats(index)
 
 
 def reset_accumulated(index: int) -> None:
-    _rt.mem_reset_accumulated(index)
+    state.device.rt.mem_reset_accumulated(index)
 
 
 def live_blocks() -> list[tuple[int, int, int]]:
     """(address, nbytes, core) of every live block, by address."""
-    return _rt.mem_blocks()
+    return state.device.rt.mem_blocks()
 
 
 class Allocation:
@@ -94,12 +89,12 @@ def _observed(st: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
 
 def adopt(host: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
     """Make a device storage on `neuron:index` backed by (and keeping alive) a CPU storage."""
-    st = _adopt(host, index)
+    st = state.device.rt.mem_adopt(host, index)
     return st if observe.alloc is None else _observed(st, index)
 
 
 def alloc_storage(nbytes: int, index: int) -> torch.UntypedStorage:
-    st = _rt.mem_storage(index, nbytes)
+    st = state.device.rt.mem_storage(index, nbytes)
     return st if observe.alloc is None else _observed(st, index)
 
 
@@ -109,7 +104,7 @@ def host_storage(st: torch.UntypedStorage, resizable: bool = False) -> torch.Unt
     it then moves to new CPU memory, which the caller copies back into the grown device storage."""
     if st.device.type != DEVICE or (st.data_ptr() == 0 and st.nbytes() != 0):
         raise RuntimeError("neuron: this storage was not allocated by the nativelab device")
-    return _rt.mem_host_storage(st, resizable)
+    return state.device.rt.mem_host_storage(st, resizable)
 
 
 def resizable_host_view(t: torch.Tensor, what: str = "") -> torch.Tensor:
@@ -166,7 +161,7 @@ def empty_strided(size, stride, dtype, index: int) -> torch.Tensor:
     except RuntimeError:  # the host itself could not provide it: report it against the core's capacity
         nbytes = _nbytes_for(size, stride, dtype.itemsize)
         if 0 < nbytes < 2**63:  # (else CPU's own error: negative sizes, a size that overflows)
-            _check_capacity(index, nbytes)
+            state.device.rt.mem_check(index, nbytes)  # torch.OutOfMemoryError if it would not fit
         raise
     return from_host(host, index)
 
@@ -200,7 +195,8 @@ def host_view(t: torch.Tensor, what: str = "") -> torch.Tensor:
     if hv is None or hv.data_ptr() != t.data_ptr() or hv.shape != t.shape or hv.stride() != t.stride():
         if _private.is_zero_tensor(t):  # no memory: its zeros (ZeroTensors are read-only)
             return zeros_view(t)
-        _rt.check_device_tensor(t, what)  # what the view assumes (layout, dtype, memory, bounds), or a clear error
+        # what the view assumes (layout, dtype, memory, bounds), or a clear error
+        state.device.rt.check_device_tensor(t, what)
         host = host_storage(t.untyped_storage())
         hv = torch.empty(0, dtype=t.dtype, device="cpu").set_(host, t.storage_offset(), t.size(), t.stride())
         t._nl_hv = hv
@@ -220,7 +216,7 @@ def zeros_view(t: torch.Tensor) -> torch.Tensor:
 
 def zero_tensor(size, stride, dtype, index: int) -> torch.Tensor:
     """A device zero tensor (the ZeroTensor key: no memory), as `_efficientzerotensor` makes them."""
-    return _rt.zero_tensor(list(size), list(stride), dtype, index)
+    return state.device.rt.zero_tensor(list(size), list(stride), dtype, index)
 
 
 def from_host(result: torch.Tensor, index: int) -> torch.Tensor:
@@ -228,7 +224,8 @@ def from_host(result: torch.Tensor, index: int) -> torch.Tensor:
 
     The hot path of every device allocation, so `adopt` and `wrap` are written out inline here.
     """
-    st = _adopt(result.untyped_storage(), index)  # raises OutOfMemoryError; `result` is then freed by the caller
+    # raises OutOfMemoryError; `result` is then freed by the caller
+    st = state.device.rt.mem_adopt(result.untyped_storage(), index)
     if observe.alloc is not None:
         _observed(st, index)
     inference = _inference_mode()

@@ -54,7 +54,7 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return guard.num_cores
+    return guard.core_count()
 
 
 def current_device() -> int:
@@ -119,7 +119,7 @@ def manual_seed(seed: int) -> None:
 
 def manual_seed_all(seed: int) -> None:
     # Called by torch.manual_seed: must not call it back.
-    for i in range(guard.num_cores):
+    for i in range(guard.core_count()):
         rng.manual_seed(i, seed)
 
 
@@ -128,7 +128,7 @@ def seed() -> None:
 
 
 def seed_all() -> None:
-    for i in range(guard.num_cores):
+    for i in range(guard.core_count()):
         rng.seed(i)
 
 
@@ -145,7 +145,7 @@ def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    return [get_rng_state(i) for i in range(guard.num_cores)]
+    return [get_rng_state(i) for i in range(guard.core_count())]
 
 
 def set_rng_state_all(new_states) -> None:

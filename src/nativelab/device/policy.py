@@ -16,11 +16,12 @@ import logging
 
 import torch
 
+from . import state
+
 _Tensor = torch.Tensor
 _meta = torch.device("meta")
 
 log = logging.getLogger("nativelab.device.dtype_policy")
-dtype_policy = True  # set from config at registration
 
 # CPU kernels that insist on int64 indices; the device takes int32 (the guide's int32 labels).
 INT64_INDEX_ARGS = {
@@ -106,7 +107,7 @@ def widen_indices(rec, hargs: list) -> None:
 
 def finish_policy(rec, hargs: list) -> bool:
     """Apply the dtype policy to host arguments; True when an input was narrowed."""
-    narrowed = dtype_policy and _narrow_inputs(rec, hargs)
+    narrowed = state.device.dtype_policy and _narrow_inputs(rec, hargs)
     if rec.int64_args:
         widen_indices(rec, hargs)
     return narrowed
@@ -115,7 +116,7 @@ def finish_policy(rec, hargs: list) -> bool:
 def policy_applies(rec, args: list) -> bool:
     if rec.int64_args:
         return True
-    if not dtype_policy:
+    if not state.device.dtype_policy:
         return False
     for i, a in enumerate(args):
         if i in rec.mutable:

@@ -16,34 +16,18 @@ from __future__ import annotations
 
 import torch
 
-from . import observe, threads
+from . import observe, state, threads
 from ._private import no_python_modes as _no_python_modes
 
 _MAX_PENDING = 256  # bounded: a deep queue keeps many buffers alive and runs out of cache (measured 2x slower at 4096)
-sync_mode = False  # NATIVELAB_SYNC=1 (set with set_sync_mode)
 drains = 0  # host-device synchronisations that found work queued, for the profiler
 # Each unit runs through `observe.run` while an observer watches (a nativelab.profile session times it and counts
 # its bytes), else by itself: the C++ queue tests one pointer per unit. (torch.profiler needs no observer: the C++
 # queue times the work itself during a trace.)
-_rt = None  # the runtime (bind)
-_listeners: list = []  # called when sync_mode changes (the C++ fast path turns off in sync mode)
 
 
 class DeviceError(RuntimeError):
     """An op that was queued on the device failed when it ran."""
-
-
-def bind(rt) -> None:
-    global _rt
-    _rt = rt
-
-
-def set_sync_mode(on: bool) -> None:
-    """NATIVELAB_SYNC=1: each unit runs at its launch."""
-    global sync_mode
-    sync_mode = bool(on)
-    for fn in _listeners:
-        fn()
 
 
 # What a unit of device work is: an eager ATen op, a copy, a compiled graph, a kernel, a collective, or an
@@ -58,15 +42,16 @@ def launch(kind: str, name: str, fn, *args) -> None:
     tensors over their memory, other CPU tensors as copies taken now (the caller may write them before the
     queue runs; CUDA copies a CPU operand at launch), `device='neuron'` as cpu. It runs on the core of its first
     device tensor (the current core if none), on that core's current stream."""
-    if sync_mode:  # NATIVELAB_SYNC=1: each unit runs at its launch (the queue stays empty)
+    dev = state.device
+    if dev.sync:  # NATIVELAB_SYNC=1: each unit runs at its launch (the queue stays empty)
         drain()
         with threads.team():
             try:
-                _rt.run_now(kind, name, fn, args, observe.run)
+                dev.rt.run_now(kind, name, fn, args, observe.run)
             except Exception as e:
                 raise DeviceError(f"neuron: queued op {name} failed: {type(e).__name__}: {e}") from e
         return
-    if _rt.launch(kind, name, fn, args) >= _MAX_PENDING:
+    if dev.rt.launch(kind, name, fn, args) >= _MAX_PENDING:
         drain()
 
 
@@ -76,12 +61,12 @@ def run_now(kind: str, name: str, fn, *args, observed: bool = True):
     False: by torch.profiler only, for a caller that reports it to the session itself)."""
     drain()
     with threads.team():
-        return _rt.run_now(kind, name, fn, args, observe.run if observed else None)
+        return state.device.rt.run_now(kind, name, fn, args, observe.run if observed else None)
 
 
 def drain() -> None:
     global drains
-    if not _rt.queue_size():
+    if not state.device.rt.queue_size():
         return
     drains += 1
     # Queued work is real computation on host memory, whatever mode the code that asked for it is in: a drain
@@ -90,7 +75,7 @@ def drain() -> None:
     # nothing here is ever differentiated).
     # The host thread team is sized to the machine's load for the work (see threads).
     with _no_python_modes(), torch.inference_mode(), threads.team():
-        failure = _rt.queue_run(observe.run)
+        failure = state.device.rt.queue_run(observe.run)
     if failure is not None:
         name, e, dropped = failure
         raise DeviceError(
@@ -100,10 +85,10 @@ def drain() -> None:
 
 
 def idle() -> bool:
-    return not _rt.queue_size()
+    return not state.device.rt.queue_size()
 
 
 def pending() -> int:
     """Entries queued and not yet run."""
-    return _rt.queue_size()
+    return state.device.rt.queue_size()
 

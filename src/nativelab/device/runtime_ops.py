@@ -8,15 +8,13 @@ import time
 
 import torch
 
-from . import dispatch, guard, memory, observe, queue, rng, schema, tracking
+from . import dispatch, guard, memory, observe, queue, rng, schema, state, tracking
 
 aten = torch.ops.aten
 DEVICE = memory.DEVICE
 _Tensor_copy = torch.Tensor.copy_
 
 
-quiet = False
-_rt = None  # the C++ runtime (install)
 H2D_QUEUED = "aten::copy_ (host to device)"  # the queue entry of a host-to-device copy made in program order
 _noticed = False
 
@@ -26,9 +24,9 @@ def _notice() -> None:
     global _noticed
     _noticed = True
     rng.mark_initialized()  # the device is in use from here (CUDA's lazy init)
-    if _rt is not None:
-        _rt.set_noticed()  # the C++ kernels may allocate without asking Python from now on
-    if not quiet:
+    if state.device.rt is not None:
+        state.device.rt.set_noticed()  # the C++ kernels may allocate without asking Python from now on
+    if not state.device.quiet:
         print(
             "nativelab: the 'neuron' device is emulated on the host CPU (NATIVELAB_QUIET=1 hides this line)",
             file=sys.stderr,
@@ -203,13 +201,11 @@ KERNELS = {
 }
 
 
-def install(lib: torch.library.Library, rt) -> None:
+def install(lib: torch.library.Library) -> None:
     """Register the runtime's own kernels for the device (they take precedence over the boxed fallback). The
     C++ runtime takes some of them (allocation, copies): it serves their common case and calls the Python
     kernel here for the rest."""
-    global _rt
-    _rt = rt
-    taken = set(rt.install_runtime_kernels(KERNELS))
+    taken = set(state.device.rt.install_runtime_kernels(KERNELS))
     for name, kernel in KERNELS.items():
         if name not in taken:
             lib.impl(name, kernel, "PrivateUse1")

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import collections
 
-from . import runtime
+from . import state
 
 executed: collections.Counter = collections.Counter()  # op name -> calls run on the device
 fallback: collections.Counter = collections.Counter()  # op name -> calls that fell back to the CPU
 graphs: collections.Counter = collections.Counter()  # compiled graph name -> launches
 _fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
 _warned: set[str] = set()
-strict = False  # NATIVELAB_STRICT=1: a CPU fallback is an error, raised at the call that caused it
 
 
 def _merge() -> None:
     """The counts of ops the C++ kernel ran since the last look, merged into `executed` whenever it is read
     through this module (the hot path counts in C++)."""
-    rt = runtime.loaded()
+    rt = state.device.rt  # None before registration
     if rt is not None:
         executed.update(rt.take_executed())
 
@@ -53,7 +52,7 @@ def clear_op_tracking() -> None:
 
 def record_fallback(name: str) -> bool:
     """Count a fallback; True the first time this op falls back in the process (time to warn)."""
-    if strict:
+    if state.device.strict:  # NATIVELAB_STRICT=1: an error, raised at the call that caused it
         raise FallbackError(
             f"NATIVELAB_STRICT=1: operator '{name}' would fall back to the CPU (on Trainium: a device -> host "
             f"round trip). Replace it with ops the device runs (`nativelab check` names a fix), or unset "
