@@ -433,3 +433,133 @@ def test_compiled_seeded_kernel_equals_the_interpreter(device, tmp_path, monkeyp
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])  # the same random values
     torch.testing.assert_close(got[2].cpu(), want[2], rtol=1e-6, atol=1e-6)  # Inductor may sum in another order
     torch.testing.assert_close(want[2][:, 1], x.var(1, correction=0), rtol=1e-5, atol=1e-5)
+
+
+# --- tensor_scalar_cumulative, gathers, nonzero_with_count, sequence_bounds
+
+
+@nki.jit
+def _cumulative(x, imm):
+    p, n = x.shape
+    t, v = nl.load(x), nl.load(imm)
+    outs = _hbm((6, p, n))
+    r = nl.ndarray((p, n), dtype=nl.float32, buffer=nl.sbuf)
+    for k, op1 in enumerate((nl.add, nl.multiply, nl.maximum, nl.subtract)):
+        nisa.tensor_scalar_cumulative(dst=r, src=t, op0=nl.add, op1=op1, imm0=v)
+        nl.store(outs[k], r)
+    nisa.tensor_scalar_cumulative(dst=r, src=t, op0=nl.multiply, op1=nl.add, imm0=2.0, imm1=v,
+                                  reduce_cmd=nisa.reduce_cmd.load_reduce)
+    nl.store(outs[4], r)
+    nisa.tensor_scalar_cumulative(dst=r, src=t, op0=nl.multiply, op1=nl.add, imm0=1.0,
+                                  reduce_cmd=nisa.reduce_cmd.reduce)  # goes on from the previous sums
+    nl.store(outs[5], r)
+    return outs
+
+
+def test_tensor_scalar_cumulative_scans_with_the_accumulator():
+    torch.manual_seed(0)
+    x, imm = torch.rand(8, 12) + 0.5, torch.rand(8, 1)
+    outs = sim(_cumulative)(x, imm)
+    a = x + imm
+    torch.testing.assert_close(outs[0], torch.cumsum(a, 1))
+    torch.testing.assert_close(outs[1], torch.cumprod(a, 1))
+    torch.testing.assert_close(outs[2], torch.cummax(a, 1).values)
+    reg, alt = torch.zeros(8), []
+    for i in range(12):  # the page's pseudocode: reg = op1(op0(x, imm0), reg) = a - reg
+        reg = a[:, i] - reg
+        alt.append(reg)
+    torch.testing.assert_close(outs[3], torch.stack(alt, 1))
+    loaded = imm + torch.cumsum(2 * x, 1)
+    torch.testing.assert_close(outs[4], loaded)
+    torch.testing.assert_close(outs[5], loaded[:, -1:] + torch.cumsum(x, 1))
+
+
+@nki.jit
+def _gathers(src, index, data, idx):
+    g = nisa.local_gather(None, nl.load(src), nl.load(index), num_elem_per_idx=4, num_valid_indices=40)
+    out = _hbm(g.shape)
+    nl.store(out, g)
+    n = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.sbuf)
+    nisa.nc_n_gather(dst=n, data=nl.load(data), indices=nl.load(idx))
+    out2 = _hbm(idx.shape)
+    nl.store(out2, n)
+    return out, out2
+
+
+def test_local_gather_and_nc_n_gather():
+    torch.manual_seed(0)
+    src = torch.randn(32, 64, 4)
+    per_core = torch.randint(0, 64, (16, 3)) * 4  # element offsets of 4-element groups
+    index = per_core.repeat(2, 1).to(torch.uint16)
+    data, idx = torch.randn(32, 100), torch.randint(0, 100, (32, 7)).to(torch.uint32)
+    g, n = sim(_gathers)(src, index, data, idx)
+    flat = per_core.T.flatten()[:40]  # flattened partition-first (order="F"), the first 40
+    ref = src.reshape(32, 64 * 4)[:, (flat[:, None] + torch.arange(4)).flatten()].reshape(32, 40, 4)
+    torch.testing.assert_close(g, ref)
+    torch.testing.assert_close(n, torch.gather(data, 1, idx.long()))
+
+
+@nki.jit
+def _nonzero_bounds(x, seg):
+    p, t = x.shape
+    d = nl.full((p, t + 1), 7, dtype=nl.int32)
+    nisa.nonzero_with_count(dst=d, src=nl.load(x), index_offset=16, padding_val=-1)
+    out = _hbm((p, t + 1), nl.int32)
+    nl.store(out, d)
+    b = nisa.sequence_bounds(None, nl.load(seg))
+    bounds = _hbm(b.shape, b.dtype)
+    nl.store(bounds, b)
+    return out, bounds
+
+
+def test_nonzero_with_count_and_sequence_bounds():
+    x = torch.zeros(32, 8)
+    x[0] = torch.tensor([0, 1, 1, 0, 0, 1, 0, 0.0])  # the page's example
+    x[16] = torch.tensor([3, 0, 0, 0, 0, 0, 0, 2.0])
+    x[5] = 1.0  # not a core's first partition: not read, its row not written
+    seg = torch.tensor([[0, 1, 1, 2, 2, 2, 0, 3, 1, 1, 0, 0.0]])
+    out, bounds = sim(_nonzero_bounds)(x, seg)
+    assert out[0].tolist() == [17, 18, 21, -1, -1, -1, -1, -1, 3]
+    assert out[16].tolist() == [16, 23, -1, -1, -1, -1, -1, -1, 2]
+    assert (out[5] == 7).all() and (out[1] == 7).all()
+    n = 12
+    s = seg[0].tolist()
+    lo, hi = [], []
+    for i, v in enumerate(s):  # runs of equal ids: start, exclusive end; padding (0): n, -1
+        a = i
+        while a > 0 and s[a - 1] == v:
+            a -= 1
+        b = i + 1
+        while b < n and s[b] == v:
+            b += 1
+        lo.append(n if v == 0 else a)
+        hi.append(-1 if v == 0 else b)
+    assert bounds.shape == (1, 2, n) and bounds[0].tolist() == [lo, hi]
+
+
+def _compiled_cases():
+    torch.manual_seed(0)
+    x = torch.zeros(32, 8)
+    x[0] = torch.tensor([0, 1, 1, 0, 0, 1, 0, 0.0])
+    return {
+        "moments": (_moments, (torch.randn(64, 1100),)),
+        "range_select": (_range_select, (torch.randn(32, 40), torch.zeros(32, 1) + 3, torch.zeros(32, 1) + 20,
+                                         torch.bfloat16)),
+        "match_replace": (_match_replace, (torch.randint(0, 12, (16, 40)).float(),)),
+        "cumulative": (_cumulative, (torch.rand(8, 12) + 0.5, torch.rand(8, 1))),
+        "gathers": (_gathers, (torch.randn(32, 64, 4), (torch.randint(0, 64, (32, 3)) * 4).to(torch.uint16),
+                               torch.randn(32, 100), torch.randint(0, 100, (32, 7)).to(torch.uint32))),
+        "nonzero_bounds": (_nonzero_bounds, (x, torch.tensor([[0, 1, 1, 2, 2, 2, 0, 3, 1, 1, 0, 0.0]]))),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(_compiled_cases()))
+def test_compiled_on_neuron_equals_the_interpreter(case, tmp_path, monkeypatch):
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    kernel, args = _compiled_cases()[case]
+    want = sim(kernel)(*args)
+    got = kernel(*[a.to("neuron") if isinstance(a, torch.Tensor) else a for a in args])
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert g.device.type == "neuron"
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-6, atol=1e-6)

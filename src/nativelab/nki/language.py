@@ -378,18 +378,15 @@ def var(x: NkiTensor, axis, dtype=None, keepdims=False, **_kw) -> NkiTensor:
 
 def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype=None, **_kw) -> NkiTensor:
     """out[p, ...] = data[p].flatten()[indices[p, ...]]: each partition gathers from its own free elements
-    (GpSimd Engine). The result has indices' shape."""
+    (GpSimd Engine, as nisa.nc_n_gather; any integer indices). The result has indices' shape."""
     on_chip("nl.gather_flattened", data, indices)
     limits.check(not indices.dtype.is_floating_point, "nl.gather_flattened", f"indices must be integers, got {indices.dtype}")
-    limits.check(indices.shape[0] == data.shape[0], "nl.gather_flattened",
-                 f"data {data.shape} and indices {indices.shape} must have the same partitions")
-    p = data.shape[0]
-    flat = read(data, "nl.gather_flattened").reshape(p, -1)
-    idx = read(indices, "nl.gather_flattened").to(torch.int64).reshape(p, -1)
-    out = torch.gather(flat, 1, idx)
-    t = ndarray(indices.shape, dtype_of(dtype) if dtype is not None else data.dtype, sbuf)
-    record("nl.gather_flattened", "gpsimd", t)
-    write(t, out, "nl.gather_flattened")
+    t = ndarray(indices.shape, data.dtype, sbuf)
+    isa._gather("nl.gather_flattened", t, data, indices)
+    if dtype is not None and dtype_of(dtype) != data.dtype:
+        cast = ndarray(indices.shape, dtype_of(dtype), sbuf)
+        isa.tensor_copy(cast, t)
+        return cast
     return t
 
 

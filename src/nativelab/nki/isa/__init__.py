@@ -844,12 +844,176 @@ def dropout(dst, data: NkiTensor, prob, name=None, **_kw):
     return dst
 
 
+# --- cumulative, gathers, nonzero indices, segment bounds
+
+
+_CUMULATIVE = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -math.inf, "minimum": math.inf}
+
+
+def tensor_scalar_cumulative(dst, src: NkiTensor, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce,
+                             name=None, **_kw):
+    """Along each partition's free elements: reg = op1(src[i] <op0> imm0, reg), dst[i] = reg (Vector Engine).
+    reg starts at op1's identity (reset_reduce), at imm1 (load_reduce), or where the Vector Engine's
+    accumulator registers were left (reduce); it is left there. op1: add, subtract, multiply, maximum,
+    minimum; imm0 / imm1 scalars or [P, 1] fp32 vectors; no 32-bit integer tiles."""
+    ins = "tensor_scalar_cumulative"
+    _tile(ins, src, "src", "vector")
+    f0, f1 = as_op(op0), as_op(op1)
+    limits.check(f1.name in _CUMULATIVE, ins,
+                 f"op1 must be one of nl.add, nl.subtract, nl.multiply, nl.maximum, nl.minimum, got {f1!r}")
+    p, n = src.shape[0], _free(src)
+    x = _binary(f0, read(src, ins).float().reshape(p, n), _scalar_or_vector(ins, imm0, src, "imm0"), False)
+    x = x.reshape(p, n) if isinstance(x, torch.Tensor) and x.numel() == p * n else torch.broadcast_to(x, (p, n))
+    registers = trace.current().registers
+    if reduce_cmd == "load_reduce":
+        limits.check(imm1 is not None, ins, "reduce_cmd=load_reduce starts the accumulators at imm1: give imm1")
+        v = _scalar_or_vector(ins, imm1, src, "imm1")
+        start = v.reshape(p, 1) if isinstance(v, torch.Tensor) else torch.full((p, 1), v, device=x.device)
+    elif reduce_cmd == "reduce" and registers.get("vector_acc") is not None:
+        start = registers["vector_acc"][:p]
+    else:
+        start = torch.full((p, 1), _CUMULATIVE[f1.name], device=x.device)
+    if f1.name == "add":
+        out = torch.cumsum(x, dim=1) + start
+    elif f1.name == "multiply":
+        out = torch.cumprod(x, dim=1) * start
+    elif f1.name in ("maximum", "minimum"):
+        scan = torch.cummax if f1.name == "maximum" else torch.cummin
+        out = f1.apply(scan(x, dim=1).values, start)
+    else:  # reg_i = x_i - reg_(i-1): an alternating sum
+        sign = 1.0 - 2.0 * (torch.arange(n, device=x.device) % 2).float()
+        out = sign * torch.cumsum(sign * x, dim=1) - sign * start
+    acc = registers.get("vector_acc")
+    last = out[:, n - 1:]
+    registers["vector_acc"] = last if p == limits.PMAX else torch.cat(
+        [last, acc[p:] if acc is not None else torch.full((limits.PMAX - p, 1), -math.inf, device=x.device)])
+    for what, t in (("src", src), ("dst", dst)):
+        limits.check(t.dtype not in (torch.int32, torch.uint32), ins, f"{what} is {t.dtype}: 32-bit integer tiles are not supported")
+    return _emit(ins, "vector", dst, src, out.reshape(src.shape))
+
+
+def nc_n_gather(dst, data: NkiTensor, indices: NkiTensor, name=None, **_kw):
+    """dst[p, ...] = data[p].flatten()[indices[p, ...]]: each partition gathers from its own free elements
+    (GpSimd Engine, SBUF; indices uint32, dst in data's dtype and indices' shape)."""
+    ins = "nc_n_gather"
+    for what, t in (("data", data), ("indices", indices)):
+        _tile(ins, t, what, "gpsimd", ("sbuf",))
+    limits.check(indices.dtype == torch.uint32, ins, f"indices must be uint32, got {indices.dtype}")
+    dst = _out(dst, indices.shape, data.dtype)
+    _gather(ins, dst, data, indices)
+    return dst
+
+
+def _gather(ins: str, dst: NkiTensor, data: NkiTensor, indices: NkiTensor) -> None:
+    """nc_n_gather's computation (nl.gather_flattened's too): per partition, data's free elements at indices."""
+    _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
+    p = data.shape[0]
+    limits.check(indices.shape[0] == p and dst.shape[0] == p, ins,
+                 f"data {data.shape}, indices {indices.shape} and dst {dst.shape} must have the same partitions")
+    limits.check(_free(dst) == _free(indices), ins, f"dst {dst.shape} must hold one element per index {indices.shape}")
+    limits.check(dst.dtype == data.dtype, ins, f"dst must have data's dtype {data.dtype}, got {dst.dtype}")
+    idx = read(indices, ins).to(torch.int64).reshape(p, -1)
+    out = torch.gather(read(data, ins).reshape(p, -1), 1, idx)
+    record(ins, "gpsimd", dst)
+    write(dst, out.reshape(dst.shape), ins)
+
+
+def local_gather(dst, src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx=1, num_valid_indices=None,
+                 name=None, **_kw):
+    """Per GpSimd core (16 partitions): its index slice flattened partition-first (the first
+    num_valid_indices), each index a free-element offset of src_buffer from which num_elem_per_idx contiguous
+    elements are gathered, the same for the core's 16 partitions: dst[p] = [num_valid_indices x
+    num_elem_per_idx] elements of src_buffer[p]. index uint16; no dtype conversion."""
+    ins = "local_gather"
+    for what, t in (("src_buffer", src_buffer), ("index", index)):
+        _tile(ins, t, what, "gpsimd", ("sbuf",))
+    p = src_buffer.shape[0]
+    limits.check(index.shape[0] == p and p % 16 == 0, ins,
+                 f"src_buffer {src_buffer.shape} and index {index.shape} must share a partition size that is a "
+                 f"multiple of 16 (one GpSimd core per 16 partitions)")
+    limits.check(index.dtype == torch.uint16, ins, f"index must be uint16, got {index.dtype}")
+    e = int(num_elem_per_idx)
+    limits.check(e in (1, 2, 4, 8, 16, 32), ins, f"num_elem_per_idx must be 1, 2, 4, 8, 16 or 32, got {e}")
+    per_core = 16 * _free(index)
+    nv = per_core if num_valid_indices is None else int(num_valid_indices)
+    limits.check(0 < nv <= per_core and nv <= 4096, ins,
+                 f"num_valid_indices {nv} must be at most the {per_core} indices of a core's 16 partitions and 4096")
+    idx = read(index, ins).to(torch.int64).reshape(p // 16, 16, -1).transpose(1, 2).reshape(p // 16, -1)[:, :nv]
+    pos = (idx.unsqueeze(2) + torch.arange(e, device=idx.device)).reshape(p // 16, 1, nv * e).expand(p // 16, 16, nv * e)
+    flat = read(src_buffer, ins).reshape(p // 16, 16, -1)
+    out = torch.gather(flat, 2, pos).reshape(p, nv * e)
+    dst = _out(dst, (p, nv, e), src_buffer.dtype)
+    _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
+    limits.check(dst.dtype == src_buffer.dtype, ins, f"dst must have src_buffer's dtype {src_buffer.dtype}, got {dst.dtype}")
+    limits.check(dst.shape[0] == p and _free(dst) == nv * e, ins,
+                 f"dst {dst.shape} must hold {nv} x {e} elements per partition")
+    record(ins, "gpsimd", dst)
+    write(dst, out.reshape(dst.shape), ins)
+    return dst
+
+
+def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset=0, padding_val=-1, name=None, **_kw):
+    """On partitions 0, 16, ..., 112 only (each GpSimd core's first): dst[p] = the indices (+ index_offset) of
+    src[p]'s nonzero elements in order, then padding_val, then their count in the last of its T + 1 elements.
+    src float32 / int32, dst int32, both in SBUF; dst's other partitions are left as they are."""
+    ins = "nonzero_with_count"
+    _tile(ins, src, "src", "gpsimd", ("sbuf",))
+    _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
+    limits.check(src.dtype in (torch.float32, torch.int32), ins, f"src must be float32 or int32, got {src.dtype}")
+    limits.check(dst.dtype == torch.int32, ins, f"dst must be int32, got {dst.dtype}")
+    p, t = src.shape[0], _free(src)
+    limits.check(dst.shape[0] == p and _free(dst) == t + 1, ins,
+                 f"dst must be ({p}, {t + 1}): src's {t} elements plus the count, got {dst.shape}")
+    rows = read(src, ins).reshape(p, t)[0::16]
+    nonzero = rows != 0
+    j = torch.arange(t, device=rows.device)
+    order = torch.sort(torch.where(nonzero, j, j + t), dim=1).values  # nonzero positions first, in order
+    count = nonzero.sum(dim=1, keepdim=True)
+    out = torch.where(j < count, order + int(index_offset), int(padding_val))
+    record(ins, "gpsimd", src)
+    write(dst.reshape(p, t + 1)[0:p:16], torch.cat([out, count], dim=1), ins)
+    return dst
+
+
+def sequence_bounds(dst, segment_ids: NkiTensor, name=None, **_kw):
+    """For segment_ids (1, n) (float32 or int32; 0 is padding): dst (1, 2, n) = per element the start and the
+    end (exclusive) of the run of equal ids it is in; padding elements get start n and end -1 (GpSimd)."""
+    ins = "sequence_bounds"
+    _tile(ins, segment_ids, "segment_ids", "gpsimd", ("sbuf",))
+    limits.check(segment_ids.shape[0] == 1, ins, f"the partition dimension must be 1, got {segment_ids.shape}")
+    for what, t in (("segment_ids", segment_ids),) + ((("dst", dst),) if dst is not None else ()):
+        limits.check(t.dtype in (torch.float32, torch.int32), ins, f"{what} must be float32 or int32, got {t.dtype}")
+    n = _free(segment_ids)
+    s = read(segment_ids, ins).float().reshape(n)
+    j = torch.arange(n, device=s.device)
+    starts = torch.ones(n, dtype=torch.bool, device=s.device)
+    starts[1:] = s[1:] != s[:-1]
+    ends = torch.ones(n, dtype=torch.bool, device=s.device)
+    ends[:-1] = s[:-1] != s[1:]
+    lo = torch.cummax(torch.where(starts, j, 0), dim=0).values
+    hi = torch.flip(torch.cummin(torch.flip(torch.where(ends, j + 1, n), [0]), dim=0).values, [0])
+    pad = s == 0
+    out = torch.stack([torch.where(pad, n, lo), torch.where(pad, -1, hi)]).reshape(1, 2, n)
+    dst = _out(dst, (1, 2, n), segment_ids.dtype)
+    _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
+    limits.check(dst.numel() == 2 * n, ins, f"dst must be (1, 2, {n}), got {dst.shape}")
+    record(ins, "gpsimd", segment_ids)
+    write(dst, out, ins)
+    return dst
+
+
+def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, **_kw):
+    """NeuronCore-v4's Scalar Engine activation with two tensor-scalar stages (an error here)."""
+    raise limits.needs_v4("activate2", "activate2")
+
+
 for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activation", "activation_reduce",
               "tensor_tensor", "tensor_scalar", "tensor_scalar_reduce", "scalar_tensor_tensor", "tensor_copy", "tensor_copy_predicated",
               "reciprocal", "exponential", "tensor_reduce", "tensor_partition_reduce", "memset", "iota",
               "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8", "nc_stream_shuffle",
               "nc_match_replace8", "bn_stats", "bn_aggr", "range_select", "rng", "set_rng_seed", "rand_set_state",
-              "rand_get_state", "dropout"):
+              "rand_get_state", "dropout", "tensor_scalar_cumulative", "nc_n_gather", "local_gather",
+              "nonzero_with_count", "sequence_bounds"):
     globals()[_name] = instruction(globals()[_name])
 del _name
 

@@ -19,6 +19,7 @@ class reduce_cmd:  # noqa: N801
     reset = "reset"
     reduce = "reduce"
     reset_reduce = "reset_reduce"
+    load_reduce = "load_reduce"
 
 
 class dge_mode:  # noqa: N801
