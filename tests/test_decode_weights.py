@@ -72,6 +72,30 @@ def test_the_cpp_plan_binds_every_field_by_name():
         ext.DecodePlan(w._replace(post_norms=[t.double() for t in w.post_norms]).named(), *_plan_args(m))
 
 
+def test_the_compiled_step_binds_its_plan_once(monkeypatch):
+    """torch.compile traces `model.decode_weights()` without a graph break, so the compiled experimental step
+    is one kernel op over the model's own tensors and its host plan is bound once, not at every step (an
+    operator.attrgetter there broke the graph: the step ran on fresh copies and bound a plan per token)."""
+    if build.extension() is None:
+        pytest.skip("no C++ toolchain")
+    from nativelab.kernels.cpu import decode
+    from nativelab.kernels.ops import transformer
+    from nativelab.models.llama import Generator, Sampling
+
+    binds = []
+    real = decode.transformer_tkg_token.bind
+    monkeypatch.setattr(decode.transformer_tkg_token, "bind", lambda *a: binds.append(1) or real(*a))
+    transformer.transformer_tkg_token_kernel._bound.clear()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = Llama.random("tiny", seed=0).copy_as("experimental", torch.float32, "neuron")
+    gen = Generator(model, Sampling(greedy=True)).compile()
+    with build.host_kernels(True), torch.inference_mode():
+        gen.generate([1, 2, 3], 5)  # the prompt's prefill and four decode steps
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert binds == [1]
+
+
 # Run on a copy of the package whose only change is one more DecodeWeights field (the edit below): the traced
 # kernel (prefill and decode), the C++ plan (which runs both) and the model all take it with no other edit.
 _ONE_EDIT = '    dummies: Annotated[list[Tensor], Source("input_layernorm.weight")]  # the test\'s dummy weight\n'
