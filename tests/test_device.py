@@ -223,3 +223,31 @@ def test_virtual_core_size_sets_logical_cores_and_their_memory(monkeypatch):
     monkeypatch.setenv("NEURON_RT_VIRTUAL_CORE_SIZE", "4")
     with pytest.raises(ValueError, match="NEURON_RT_VIRTUAL_CORE_SIZE='4': expected 1 or 2"):
         config.load()
+
+
+def test_device_modes_change_through_the_one_state_object():
+    """The device's settings live in state.device (built by register()); the modes that may change while a
+    program runs change there, for a block too, and every module sees the change (here: the queue)."""
+    from nativelab.device import queue, state
+
+    if state.device.sync or not state.device.fast_path:
+        pytest.skip("NATIVELAB_SYNC=1 or NATIVELAB_FAST_PATH=0: nothing stays queued")
+    before = state.device.threads
+    x = torch.ones(256, device="neuron")
+    for _ in range(3):  # the signature learned by the Python path first, then queued by the C++ kernel
+        y = x * 3
+    torch.neuron.synchronize()
+    y = x * 3
+    assert queue.pending() == 1  # asynchronous: queued, not run
+    with state.device.mode(sync=True):
+        assert queue.pending() == 0  # the work queued before the change ran first
+        y = x * 3
+        assert queue.pending() == 0 and state.device.sync  # ran at its launch
+    assert not state.device.sync
+    with pytest.raises(KeyError):
+        with state.device.mode(sync=True, threads=1):
+            raise KeyError("inside")
+    assert (state.device.sync, state.device.threads) == (False, before)  # restored after the exception
+    with pytest.raises(ValueError, match="quiet is fixed at registration"):
+        state.device.set(quiet=True)
+    assert torch.equal(y.cpu(), torch.full((256,), 3.0))

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nativelab.device import cpu_info, gemm_policy
+from nativelab.device import cpu_info, gemm_policy, state
 
 
 @pytest.fixture
@@ -82,14 +82,6 @@ def test_policy_follows_the_cpu():
 
 @pytest.mark.parametrize("value,rows", [("bf16", None), ("fp32", 4)])
 def test_the_knob_overrides_the_policy(monkeypatch, value, rows):
-    monkeypatch.setenv("NATIVELAB_BF16_GEMM", value)
-    gemm_policy.min_rows.cache_clear()
-    try:
-        assert gemm_policy.min_rows() == rows
-        monkeypatch.setenv("NATIVELAB_BF16_GEMM", "fast")
-        gemm_policy.min_rows.cache_clear()
-        with pytest.raises(ValueError, match="NATIVELAB_BF16_GEMM"):
-            gemm_policy.min_rows()
-    finally:
-        monkeypatch.delenv("NATIVELAB_BF16_GEMM")
-        gemm_policy.min_rows.cache_clear()
+    monkeypatch.setattr(state.device, "bf16_gemm", value)
+    assert gemm_policy.min_rows() == rows
+

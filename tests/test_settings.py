@@ -54,6 +54,21 @@ def test_a_bad_value_is_one_error_naming_the_variable_and_the_allowed_values(nam
             pass
 
 
+@pytest.mark.parametrize("name,value,probe,seen", [
+    ("NATIVELAB_THREADS", "3", "nativelab.device.threads.ceiling()", "3"),
+    ("NATIVELAB_BF16_GEMM", "fp32", "nativelab.device.gemm_policy.min_rows()", "4"),  # upcast from 4 rows
+    ("NATIVELAB_CORE_MEMORY_GB", "0.5", "torch.neuron.get_device_properties(0).total_memory", str(1 << 29)),
+])
+def test_a_setting_read_at_registration_reaches_the_device_and_a_bad_one_stops_the_import(name, value, probe,
+                                                                                         seen):
+    code = f"import torch, nativelab, nativelab.device.threads, nativelab.device.gemm_policy; print({probe})"
+    r = run_python(code, {name: value})
+    assert r.returncode == 0 and r.stdout.strip() == seen, r.stderr
+    bad, allowed = BAD[name]
+    r = run_python(code, {name: bad})
+    assert r.returncode != 0 and f"{name}={bad!r}: expected {allowed}" in r.stderr
+
+
 def test_values_defaults_and_blank():
     env = {"NATIVELAB_THREADS": "3", "NATIVELAB_BF16_GEMM": " FP32 ", "NATIVELAB_CPU_KERNELS": "off",
            "NATIVELAB_CORE_MEMORY_GB": "1.5", "NEURON_RT_VIRTUAL_CORE_SIZE": "1", "NATIVELAB_CACHE_DIR": "/x/neff",

@@ -3,14 +3,13 @@
 import pytest
 import torch
 
-from nativelab import settings
-from nativelab.device import cpu_info, threads
+from nativelab.device import cpu_info, state, threads
 
 
 @pytest.fixture
 def fresh_policy(monkeypatch):
     saved = torch.get_num_threads()
-    monkeypatch.setattr(threads, "_state", {"mode": None, "most": 1, "next": 0.0, "last": None, "others": 0.0})
+    monkeypatch.setattr(threads, "_state", {"most": None, "next": 0.0, "last": None, "others": 0.0})
     yield
     torch.set_num_threads(saved)
 
@@ -31,7 +30,7 @@ def test_others_subtracts_this_process():
 
 
 def test_team_follows_the_load_and_restores_the_users_count(fresh_policy, monkeypatch):
-    monkeypatch.delenv("NATIVELAB_THREADS", raising=False)
+    monkeypatch.setattr(state.device, "threads", "auto")
     monkeypatch.setattr(threads, "_cores", lambda: 2)
     torch.set_num_threads(2)
     tick = threads._TICK
@@ -46,16 +45,18 @@ def test_team_follows_the_load_and_restores_the_users_count(fresh_policy, monkey
     assert seen == [2, 1, 2]  # quiet; others kept one core busy; quiet again
 
 
-def test_fixed_thread_count(fresh_policy, monkeypatch):
-    monkeypatch.setenv("NATIVELAB_THREADS", "1")
+def test_fixed_thread_count(fresh_policy):
     torch.set_num_threads(2)
-    with threads.team():
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == 2
+    with state.device.mode(threads=1):
+        assert threads.ceiling() == 1
+        with threads.team():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    assert state.device.threads == "auto"  # NATIVELAB_THREADS unset
 
 
 def test_device_work_runs_with_the_policys_team(fresh_policy, monkeypatch):
-    monkeypatch.setenv("NATIVELAB_THREADS", "1")
+    monkeypatch.setattr(state.device, "threads", 1)
     torch.set_num_threads(2)
     x = torch.ones(4).to("neuron")
     seen = []
@@ -68,12 +69,11 @@ def test_device_work_runs_with_the_policys_team(fresh_policy, monkeypatch):
 
 
 @pytest.mark.parametrize("bad", ["0", "two", "-3"])
-def test_bad_thread_setting_is_an_error(bad, monkeypatch, fresh_policy):
-    monkeypatch.setenv("NATIVELAB_THREADS", bad)
-    with pytest.raises(ValueError, match="NATIVELAB_THREADS"):
-        settings.THREADS.get()
-    with pytest.raises(ValueError, match="NATIVELAB_THREADS"):
-        threads.ceiling()
+def test_bad_thread_setting_is_an_error(bad):
+    with pytest.raises(ValueError, match=f"NATIVELAB_THREADS='{bad}': expected auto or a thread count >= 1"):
+        state.device.set(threads=bad)
+    assert state.device.threads == "auto"
+
 
 
 def test_describe_names_cpu_and_isa():

@@ -275,11 +275,10 @@ def _assert_same_run(got, want, noise=1e-6):
 
 
 def _pin_device_team(monkeypatch, n: int) -> None:
-    """The device's thread team fixed at n threads (NATIVELAB_THREADS), whatever the machine's load."""
-    from nativelab.device import threads
+    """The device's thread team fixed at n threads (NATIVELAB_THREADS=n), whatever the machine's load."""
+    from nativelab.device import state
 
-    monkeypatch.setenv("NATIVELAB_THREADS", str(n))
-    monkeypatch.setattr(threads, "_state", {"mode": None, "most": 1, "next": 0.0, "last": None, "others": 0.0})
+    monkeypatch.setattr(state.device, "threads", n)
 
 
 def test_gpt2_style_training_with_tied_weights_dropout_and_checkpointing_matches_cpu(monkeypatch):

@@ -166,11 +166,11 @@ STRICT = _flag_var("NATIVELAB_STRICT", False, REGISTRATION,
 EMULATE = _flag_var("NATIVELAB_EMULATE", False, REGISTRATION,
                     "register the emulated device on a CUDA machine too (CUDA backward then fails)")
 THREADS = Variable(
-    "NATIVELAB_THREADS", _threads, "auto or a thread count >= 1", "auto", "auto", "at the first device work",
+    "NATIVELAB_THREADS", _threads, "auto or a thread count >= 1", "auto", "auto", REGISTRATION,
     "the device's host thread team: a fixed count, or `auto`: the cores other processes leave idle")
 BF16_GEMM = Variable(
-    "NATIVELAB_BF16_GEMM", _one_of("auto", "bf16", "fp32"), "auto, bf16 or fp32", "auto", "auto",
-    "at the first bf16 product", "bf16 matrix products in bf16, or as fp32 GEMMs of upcast operands; `auto` "
+    "NATIVELAB_BF16_GEMM", _one_of("auto", "bf16", "fp32"), "auto, bf16 or fp32", "auto", "auto", REGISTRATION,
+    "bf16 matrix products in bf16, or as fp32 GEMMs of upcast operands; `auto` "
     "decides by the CPU")
 CPU_KERNELS = _flag_var("NATIVELAB_CPU_KERNELS", True, "at each kernel launch",
                         "the hand-written C++ decode kernels (0: their traced-and-compiled path)")

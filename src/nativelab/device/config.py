@@ -20,6 +20,8 @@ class Config:
     quiet: bool  # no "emulated on the host CPU" notice
     fast_path: bool = True  # off: every op through the Python kernel (the reference path)
     strict: bool = False  # a CPU fallback raises at the line that caused it
+    threads: str | int = "auto"  # the device's host thread team: a fixed count, or sized to the machine's load
+    bf16_gemm: str = "auto"  # bf16 products in bf16 ("bf16"), as fp32 GEMMs ("fp32"), or by the CPU ("auto")
 
 
 def virtual_core_size() -> int:
@@ -42,4 +44,6 @@ def load() -> Config:
         fast_path=settings.FAST_PATH.get(),
         quiet=settings.QUIET.get(),
         strict=settings.STRICT.get(),
+        threads=settings.THREADS.get(),
+        bf16_gemm=settings.BF16_GEMM.get(),
     )

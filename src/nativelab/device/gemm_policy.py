@@ -23,8 +23,7 @@ import functools
 
 import torch
 
-from .. import settings
-from . import cpu_info
+from . import cpu_info, state
 
 # Rows (the smaller of M and N) from which upcasting pays, measured as in the module docstring.
 _MIN_ROWS_NO_BF16 = 4
@@ -33,14 +32,18 @@ _MIN_ROWS_AVX512_BF16 = 64
 OPS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
 
 
-@functools.cache
 def min_rows() -> int | None:
     """Rows from which a bf16 product runs as an fp32 GEMM on this host; None: never (AMX).
     NATIVELAB_BF16_GEMM=bf16 keeps every product in bf16, =fp32 upcasts from 4 rows, =auto (default) decides."""
-    choice = settings.BF16_GEMM.get()
+    choice = state.device.bf16_gemm
     if choice == "bf16":
         return None
-    if choice == "fp32" or not cpu_info.has_bf16_instructions():
+    return _MIN_ROWS_NO_BF16 if choice == "fp32" else _rows_for_this_cpu()
+
+
+@functools.cache
+def _rows_for_this_cpu() -> int | None:
+    if not cpu_info.has_bf16_instructions():
         return _MIN_ROWS_NO_BF16
     return None if cpu_info.has_amx() else _MIN_ROWS_AVX512_BF16
 

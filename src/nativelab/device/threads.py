@@ -15,7 +15,8 @@ other processes left idle, never below one, for the device work it runs (`team()
 user's code sees is left as it was.
 
 Knobs: `NATIVELAB_THREADS=N` fixes the team at N threads (no adaptation); `NATIVELAB_THREADS=auto` (default)
-adapts. `torch.set_num_threads(n)` called by the user sets the most the policy will use. OpenMP's own
+adapts. It is read at registration into `state.device.threads`; `state.device.mode(threads=N)` changes it for
+a block. `torch.set_num_threads(n)` called by the user sets the most the policy will use. OpenMP's own
 settings (OMP_WAIT_POLICY, GOMP_SPINCOUNT) are read by libgomp when torch is imported, before nativelab
 runs: set them in the environment if wanted (see the README).
 """
@@ -28,12 +29,12 @@ import time
 
 import torch
 
-from .. import settings
+from . import state
 
 INTERVAL = 0.25  # seconds between looks at the machine's load
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-_state = {"mode": None, "most": 1, "next": 0.0, "last": None, "others": 0.0}
+_state = {"most": None, "next": 0.0, "last": None, "others": 0.0}  # the load as last seen
 
 
 def _cores() -> int:
@@ -74,16 +75,13 @@ def target(most: int, others: float) -> int:
     return max(1, min(most, most - int(others + 0.5)))
 
 
-def _init() -> str | int:
-    if _state["mode"] is None:
-        mode = _state["mode"] = settings.THREADS.get()
-        _state["most"] = mode if isinstance(mode, int) else min(_cores(), torch.get_num_threads())
-    return _state["mode"]
-
-
 def ceiling() -> int:
     """The most threads the policy uses (part of the compile cache key)."""
-    _init()
+    mode = state.device.threads
+    if isinstance(mode, int):
+        return mode
+    if _state["most"] is None:
+        _state["most"] = min(_cores(), torch.get_num_threads())
     return _state["most"]
 
 
@@ -91,7 +89,7 @@ def size() -> int:
     """The team size for device work now: refreshed from the machine's load every INTERVAL seconds (a clock
     read in between)."""
     now = time.monotonic()
-    mode = _init()
+    mode = state.device.threads  # NATIVELAB_THREADS
     if isinstance(mode, int):
         return mode
     if now >= _state["next"]:
@@ -125,6 +123,6 @@ def describe() -> str:
     """The CPU, the vector ISA PyTorch's kernels use on it, and the thread policy, for benchmark headers."""
     from . import cpu_info
 
-    mode = settings.THREADS.get()
+    mode = state.device.threads
     policy = f"{mode} threads" if isinstance(mode, int) else f"threads adapt to load (up to {_cores()})"
     return f"{cpu_info.describe()}; {policy}"
