@@ -141,9 +141,14 @@ def child(out):
         torch.neuron.init()
         out.put((was, "ok", torch.neuron.is_initialized()))
     except Exception as e:
-        out.put((was, type(e).__name__, "forked subprocess" in str(e) and "'spawn' start method" in str(e)))
+        out.put((was, type(e).__name__, str(e).startswith(CUDAS.replace("CUDA", "neuron"))))
 
 if __name__ == "__main__":
+    import inspect, re, torch.cuda
+    # CUDA's sentence as torch.cuda raises it (code and OpenReg's test match the text with the device's name)
+    src = inspect.getsource(torch.cuda._lazy_init)
+    CUDAS = "".join(re.findall(r'"([^"]*)"', src[src.index("Cannot re-initialize CUDA") - 1:].split(")")[0]))
+    assert CUDAS.startswith("Cannot re-initialize CUDA in forked subprocess") and "'spawn'" in CUDAS, CUDAS
     ctx = mp.get_context("fork")
     for initialise in (False, True):
         if initialise:

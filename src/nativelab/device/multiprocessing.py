@@ -32,10 +32,11 @@ SEND_ERROR = (
     "memory (CUDA shares through IPC handles). Send a CPU tensor instead (`t.cpu()`: torch.multiprocessing "
     "puts it in shared memory) and move it to the device in the receiving process."
 )
+# CUDA's sentence with the device's name (code that matches CUDA's text, OpenReg's test, matches it), then why.
 FORK_ERROR = (
-    "Cannot re-initialize the neuron device in a forked subprocess: the parent used the device before it "
-    "forked. To use the neuron device with multiprocessing, you must use the 'spawn' start method "
-    "(multiprocessing.get_context('spawn'), or torch.multiprocessing.start_processes(..., start_method='spawn'))."
+    "Cannot re-initialize neuron in forked subprocess. To use neuron with multiprocessing, you must use the "
+    "'spawn' start method (the parent used the device before it forked; multiprocessing.get_context('spawn'), "
+    "or torch.multiprocessing.start_processes(..., start_method='spawn'))."
 )
 
 _installed = False
