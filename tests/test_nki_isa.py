@@ -563,3 +563,13 @@ def test_compiled_on_neuron_equals_the_interpreter(case, tmp_path, monkeypatch):
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert g.device.type == "neuron"
         torch.testing.assert_close(g.cpu(), w, rtol=1e-6, atol=1e-6)
+
+
+def test_gpsimd_costs_include_the_startup_overhead():
+    """iota / affine_select (and the GpSimd instructions without a cost of their own): 150 + N GpSimd cycles at
+    1.2 GHz, N the elements per partition."""
+    x = torch.zeros(32, 8)
+    est = _nonzero_bounds.estimate(x, torch.zeros(1, 12))
+    gpsimd = {name: end - start for name, engine, start, end, _ in est.events if engine == "gpsimd"}
+    assert gpsimd["nonzero_with_count"] == pytest.approx((150 + 8) / 1.2e9)
+    assert gpsimd["sequence_bounds"] == pytest.approx((150 + 12) / 1.2e9)

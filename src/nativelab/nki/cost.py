@@ -52,6 +52,13 @@ DMA_FIXED_S = 600e-9  # [trn2] "Each DGE-based DMA instruction takes about 600 n
 VECTOR_CYCLES_PER_ELEMENT = {"bn_stats": 1.0, "bn_aggr": 13 / 3, "range_select": 1.0, "dropout": 1.0,
                              "max8": 1.0, "nc_find_index8": 1.0, "nc_match_replace8": 1.0}
 
+# [isa226] GpSimd instructions cost GPSIMD_START + N cycles for N elements per partition (iota; affine_select:
+# "GPSIMD_START is the instruction startup overhead on GpSimdE, roughly 150 engine cycles"); applied to the
+# GpSimd instructions whose pages give no cost of their own (nonzero_with_count, sequence_bounds, the gathers)
+GPSIMD_START_CYCLES = 150
+GPSIMD_STARTUP = frozenset({"iota", "affine_select", "nonzero_with_count", "sequence_bounds", "nc_n_gather",
+                            "local_gather", "nl.gather_flattened"})
+
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -76,6 +83,8 @@ def instruction_seconds(ins) -> tuple[float, float]:
     if ins.engine == "scalar":
         cycles = max(n, MIN_II_CYCLES) + (READ_ACCUMULATOR_CYCLES if ins.name == "activation_reduce" else 0)
         return cycles / (SCALAR_GHZ * 1e9), 0.0
+    if ins.engine == "gpsimd" and ins.name in GPSIMD_STARTUP:
+        return (GPSIMD_START_CYCLES + n) / (GPSIMD_GHZ * 1e9), 0.0
     if ins.engine == "gpsimd":  # no rule of thumb [trn1]; 128 lanes of 32 bits (8 cores x 16 fp32) at 1.2 GHz
         return max(n, MIN_II_CYCLES) / (GPSIMD_GHZ * 1e9), 0.0
     if ins.engine == "dma":
