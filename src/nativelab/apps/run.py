@@ -40,9 +40,11 @@ DESCRIPTIONS = {
     "experimental": "NKI experimental (CTE prefill + megakernel decode, static KV cache)",
 }
 DEFAULT_PROMPT = [1, 15043, 29892, 590, 1024, 338]  # a fixed prompt for random-weight models
-# why --kernels defaults to cpu (measured with bench/nki.py and --kernels nki on this machine's CPU)
-KERNELS_REASON = ("the NKI kernels run their tiles as many small compiled operations, several times slower on a "
-                  "CPU than the CPU kernels' few large ones; the tiers' code is the same either way")
+# Why --kernels defaults to cpu: with nki the tiers ran 6x (core) and 10x (experimental) slower (small, bf16,
+# compiled, greedy, 2-core Xeon AVX-512 + AMX, one quiet run: core 205.9 -> 32.8, experimental 209.2 -> 20.2 tok/s)
+KERNELS_REASON = ("with nki, core and experimental ran 6x and 10x slower on a 2-core Xeon: an NKI kernel runs its "
+                  "128-partition tiles as many small compiled operations, the CPU kernels run a few large ones. "
+                  "Both compute the same, and the tiers' code is the same either way")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="what nki_ops.py's kernels run: nki, the NKI kernels (nativelab.kernels.nki: nki.language / "
                          "nki.isa code, traced and compiled, what would run on Trainium), or cpu, the library's CPU "
                          "kernels computing the same (PyTorch compiled by Inductor, hand-written C++ for the "
-                         "one-token step). Default cpu: the faster here, " + KERNELS_REASON)
+                         "one-token step). Default cpu, the faster here: " + KERNELS_REASON)
     ap.add_argument("--estimate", action="store_true",
                     help="also estimate each tier's Trainium2 tok/s (the porting check's estimate of one more, "
                          "untimed generation; off by default: under the check the kernels run their traced code, "
