@@ -394,3 +394,22 @@ def test_fsdp2_collectives_at_the_users_lines(tmp_path):
         assert gather["per_step"] >= 1.0 and gather["details"]["bytes"] > 0
         scatter = _find(r, "collective", _line(name, "loss.backward()"), collective="reduce_scatter")
         assert scatter["per_step"] >= 1.0 and scatter["details"]["bytes"] > 0
+
+
+def test_float64_findings_count_only_what_the_device_narrows():
+    """The check asks the device's policy (policy.plan / is_narrowed) which inputs compute as float32: float64
+    device tensors that are not 0-d, in ops the device computes. Complex tensors compute as they are, a 0-d
+    float64 exactly, and a CPU fallback (cummax) in float64; none of those is reported."""
+    c64 = torch.randn(16, dtype=torch.complex64).to("neuron")
+    c128 = torch.randn(16, dtype=torch.complex128).to("neuron")
+    f64 = torch.randn(16, dtype=torch.float64).to("neuron")
+    with Check("dtypes") as c:
+        (c64 * c64).sum()
+        (c128 * c128).sum()
+        (f64[0] * 2).cpu()
+        torch.cummax(f64, 0)
+        z = f64 * 3  # the only op the device computes in float32
+    (finding,) = [f for f in c.report().findings if f.kind == "float64"]
+    assert finding.details["dtypes"] == ["float64"]
+    assert finding.count == 1 and finding.details["ops"] == ["aten::mul.Tensor"]
+    torch.testing.assert_close(z.cpu(), (f64.cpu().float() * 3).double())

@@ -2,6 +2,7 @@
 
 import logging
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -114,3 +115,55 @@ def test_pack_padded_sequence_unsorted_in_an_rnn_classifier():
         return h.cpu()
 
     torch.testing.assert_close(run("neuron"), run("cpu"))
+
+
+# Values that any narrowing of their dtype would change: 1 + 2^-40 is not a float32 (nor a complex64's part),
+# 2^40 + 3 not an int32; bf16/fp16/int32 ... have no narrower form.
+_WIDE_VALUES = {
+    torch.float64: [1 + 2**-40, 3.0], torch.complex128: [1 + 2**-40 + 1j, 2 - 1j], torch.int64: [2**40 + 3, 5],
+    torch.complex64: [1 + 2**-20 + 1j, 2 - 1j], torch.float32: [1 + 2**-20, 3.0], torch.int32: [2**30 + 3, 5],
+    torch.bfloat16: [1.5, 3.0], torch.float16: [1 + 2**-10, 3.0], torch.int16: [2**14 + 3, 5], torch.uint8: [200, 5],
+}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["cpp", "python"])
+@pytest.mark.parametrize("dtype", list(_WIDE_VALUES), ids=str)
+def test_is_narrowed_is_what_the_device_computes(dtype, fast):
+    """policy.is_narrowed (which the Python path, the C++ kernel's fast_spec and nativelab check read) against
+    what the device really computes: a product of tensors that are not 0-d equals CPU's product in the narrowed
+    dtype, cast back, exactly when is_narrowed says so (complex: computed as it is, complex128 exactly); 0-d
+    tensors are never narrowed."""
+    from nativelab.device import policy, state
+
+    a = torch.tensor(_WIDE_VALUES[dtype], dtype=dtype)
+    narrow = policy.NARROW.get(dtype, dtype) if policy.is_narrowed(dtype) else dtype
+    want = (a.to(narrow) * a.to(narrow)).to(dtype)
+    if policy.is_narrowed(dtype):
+        assert not torch.equal(want, a * a)  # the values tell the two apart
+    with state.device.mode(fast_path=fast):
+        d = a.to("neuron")
+        for _ in range(3):  # a signature's first call runs through Python, later ones through C++ (fast)
+            got = (d * d).cpu()
+            assert got.dtype == dtype and torch.equal(got, want), (dtype, got, want)
+        s = d[0].clone()  # 0-d: exact
+        assert torch.equal((s * s).cpu(), a[0] * a[0])
+    assert policy.is_narrowed(dtype) == (dtype in (torch.float64, torch.int64))
+
+
+def test_plan_names_what_the_device_does_to_a_call():
+    """One plan per call: narrowed inputs (not 0-d, not written, not index arguments), int32 indices widened for
+    CPU's kernels, nothing for a CPU fallback (which computes in the dtypes it is given)."""
+    from nativelab.device import policy, schema
+
+    x64, i32 = torch.ones(4, dtype=torch.float64), torch.zeros(4, dtype=torch.int32)
+    add = schema.record_for(torch.ops.aten.add.Tensor)
+    assert policy.plan(add, [x64, torch.ones(4), 1]).narrow == (0,)
+    assert policy.plan(add, [x64[0], torch.ones(4), 1]) is None  # 0-d
+    assert policy.plan(schema.record_for(torch.ops.aten.add_.Tensor), [x64, torch.ones(4), 1]) is None  # written
+    gather = schema.record_for(torch.ops.aten.gather.default)
+    p = policy.plan(gather, [x64, 0, i32, False])
+    assert p.narrow == (0,) and p.widen == (2,)
+    p = policy.plan(gather, [torch.ones(4), 0, i32.long(), False])  # int64 indices: int32 on the device, but
+    assert p.indices == (2,) and not p.work  # CPU's kernels take them as they are (the C++ kernel runs it)
+    cummax = schema.record_for(torch.ops.aten.cummax.default)  # a CPU fallback
+    assert cummax.route == "fallback" and policy.plan(cummax, [x64, 0]) is None

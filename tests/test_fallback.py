@@ -116,3 +116,29 @@ def test_layer_norm_is_native_forward_and_backward():
     for d, r in zip(dev_in, ref_in):
         torch.testing.assert_close(d.grad.cpu(), r.grad)
     assert nativelab.get_fallback_ops() == []
+
+
+def test_eager_and_compiled_graphs_ask_one_fallback_decision():
+    """compiler/partition.py asks schema.route, the decision eager dispatch makes (OpRecord.route): a graph node
+    is a fallback exactly when route(graph=True) says so, and nothing the device computes eagerly falls back
+    in a graph (the graph compiler lowers every overload of an op it knows, and data movement)."""
+    import torch.fx
+
+    from nativelab.compiler import partition
+
+    for name in ("argmax", "mm", "clone", "add", "sort", "topk", "empty_like", "multinomial", "view"):
+        packet = getattr(torch.ops.aten, name)
+        for ov in packet.overloads():
+            assert schema.record_for(getattr(packet, ov)).route == schema.route(getattr(packet, ov))
+    packets = [getattr(torch.ops.aten, n) for n in dir(torch.ops.aten) if not n.startswith("__")]
+    ops = [getattr(p, ov) for p in packets if isinstance(p, torch._ops.OpOverloadPacket) for ov in p.overloads()]
+    assert len(ops) > 2000
+    assert not [op for op in ops if schema.route(op, graph=True) == "fallback" and schema.route(op) != "fallback"]
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    nodes = [g.call_function(op, (x,) + extra) for op, extra in (
+        (torch.ops.aten.argmax.default, ()), (torch.ops.aten.mm.default, (x,)), (torch.ops.aten.clone.default, ()),
+        (torch.ops.aten.sort.default, ()), (torch.ops.aten.mul.Scalar, (2,)))]
+    assert [partition.is_fallback(n) for n in nodes] == [True, False, False, True, False]
+    assert schema.route(torch.ops.aten.clone.default) == "fallback"  # eager: the runtime's own kernel answers it
+    assert schema.route(torch.ops.aten.clone.default, graph=True) == "native"

@@ -185,7 +185,7 @@ def float64(watch: Watch) -> list[F.Finding]:
             "float64", "warning", f"{'/'.join(dtypes)} tensors made here" +
             (f" (and at {', '.join(others)}{', ...' if len(made) > 4 else ''})" if others else "") +
             f": {count:,} ops on them ({len(ops)} kinds at {len({e[1] for e in entries})} lines) compute as "
-            f"float32 on the device (complex is not supported)", s, line, count, F.FLOAT64_FIX,
+            f"float32 on the device", s, line, count, F.FLOAT64_FIX,
             _per(watch, count), 0.0, code,
             {"op": lines[0][0], "ops": ops, "dtypes": dtypes,
              "made_at": [{"site": str(m) if m else None, "code": m.code() if m else "", "uses": uses[m],

@@ -13,7 +13,7 @@ KINDS = {
     "int64-overflow": "int64-overflow",  # int64 values beyond int32 (the device casts: wrong values, no error)
     "int64-cast": None,                # int64 inputs the device casts to int32 (values fit)
     "int-fp32": "int64-overflow",      # integer matmul / scatter-add / all-reduce computed in fp32 beyond 2^24
-    "float64": None,                   # float64 / complex computed in float32
+    "float64": None,                   # float64 computed in float32
     "recompile": "recompile",          # a new compile (new shape, failed guard)
     "graph-break": "recompile",        # Dynamo split the function
     "compile-option": None,            # an option the real backend rejects or ignores

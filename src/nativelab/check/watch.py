@@ -21,6 +21,7 @@ from torch.optim import optimizer as _optimizer
 
 from ..device import memory as _memory
 from ..device import observe as _observe
+from ..device import policy as _policy
 from ..device import queue as _queue
 from ..device import schema as _schema
 from ..profile.session import Session
@@ -32,7 +33,6 @@ from .source import Site, compiled_call_sites, library_call, program_site, user_
 INT32_MAX = 2**31 - 1
 FP32_EXACT = 2**24
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_WIDE = (torch.float64, torch.complex64, torch.complex128)
 # Integer ops the device computes in fp32 (the TensorEngine / vector engine have no integer accumulate).
 INT_FP32_OPS = frozenset({
     "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::matmul",
@@ -92,8 +92,9 @@ class Watch(Session):
         self.cast_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.graph_int64_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         self.int_fp32_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
-        # float64 / complex ops by op and line; each event's `where` counts the lines that made its float64 inputs
-        # (a `.double()`, a dtype=, a copy to the device), which group the ops into causes (collect.dtypes)
+        # ops the device computes in float32 on float64 inputs, by op and line; each event's `where` counts the
+        # lines that made its float64 inputs (a `.double()`, a dtype=, a copy to the device), which group the
+        # ops into causes (collect.dtypes)
         self.wide_sites: dict[tuple[str, Site | None], Event] = collections.defaultdict(Event)
         # id(float64 device tensor) -> (weakref, the Site that made its values, made empty: values still to come)
         self._wide_origin: dict[int, tuple] = {}
@@ -243,21 +244,24 @@ class Watch(Session):
             # Written arguments (in place, out=) are not cast by the device's policy, only read inputs are.
             outs = {rec.kwnames[i - rec.npos] for i in rec.mutable if i >= rec.npos}
             written = frozenset(i for i in rec.mutable if i < rec.npos)
-            info = self._op_info[op] = (rec.name, rec.route == "native", outs, written,
+            info = self._op_info[op] = (rec, rec.name, rec.route == "native", outs, written,
                                         op._schema.name in INT_FP32_OPS, _private.scalar_args(op))
-        name, native, outs, written, int_fp32, (scalar_pos, scalar_names) = info
+        rec, name, native, outs, written, int_fp32, (scalar_pos, scalar_names) = info
         self.dispatched += 1
         site = user_site() if native else None
         if native:
             self.launch_sites[site] += 1
         origin = None
-        if any(i not in written and _is_wide(a) for i, a in enumerate(args)) or \
-                any(k not in outs and _is_wide(a) for k, a in kwargs.items()):
+        full = rec.normalise(args, kwargs) if native else None
+        plan = _policy.plan(rec, full) if native else None  # the inputs the device narrows (none in a fallback)
+        if plan is not None and (plan.narrow or plan.indices):
             # the values it computes with: its Scalar arguments (not its int ones: dims, ignore_index=-100)
             scalars = [abs(args[i]) for i in scalar_pos if i < len(args) and type(args[i]) is int]
             scalars += [abs(v) for k, v in kwargs.items() if k in scalar_names and type(v) is int]
-            origin = self._inputs(name, native, [a for j, a in enumerate(args) if j not in written],
-                                  {k: v for k, v in kwargs.items() if k not in outs}, scalars, site)
+            origin = self._inputs(name, native, [full[i] for i in plan.narrow + plan.indices], {}, scalars, site)
+        elif self._wide_origin:  # float64 computed as it is (a CPU fallback, 0-d): its results keep its line
+            origin = next((m for t in _tensors([a for j, a in enumerate(args) if j not in written])
+                           if _narrowed_float(t.dtype) and (m := self._made(t)) is not None), None)
         try:
             res = run()
         except Exception as e:
@@ -290,7 +294,7 @@ class Watch(Session):
                     _queue.drain()  # its value is needed now
                     h = _memory.host_view(t)
                     cast.max_value = max(cast.max_value, abs(int(h.max())), abs(int(h.min())))
-            elif t.dtype in _WIDE:
+            elif t.dim() != 0 and _narrowed_float(t.dtype):
                 wide.append(t)
         if wide:  # counted once per call, with the lines that made its float64 inputs (where the hook saw them)
             ev = self.wide_sites[(name, site)]
@@ -312,12 +316,12 @@ class Watch(Session):
         return origin
 
     def _track_wide(self, res, origin) -> None:
-        """Float64 / complex device results remember the line that made their values: their first float64
+        """Float64 device results remember the line that made their values: their first float64
         input's, or (made from none: a cast, a dtype=, a copy to the device) the line that ran this op. A
         tensor made empty (`empty_like` in a clone, an out= buffer) takes the line of the values first written
         into it."""
         for t in _tensors(res if isinstance(res, (list, tuple)) else (res,)):
-            if t.dtype not in _WIDE or t.device.type != _memory.DEVICE:
+            if not _narrowed_float(t.dtype) or t.device.type != _memory.DEVICE:
                 continue
             key = id(t)
             hit = self._wide_origin.get(key)
@@ -359,7 +363,7 @@ class Watch(Session):
                 depth[0] -= 1
             site = None
             for n, t in _named_tensors(module):
-                if t.dtype not in _WIDE:
+                if not _narrowed_float(t.dtype):
                     continue
                 hit = before.get(n)
                 made = hit[1] if hit is not None and not hit[2] else (site := site or user_site())
@@ -479,13 +483,10 @@ def _bool_index(args) -> bool:
     return isinstance(idx, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.dtype is torch.bool for t in idx)
 
 
-def _is_wide(a) -> bool:
-    """An int64 tensor the device casts (not 0-d), or a float64 / complex one."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype in _WIDE or (a.dtype is torch.int64 and a.dim() != 0)
-    if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-        return any(t is not None and (t.dtype in _WIDE or (t.dtype is torch.int64 and t.dim() != 0)) for t in a)
-    return False
+def _narrowed_float(dtype) -> bool:
+    """A floating dtype the device computes narrower (float64 as float32: `policy.is_narrowed`; int64 is
+    followed apart, by its values). Complex tensors it computes as they are."""
+    return dtype.is_floating_point and _policy.is_narrowed(dtype)
 
 
 def _tensors(items):

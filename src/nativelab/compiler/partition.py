@@ -14,27 +14,9 @@ import operator
 import torch
 import torch.fx
 
-from ..device.schema import NATIVE_OPS, op_base_name
+from ..device import schema as device_schema
 from . import random_ops
 from ._private import OpOverload
-
-_NATIVE_BASES = frozenset(n.split(".", 1)[0] for n in NATIVE_OPS)
-
-# Ops that move or make memory rather than compute: every device has them, the compiler lowers them.
-_DATA_MOVEMENT = frozenset(
-    {
-        "aten::clone", "aten::_to_copy", "aten::copy", "aten::copy_", "aten::empty", "aten::empty_strided",
-        "aten::empty_like", "aten::full_like", "aten::zeros_like", "aten::iota", "aten::resize_",
-        "aten::lift_fresh_copy", "aten::_unsafe_index", "aten::_unsafe_index_put", "aten::index_put",
-        "aten::index_put_", "aten::slice_scatter", "aten::select_scatter", "aten::as_strided_scatter",
-        "aten::diagonal_scatter", "aten::expand_copy", "aten::permute_copy", "aten::view_copy",
-        "aten::constant_pad_nd", "aten::split_with_sizes_copy", "aten::alias_copy", "aten::scalar_tensor",
-        "aten::_unsafe_view", "aten::new_zeros", "aten::new_empty", "aten::new_ones", "aten::new_full",
-        "aten::fill", "aten::masked_fill", "aten::detach", "aten::squeeze_copy", "aten::unsqueeze_copy",
-        "aten::full", "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
-        "aten::_assert_tensor_metadata", "aten::_assert_scalar", "aten::empty_permuted",
-    }
-)
 
 
 def is_fallback(node: torch.fx.Node) -> bool:
@@ -49,10 +31,7 @@ def is_fallback(node: torch.fx.Node) -> bool:
         return False  # Python scalar arithmetic and prims: part of the device graph
     if target.namespace != "aten":
         return False  # custom ops (kernels) and prims stay in the graph that calls them
-    if target.is_view:
-        return False
-    base = op_base_name(target)
-    return base not in _NATIVE_BASES and base not in _DATA_MOVEMENT
+    return device_schema.route(target, graph=True) == "fallback"  # the decision eager dispatch asks too
 
 
 def partition(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], set[int]]:

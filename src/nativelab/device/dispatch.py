@@ -201,7 +201,7 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
         if first:  # (a call that raised is not cached: the next one is checked again)
             rec.meta_cache[key] = None
         return res
-    kind, outs_spec, resizes, narrows = spec
+    kind, outs_spec, resizes, plan = spec
     if first and resizes:  # CPU's kernel resizes them itself the first time: its checks of the out= arguments
         res = run_on_host(rec.name, rec, args, index, fallback=False, check=True)  # come before its resize
         rec.meta_cache[key] = spec
@@ -213,14 +213,15 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
             resize_(t, shape)
     if kind == "mutating":
         if first:
-            _first_call(rec, key, spec, _run_mutating_checked if narrows else _run_mutating, args)
+            _first_call(rec, key, spec, _run_mutating_checked if plan is not None and plan.casts else _run_mutating,
+                        args)
         else:
             queue.launch("op", rec.name, _run_mutating, rec, args)
         tracking.executed[rec.name] += 1
         return rec.alias_returns(args)
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
-    run = _run_functional_policy if narrows else _run_functional
-    if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, args):
+    run = _run_functional_policy if plan is not None and plan.casts else _run_functional
+    if rec.name in gemm_policy.OPS and policy.upcasts_gemm(rec, args):  # per call (tests change min_rows)
         run = _run_upcast_gemm
     if first:
         _first_call(rec, key, spec, _run_functional_checked if run is _run_functional_policy else run, args, outs)
@@ -256,13 +257,13 @@ def _first_call(rec: OpRecord, key: tuple, spec: tuple, run, args: list, outs: l
         if state.device.sync:  # NATIVELAB_SYNC=1 names the op in every failure, as its launches do
             raise queue.DeviceError(f"neuron: queued op {rec.name} failed: {type(e).__name__}: {e}") from e
         raise
-    kind, outs_spec, resizes, narrows = spec
+    kind, outs_spec, resizes, plan = spec
     if any(tuple(st) != tuple(o[1]) for st, o in zip(strides, outs_spec)):
         for out, st in zip(outs, strides):
             if tuple(st) != out.stride():
                 memory.set_storage(out, out.untyped_storage(), out.storage_offset(), out.shape, st)
         outs_spec = tuple((shape, tuple(st), dtype) for (shape, _, dtype), st in zip(outs_spec, strides))
-        spec = (kind, outs_spec, resizes, narrows)
+        spec = (kind, outs_spec, resizes, plan)
     rec.meta_cache[key] = spec
 
 
@@ -344,14 +345,14 @@ def _run_functional_copy(rec, hargs, houts):
 
 
 def _meta_spec(rec: OpRecord, args: list):
-    """(kind, output (shape, stride, dtype)s, out= resizes, whether the dtype policy has work) for a call
+    """(kind, output (shape, stride, dtype)s, out= resizes, the policy's plan) for a call
     signature: everything about a launch that does not depend on values, worked out once."""
     margs = [_to_meta(a) for a in args]
     with warnings.catch_warnings():
         # the out= meta kernels' own resize warning (its text is not CPU's): _native gives CPU's when it resizes
         warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
         res = rec.call(margs)
-    narrows = policy.policy_applies(rec, args)
+    plan = policy.plan(rec, args)
     if rec.name in policy.CPU_OUTPUT_DTYPES:
         res = policy.CPU_OUTPUT_DTYPES[rec.name](args, res)
     if rec.mutable:
@@ -359,11 +360,11 @@ def _meta_spec(rec: OpRecord, args: list):
             (i, margs[i].shape) for i in rec.mutable
             if isinstance(args[i], _Tensor) and margs[i].shape != args[i].shape
         )
-        return ("mutating", (), resizes, narrows)
+        return ("mutating", (), resizes, plan)
     if isinstance(res, _Tensor):
-        return ("tensor", ((res.shape, res.stride(), res.dtype),), (), narrows)
+        return ("tensor", ((res.shape, res.stride(), res.dtype),), (), plan)
     kind = "list" if isinstance(res, list) else "tuple"
-    return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), (), narrows)
+    return (kind, tuple((r.shape, r.stride(), r.dtype) for r in res), (), plan)
 
 
 
@@ -580,7 +581,7 @@ def fast_route(name: str, overload: str):
 
 def fast_spec(op, *args):
     """For the C++ kernel, once per call signature (dtypes, shapes, strides, the other arguments): None (this
-    signature goes through Python: the dtype policy or the GEMM policy has work, no meta kernel, an out=
+    signature goes through Python: `policy.plan` has work, no meta kernel, an out=
     argument to resize), False (not yet: this call through Python, ask again), else (kind, [(shape, stride,
     dtype) of each output])."""
     rec = _records[op]
@@ -588,15 +589,6 @@ def fast_spec(op, *args):
     for i in rec.tensor_pos:
         if i < len(full) and type(full[i]) in _NUMBERS:
             full[i] = _scalar_tensor(full[i])  # as _device_kernel sees it, so that the signature keys agree
-    # the dtype policy has nothing to do: no wide input, index arguments already the int64 CPU kernels take
-    for i, a in enumerate(full):
-        if i in rec.int64_args:
-            if isinstance(a, _Tensor) and a.dtype != torch.int64:
-                return None
-        elif any(t.dtype in policy.NARROW and t.dim() != 0 for t in policy.tensors((a,))):
-            return None
-    if rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, full):
-        return None
     # The spec the Python path validated by running the signature's first call (_first_call): until then,
     # False: this call goes to Python, which runs it at once, and the C++ kernel asks again next time.
     key, _ = _key_and_index(full, rec.cpu_ok, rec.out_args)
@@ -605,8 +597,8 @@ def fast_spec(op, *args):
         return False
     if spec is None:  # no usable meta kernel: the Python path runs it on the host
         return None
-    kind, outs, resizes, _ = spec
-    if resizes:
+    kind, outs, resizes, plan = spec
+    if resizes or (plan is not None and plan.work):  # the policy has work (policy.plan, from the first call)
         return None
     return kind, [(tuple(shape), tuple(stride), dtype) for shape, stride, dtype in outs]
 

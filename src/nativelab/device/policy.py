@@ -13,10 +13,11 @@ The GEMM policy (bf16 products as fp32 GEMMs) is `gemm_policy.py`, shared with c
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
-from . import state
+from . import gemm_policy, state
 
 _Tensor = torch.Tensor
 _meta = torch.device("meta")
@@ -48,6 +49,75 @@ INT64_INDEX_ARGS = {
 NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
 
 
+def is_narrowed(dtype) -> bool:
+    """Does the device compute tensors of this dtype in a narrower one (int64 as int32, float64 as float32)?
+    Complex tensors it computes as they are (CPU's kernels, complex128 exactly), as every other dtype; 0-d
+    tensors and the arguments an op writes are not narrowed either (`plan`)."""
+    return state.device.dtype_policy and dtype in NARROW
+
+
+class Plan(NamedTuple):
+    """What the device does to one call signature that plain CPU dispatch would not (`plan`)."""
+
+    narrow: tuple  # positions of read arguments holding a tensor the dtype policy narrows
+    widen: tuple  # index arguments holding int32 tensors, which CPU's kernels take as int64
+    gemm: bool  # a bf16 matrix product run as an fp32 GEMM of upcast operands (gemm_policy)
+    # int64 index arguments (not 0-d): int32 on the device, as every int64 tensor; CPU's kernels get them as
+    # they are, the same values while they fit (nothing for the Python path to do)
+    indices: tuple = ()
+
+    @property
+    def casts(self) -> bool:
+        """The dtype policy has work (an input to narrow, an int32 index to widen): its runners, and the
+        probe of a signature's first call as made."""
+        return bool(self.narrow or self.widen)
+
+    @property
+    def work(self) -> bool:
+        """The Python path has something to do (the C++ kernel sends every call of such a signature there)."""
+        return bool(self.narrow or self.widen or self.gemm)
+
+
+def plan(rec, args) -> Plan | None:
+    """The device's policy for one call (`rec` the op's OpRecord, `args` in schema order; device or host
+    tensors alike: it reads dtypes and shapes only), None when the call is CPU's as made. The one decision
+    that the Python path (queued work, run_on_host), the C++ kernel (`dispatch.fast_spec`: a signature whose
+    plan has `work` goes through Python) and `nativelab check` (the inputs computed narrower) read. Only ops
+    the device computes (`route == "native"`) narrow; a CPU fallback computes in the dtypes it is given."""
+    native = rec.route == "native"
+    narrow = _narrowed_positions(rec, args) if native else ()
+    index = [i for i in rec.int64_args if i < len(args) and isinstance(args[i], _Tensor)]
+    widen = tuple(i for i in index if args[i].dtype == torch.int32)
+    indices = tuple(i for i in index if native and _narrows(args[i]) and args[i].dtype == torch.int64)
+    gemm = upcasts_gemm(rec, args)
+    return Plan(narrow, widen, gemm, indices) if narrow or widen or gemm or indices else None
+
+
+def upcasts_gemm(rec, args) -> bool:
+    return rec.name in gemm_policy.OPS and gemm_policy.upcast_args(rec.name, args)
+
+
+def _narrows(t) -> bool:
+    return t is not None and is_narrowed(t.dtype) and t.dim() != 0
+
+
+def _narrowed_positions(rec, args) -> tuple:
+    # is_narrowed and _narrows spelled out: this runs for every op the Python path queues
+    if not state.device.dtype_policy:
+        return ()
+    found = ()
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor):
+            if a.dtype not in NARROW or a.dim() == 0:
+                continue
+        elif not (isinstance(a, (list, tuple))
+                  and any(isinstance(t, _Tensor) and t.dtype in NARROW and t.dim() != 0 for t in a)):
+            continue
+        if i not in rec.mutable and i not in rec.int64_args:
+            found += (i,)
+    return found
+
+
 def tensors(args):
     """The tensors among an op's arguments (in tensor lists too)."""
     for a in args:
@@ -63,28 +133,11 @@ def tensors(args):
 _policy_warned: set = set()
 
 
-def _narrow_inputs(rec, hargs: list) -> bool:
-    narrowed = False
-    for i, a in enumerate(hargs):
-        if i in rec.mutable or i in rec.int64_args:
-            continue
-        if isinstance(a, _Tensor):
-            nd = NARROW.get(a.dtype)
-            if nd is not None and a.dim() != 0:
-                _warn_policy(a.dtype)
-                hargs[i] = a.to(nd)
-                narrowed = True
-        elif isinstance(a, list) and a and isinstance(a[0], _Tensor):
-            if any(t is not None and t.dtype in NARROW and t.dim() != 0 for t in a):
-                hargs[i] = [
-                    (t.to(NARROW[t.dtype]) if t is not None and t.dtype in NARROW and t.dim() != 0 else t)
-                    for t in a
-                ]
-                for t in a:
-                    if t is not None and t.dtype in NARROW:
-                        _warn_policy(t.dtype)
-                narrowed = True
-    return narrowed
+def _narrow(t):
+    if not (isinstance(t, _Tensor) and _narrows(t)):
+        return t
+    _warn_policy(t.dtype)
+    return t.to(NARROW[t.dtype])
 
 
 def _warn_policy(dtype) -> None:
@@ -106,30 +159,20 @@ def widen_indices(rec, hargs: list) -> None:
 
 
 def finish_policy(rec, hargs: list) -> bool:
-    """Apply the dtype policy to host arguments; True when an input was narrowed."""
-    narrowed = state.device.dtype_policy and _narrow_inputs(rec, hargs)
+    """Apply the dtype policy to host arguments (the positions `plan` names: it reads values, so it runs when
+    the op runs, not when it is queued); True when an input was narrowed."""
+    narrow = _narrowed_positions(rec, hargs)
+    for i in narrow:
+        a = hargs[i]
+        hargs[i] = _narrow(a) if isinstance(a, _Tensor) else [_narrow(t) for t in a]
     if rec.int64_args:
         widen_indices(rec, hargs)
-    return narrowed
-
-
-def policy_applies(rec, args: list) -> bool:
-    if rec.int64_args:
-        return True
-    if not state.device.dtype_policy:
-        return False
-    for i, a in enumerate(args):
-        if i in rec.mutable:
-            continue
-        for t in (a if isinstance(a, (list, tuple)) else (a,)):
-            if isinstance(t, _Tensor) and t.dtype in NARROW and t.dim() != 0:
-                return True
-    return False
+    return bool(narrow)
 
 
 def widen_results(res, args):
     """The policy's second half: results come back int64/float64 when an input had that dtype."""
-    wide = {t.dtype for t in tensors(args) if t.dtype in NARROW}
+    wide = {t.dtype for t in tensors(args) if is_narrowed(t.dtype)}
     back = {NARROW[w]: w for w in wide}
     if isinstance(res, _Tensor):
         return res.to(back[res.dtype]) if res.dtype in back else res
@@ -182,12 +225,12 @@ def call_narrowed(rec, hargs: list):
     wide = {}
     for i in rec.mutable:
         a = hargs[i]
-        if isinstance(a, _Tensor) and a.dtype in NARROW:
+        if isinstance(a, _Tensor) and is_narrowed(a.dtype):
             wide[i] = a
             hargs[i] = a.to(NARROW[a.dtype])
-        elif isinstance(a, list) and any(isinstance(t, _Tensor) and t.dtype in NARROW for t in a):
+        elif isinstance(a, list) and any(isinstance(t, _Tensor) and is_narrowed(t.dtype) for t in a):
             wide[i] = a
-            hargs[i] = [t.to(NARROW[t.dtype]) if isinstance(t, _Tensor) and t.dtype in NARROW else t for t in a]
+            hargs[i] = [t.to(NARROW[t.dtype]) if isinstance(t, _Tensor) and is_narrowed(t.dtype) else t for t in a]
     try:
         res = rec.call(hargs)
         for i, a in wide.items():

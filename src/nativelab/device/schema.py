@@ -30,12 +30,58 @@ def _load_native_names() -> frozenset[str]:
 
 
 NATIVE_OPS = _load_native_names()
+NATIVE_BASES = frozenset(n.split(".", 1)[0] for n in NATIVE_OPS)
+
+# Ops that move or make memory rather than compute: every device has them. Eager, the device answers them
+# itself (runtime_ops.py: allocation, copies) or PyTorch's composite kernels make them of its own ops; inside a
+# compiled graph they reach the device's graph compiler as they are, which lowers them.
+DATA_MOVEMENT = frozenset(
+    {
+        "aten::clone", "aten::_to_copy", "aten::copy", "aten::copy_", "aten::empty", "aten::empty_strided",
+        "aten::empty_like", "aten::full_like", "aten::zeros_like", "aten::iota", "aten::resize_",
+        "aten::lift_fresh_copy", "aten::_unsafe_index", "aten::_unsafe_index_put", "aten::index_put",
+        "aten::index_put_", "aten::slice_scatter", "aten::select_scatter", "aten::as_strided_scatter",
+        "aten::diagonal_scatter", "aten::expand_copy", "aten::permute_copy", "aten::view_copy",
+        "aten::constant_pad_nd", "aten::split_with_sizes_copy", "aten::alias_copy", "aten::scalar_tensor",
+        "aten::_unsafe_view", "aten::new_zeros", "aten::new_empty", "aten::new_ones", "aten::new_full",
+        "aten::fill", "aten::masked_fill", "aten::detach", "aten::squeeze_copy", "aten::unsqueeze_copy",
+        "aten::full", "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
+        "aten::_assert_tensor_metadata", "aten::_assert_scalar", "aten::empty_permuted",
+    }
+)
 
 
 def op_base_name(op) -> str:
     """An overload's operator name without the overload (`aten::add` for `aten.add.Tensor`), which is how
     `native_ops.txt` and the layers above name ops."""
     return op.name().partition(".")[0]
+
+
+def route(op, graph: bool = False) -> str:
+    """Where an ATen op overload runs: "view" (metadata only, on the same device memory), "native" (the device
+    computes it: queued) or "fallback" (the CPU computes it, the queue drained, recorded for
+    `get_fallback_ops()`). The one decision eager dispatch (`OpRecord.route`) and compiled graphs
+    (`compiler/partition.py`) ask.
+
+    Eager (the real device's op registrations): an overload in `native_ops.txt` (an entry without an overload
+    covers them all) that returns tensors. In a compiled graph (`graph=True`) the device's graph compiler
+    lowers every overload of an op it knows, and the data movement (`DATA_MOVEMENT`) that eager dispatch
+    answers with the runtime's own kernels or composites."""
+    schema = op._schema
+    mutable = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    if not mutable and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        return "view"
+    base = schema.name
+    if graph:
+        if op.is_view:
+            return "view"
+        return "native" if base in NATIVE_BASES or base in DATA_MOVEMENT else "fallback"
+    name = base if schema.overload_name == "" else f"{base}.{schema.overload_name}"
+    if (name in NATIVE_OPS or base in NATIVE_OPS) and not op.is_view and schema.returns and all(
+        str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns
+    ):
+        return "native"
+    return "fallback"
 
 
 class OpRecord:
@@ -66,9 +112,6 @@ class OpRecord:
             (sets.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None)
             for r in schema.returns
         )
-        is_view = any(
-            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
-        ) and not self.mutable
         short = base.split("::", 1)[1]
         self.int64_args = tuple(self.arg_pos[n] for n in policy.INT64_INDEX_ARGS.get(short, ()) if n in self.arg_pos)
         self.gen_pos = self.arg_pos.get("generator")
@@ -82,16 +125,7 @@ class OpRecord:
         self.npos = sum(1 for a in args if not a.kwarg_only)
         self.kwnames = tuple(a.name for a in args if a.kwarg_only)
         self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
-        # An entry without an overload ("aten::mul_") covers every overload of that op.
-        native = self.name in NATIVE_OPS or base in NATIVE_OPS
-        if is_view:
-            self.route = "view"
-        elif native and not op.is_view and schema.returns and all(
-            str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns
-        ):
-            self.route = "native"
-        else:
-            self.route = "fallback"
+        self.route = route(op)
         self.meta_cache: dict = {}
         self.out_op, self.out_names = _out_variant(op) if self.route == "native" else (None, ())
 
