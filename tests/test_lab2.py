@@ -194,3 +194,16 @@ def test_with_nki_kernels_the_three_folders_say_base_tokens(tmp_path):
                           "kernel:attention_tkg_kernel", "kernel:sample_kernel"}, kernels
     assert kernels[2] == {"kernel:decode_layer_kernel", "kernel:lm_head_kernel", "kernel:argmax_kernel"}, kernels
     assert "Kernels : nki" in r.stdout
+
+
+@pytest.mark.slow
+def test_top_p_with_nki_kernels_draws_the_cpu_kernels_tokens(tmp_path):
+    """Sampling (Step 5's default, top-p at temperature 0.8) in float32: the experimental tier under --kernels nki
+    (the NKI layers and head, then the library's sampler on their logits) draws the same tokens from the same seed
+    as under --kernels cpu: the same logits within fp32 rounding and the same noise, the seed's counter advanced
+    once per token by both."""
+    lab = _copy(tmp_path)
+    flags = ["--model", "experimental", "--size", "tiny", "--dtype", "float32", "--tokens", "8", "--warmup", "0",
+             "--repeat", "1"]
+    tokens = {k: _tokens(lab, *flags, "--kernels", k)["experimental"] for k in ("cpu", "nki")}
+    assert tokens["nki"] == tokens["cpu"] and len(set(tokens["cpu"])) > 1, tokens
