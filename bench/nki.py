@@ -1,6 +1,10 @@
 """NKI kernels: traced NKI vs the same computation in PyTorch compiled by Inductor, on this CPU; and the cost
 model's Trainium2 estimate of bf16 matmuls against the Tensor Engine's roofline.
 
+One row per kernel of kernels/nki: add, rmsnorm, softmax, matmul, and Lab 2's (RoPE, the SwiGLU MLP for 128
+tokens and for one, QKV, prefill and decode attention, a decode layer with the LM head, the head, argmax) at
+the small Llama's shapes, each against its reference in kernels/ops.
+
     python bench/nki.py [--iters 20] [--dtype bfloat16] [--threads 1] [--only rope mlp ...] [--skip-cpu]
 
 Both sides run on the host CPU (CPU tensors, so the device queue adds nothing to either): the NKI kernel is
