@@ -288,6 +288,14 @@ def _functions(x, ints, table, idx):
     return outs, inv, tr, g, loops, flags
 
 
+def test_isa_module_names_kernels_import():
+    assert nisa.get_nc_sub_version() == 0 and nisa.get_nc_version() == nisa.nc_version.gen3
+    assert (nisa.vector_engine, nisa.scalar_engine, nisa.gpsimd_engine) == (nisa.engine.vector, nisa.engine.scalar,
+                                                                            nisa.engine.gpsimd)
+    with pytest.raises(nisa.NkiValidationError, match="bn_stats"):
+        sim(_bn_stats_wide)(torch.zeros(8, 600))
+
+
 def test_remaining_nl_functions():
     torch.manual_seed(0)
     x = torch.randn(16, 24) * 3

@@ -22,6 +22,17 @@ def get_nc_version():
     return nc_version.gen3
 
 
+def get_nc_sub_version():
+    """The silicon revision within the generation: the first (0)."""
+    return 0
+
+
+# the engines as module constants (deprecated in 0.5.0 for nisa.engine.*, still used by kernels)
+tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
+gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
+NkiValidationError = limits.NkiError  # what a broken hardware constraint raises
+
+
 _FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
