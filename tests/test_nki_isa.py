@@ -272,6 +272,10 @@ def _functions(x, ints, table, idx):
     for k, f in enumerate((nl.gelu_dx, nl.gelu_apprx_sigmoid_dx, nl.silu_dx)):
         nl.store(outs[k], f(t))
     nl.store(outs[3], nl.average(t, nl.multiply(t, 3.0)))
+    pr = nl.ndarray((p, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=pr, op=nl.prelu, data=t)  # slope 0 without activate2's relu_param
+    prelu = _hbm((p, n))
+    nl.store(prelu, pr)
     inv = _hbm((p, n), nl.int32)
     nl.store(inv, nl.invert(nl.load(ints)))
     tr = _hbm((n, p))
@@ -285,7 +289,7 @@ def _functions(x, ints, table, idx):
     loops = _hbm((p, n))
     nl.store(loops, acc)
     flags = (nl.is_hbm(x), nl.is_sbuf(t), nl.is_psum(nl.psum), nl.is_on_chip(nl.MemoryRegion.sbuf))
-    return outs, inv, tr, g, loops, flags
+    return outs, inv, tr, g, loops, flags, prelu
 
 
 def test_isa_module_names_kernels_import():
@@ -302,7 +306,8 @@ def test_remaining_nl_functions():
     ints = torch.randint(-1000, 1000, (16, 24), dtype=torch.int32)
     table = torch.randn(16, 10)
     idx = torch.randint(0, 10, (16, 5), dtype=torch.int32)
-    outs, inv, tr, g, loops, flags = sim(_functions)(x, ints, table, idx)
+    outs, inv, tr, g, loops, flags, prelu = sim(_functions)(x, ints, table, idx)
+    torch.testing.assert_close(prelu, torch.relu(x))
     xs = x.clone().requires_grad_()
     for k, f in enumerate((torch.nn.functional.gelu, lambda v: v * torch.sigmoid(1.702 * v), torch.nn.functional.silu)):
         (grad,) = torch.autograd.grad(f(xs).sum(), xs)  # the derivative by autograd

@@ -76,6 +76,7 @@ UNARY = [
     _unary("erf_dx", lambda x: 2.0 / math.sqrt(math.pi) * torch.exp(-x * x)),
     _unary("logical_not", torch.logical_not), _unary("gelu_dx", _gelu_dx),
     _unary("gelu_apprx_sigmoid_dx", _gelu_sigmoid_dx), _unary("silu_dx", _silu_dx),
+    _unary("prelu", torch.relu),  # its slope is activate2's relu_param (NeuronCore-v4); 0 elsewhere
     Op("invert", 1, torch.bitwise_not, integer=True),
 ]
 
