@@ -80,6 +80,42 @@ def test_checks_made_at_the_call_on_cpu_raise_at_the_call():
     torch.neuron.synchronize()  # and nothing failing was left on the queue
 
 
+def test_a_cpu_tensor_the_op_writes_is_refused_as_cuda_refuses_it():
+    """CPU tensors may join a device op only as 0-d scalars it reads (CUDA's rule). A 0-d CPU out= or self was
+    accepted and written on the host (PyTorch's test_nonzero expects CUDA's 'on the same device')."""
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0]]).to(DEV)
+    same_device = "Expected all tensors to be on the same device, but found at least two devices, neuron:0 and cpu!"
+    for fn in (lambda: torch.nonzero(x, out=torch.empty((), dtype=torch.long)),  # the empty out= CPU would grow
+               lambda: torch.abs(x, out=torch.empty(())),
+               lambda: torch.empty(()).add_(x.sum())):
+        with pytest.raises(RuntimeError) as err:
+            fn()
+        assert str(err.value) == same_device
+    torch.testing.assert_close((x + torch.tensor(2.0)).cpu(), x.cpu() + 2)  # a 0-d CPU input still reads
+    torch.neuron.synchronize()
+
+
+@pytest.mark.parametrize("dtype,value", [(torch.int64, -1), (torch.float64, 212.0)])
+def test_setting_narrowed_int64_float64_tensors_through_indices_matches_cpu(dtype, value):
+    """Under the dtype policy a written int64/float64 tensor is computed on in int32/float32; the 0-d value a
+    Python number becomes (int64/float64) now follows it, where index_put_ raised 'Index put requires the
+    source and destination dtypes match' (PyTorch's test_empty_index, test_index_setitem_bools_slices)."""
+    a = torch.arange(12, dtype=dtype).view(4, 3)
+    setters = [
+        lambda t: t.__setitem__(torch.tensor([0, 2], device=t.device), value),
+        lambda t: t.__setitem__(torch.tensor([], dtype=torch.long, device=t.device), value),
+        lambda t: t.__setitem__((torch.tensor([1, 3], device=t.device), torch.tensor([2, 0], device=t.device)), value),
+        lambda t: t.__setitem__(torch.tensor(True, device=t.device), torch.full_like(t, value)[None, None]),
+        lambda t: t.index_put_((torch.tensor([1, 1], device=t.device),), torch.tensor(value, dtype=dtype), True),
+    ]
+    for set_ in setters:
+        want, got = a.clone(), a.to(DEV)
+        set_(want)
+        set_(got)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
 def _texts(seen) -> list[str]:
     return [str(w.message).split(" (Triggered internally")[0] for w in seen]
 

@@ -38,10 +38,10 @@ _no_context = contextlib.nullcontext()
 # used directly.
 
 
-def _device_index(args, cpu_ok: tuple = ()) -> int:
-    """The device all tensor arguments live on; CUDA's rules: CPU tensors only as 0-d scalars (or where
-    `cpu_ok` positions allow them)."""
-    return _key_and_index(args, cpu_ok)[1]
+def _device_index(args, cpu_ok: tuple = (), written: tuple = ()) -> int:
+    """The device all tensor arguments live on; CUDA's rules: CPU tensors only as 0-d scalars read by the op
+    (or where `cpu_ok` positions allow them)."""
+    return _key_and_index(args, cpu_ok, True, written)[1]
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
@@ -49,10 +49,11 @@ _NUMBERS = (int, float, bool, complex)
 _scalars: dict = {}
 
 
-def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True) -> tuple[tuple, int]:
+def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True, written: tuple = ()) -> tuple[tuple, int]:
     """One pass over an op's arguments: the metadata key of the call, and the device it runs on (every
-    device tensor on one core; CPU tensors only as 0-d scalars, as on CUDA, or in the `cpu_ok` positions).
-    Fused because it runs per op."""
+    device tensor on one core; CPU tensors only as 0-d scalars the op reads, as on CUDA, or in the `cpu_ok`
+    positions: a 0-d CPU tensor in a `written` position, `nonzero(x, out=torch.empty((), dtype=torch.long))`,
+    was written on the host while CUDA refuses it). Fused because it runs per op."""
     index = -1
     cpu_bad = None
     key = []
@@ -84,7 +85,7 @@ def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True) -> tuple[t
                         f"Expected all tensors to be on the same device, but found at least two devices, "
                         f"{DEVICE}:{index} and {d}!"
                     )
-            elif cpu_bad is None and t.dim() != 0 and pos not in cpu_ok:
+            elif cpu_bad is None and (t.dim() != 0 or pos in written) and pos not in cpu_ok:
                 cpu_bad = d
             sub.append((t.dtype, t.shape, t.stride(), d))
         key.append(sub[0] if single else tuple(sub))
@@ -528,9 +529,9 @@ def _device_kernel(op, *args, **kwargs):
             full[i] = _scalar_tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
     route = rec.route
     if route == "native":
-        key, index = _key_and_index(full, rec.cpu_ok, rec.out_args)
+        key, index = _key_and_index(full, rec.cpu_ok, rec.out_args, rec.mutable)
         return _native(rec, full, guard.current_index() if index < 0 else index, key)
-    index = _device_index(full, rec.cpu_ok)
+    index = _device_index(full, rec.cpu_ok, rec.mutable)
     if route == "view":
         return _view(rec, full, index)
     res = run_on_host(rec.name, rec, full, index)

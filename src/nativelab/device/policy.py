@@ -231,6 +231,12 @@ def call_narrowed(rec, hargs: list):
         elif isinstance(a, list) and any(isinstance(t, _Tensor) and is_narrowed(t.dtype) for t in a):
             wide[i] = a
             hargs[i] = [t.to(NARROW[t.dtype]) if isinstance(t, _Tensor) and is_narrowed(t.dtype) else t for t in a]
+    # 0-d operands of a written argument's dtype follow it: ops that require equal dtypes (index_put_'s
+    # values: `x[idx] = -1` on int64, a Python number wrapped as a 0-d int64 tensor) saw int32 and int64.
+    narrowed = {t.dtype for a in wide.values() for t in tensors((a,)) if is_narrowed(t.dtype)}
+    for j, a in enumerate(hargs):
+        if j not in wide and isinstance(a, _Tensor) and a.dim() == 0 and a.dtype in narrowed:
+            hargs[j] = a.to(NARROW[a.dtype])
     try:
         res = rec.call(hargs)
         for i, a in wide.items():
