@@ -30,13 +30,19 @@ from .tensor import NkiTensor, Storage, hbm, new_trace, view_of
 
 NKI_VERSION = "nativelab-nki 2"  # bump when tracing changes the graphs it records
 DEVICE = memory.DEVICE
+_CPU = torch.device("cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(fn) -> inspect.Signature:
+    return inspect.signature(fn)  # ~10 us each time: once per kernel function
 
 
 class _Signature:
     """What a trace depends on: the grid, each tensor argument's shape and dtype, every other value."""
 
     def __init__(self, fn, grid, args, kwargs):
-        self.bound = inspect.signature(fn).bind(*args, **kwargs)
+        self.bound = _parameters(fn).bind(*args, **kwargs)
         self.names = list(self.bound.arguments)
         self.values = list(self.bound.arguments.values())
         self.tensor_pos = [i for i, v in enumerate(self.values) if isinstance(v, torch.Tensor)]
@@ -132,28 +138,62 @@ def _build_result(spec, outs, ins):
     return tuple(seq) if kind == "tuple" else seq
 
 
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _launch_key(args) -> tuple | None:
+    """A launch's positional arguments as a key (each tensor's shape, dtype, device and contiguity; each
+    plain value with its type): what the full signature (`_Signature`, ~10 us) depends on, for real tensors; None when the
+    arguments need the full one (keywords, NumPy arrays, fake tensors, other objects)."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if is_fake(a):
+                return None
+            key.append((a.shape, a.dtype, a.device, a.is_contiguous()))
+        elif type(a) in _PLAIN:
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
 class JitKernel:
     """An @nki.jit kernel; `kernel[grid]` launches it over an SPMD grid (`nl.program_id(axis)`)."""
 
-    def __init__(self, fn, grid=(), traces=None, **options):
+    def __init__(self, fn, grid=(), traces=None, launches=None, **options):
         self.fn = fn
         self.grid = grid
         self.options = options
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._traces = traces if traces is not None else {}
+        # (grid, _launch_key) -> (traced, tensor positions): a launch of a known signature skips the rest
+        self._launches = launches if launches is not None else {}
+        self._grids: dict = {}  # kernel[grid] objects, made once per grid (`kernel[g](...)` at every launch)
         self._label = f"kernel:{self.name}"
         self.last_estimate = None  # the latest launch's estimate, once computed (NATIVELAB_NKI_PROFILE=1, estimate())
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid) -> "JitKernel":
+        k = self._grids.get(grid) if isinstance(grid, (int, tuple)) else None
+        if k is not None:
+            return k
+        key = grid
         grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
         for g in grid:
             if g < 1:
                 raise ValueError(f"nki: kernel {self.name}: grid sizes must be >= 1, got {grid}")
-        return JitKernel(self.fn, grid, self._traces, **self.options)
+        k = JitKernel(self.fn, grid, self._traces, self._launches, **self.options)
+        if isinstance(key, (int, tuple)):
+            self._grids[key] = k
+        return k
 
     @torch.compiler.disable  # Dynamo does not trace into a kernel: it is one opaque call (use @nki_op)
     def __call__(self, *args, **kwargs):
+        key = _launch_key(args) if not kwargs else None
+        known = self._launches.get((self.grid, key)) if key is not None else None
+        if known is not None:
+            return self._launch(known[0], [args[i] for i in known[1]], False)
         numpy_mode = any(isinstance(a, np.ndarray) for a in list(args) + list(kwargs.values()))
         if numpy_mode:  # standalone NKI: NumPy arrays in and out, run on the CPU
             args = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
@@ -178,6 +218,7 @@ class JitKernel:
             if not tensors[k].is_contiguous():
                 raise ValueError(f"nki: kernel {self.name} writes argument {sig.names[sig.tensor_pos[k]]!r}, "
                                  f"which is not contiguous: pass a contiguous tensor")
+        contiguous = all(t.is_contiguous() for t in tensors)
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         if self.options.get("simulate"):
             if observe.nki_launch is not None:
@@ -187,7 +228,14 @@ class JitKernel:
             self._compile(sig, traced)
             if settings.NKI_PROFILE.get():
                 print(traced.estimate(self.name).summary(), file=sys.stderr)
-        self.last_estimate = traced.estimate(self.name) if traced._estimate is not None else None
+        if key is not None and contiguous and not numpy_mode:  # the next launch like this one goes straight in
+            self._launches[(self.grid, key)] = (traced, sig.tensor_pos)
+        return self._launch(traced, tensors, numpy_mode)
+
+    def _launch(self, traced: _Traced, tensors, numpy_mode: bool):
+        """Run the compiled kernel on these (contiguous, same-device) tensors into new outputs."""
+        self.last_estimate = traced._estimate
+        device = tensors[0].device if tensors else _CPU
         outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
         if device.type == DEVICE:
             queue.launch("kernel", self._label, traced.launch, *tensors, *outs)
