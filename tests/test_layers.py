@@ -182,11 +182,110 @@ def _private_torch_uses(source: str) -> list[str]:
 
 
 def test_private_pytorch_apis_stay_behind_each_layers_fence():
-    """Above the device (whose own layout is the runtime issue's), only a layer's `_private.py` touches
-    `torch._*`; each of those has canaries in tests/test_private_apis.py."""
+    """In every layer, the device included, only a layer's `_private.py` touches `torch._*`; each of those
+    has canaries in tests/test_private_apis.py."""
     found = [f"{m}: {u}" for m, (path, _) in _modules().items()
-             if _layer(m) not in (None, "device") and not m.endswith("._private")
+             if _layer(m) is not None and not m.endswith("._private")
              for u in _private_torch_uses(path.read_text())]
+    assert not found, "move these into the layer's _private.py (with a canary):\n" + "\n".join(sorted(found))
+
+
+def _torch_private_names() -> frozenset[str]:
+    """The private (single-underscore) attribute names of the torch objects nativelab handles, classes and
+    instances alike (an OpOverload's `_schema`, a Module's `_parameters`, a tensor's `_version`, a process
+    group's `_get_backend_name`)."""
+    import torch
+    import torch.distributed as dist
+    import torch.fx
+
+    graph = torch.fx.Graph()
+    module = torch.nn.Linear(1, 1)
+    things = [
+        torch, torch.Tensor, torch.ones(1), torch.ones(1).untyped_storage(), torch.nn.Parameter(torch.ones(1)),
+        torch.nn.Module, module, torch.fx.GraphModule(module, graph), graph, graph.placeholder("x"),
+        torch.ops.aten.add, torch.ops.aten.add.Tensor, torch.Generator(), torch.device("cpu"), torch.float32,
+        torch.optim.SGD(module.parameters(), lr=0.1), torch.autograd.Function, dist.ProcessGroup, dist.Backend,
+    ]
+    return frozenset(n for t in things for n in dir(t) if n.startswith("_") and not n.startswith("__"))
+
+
+def _own_private_names(sources) -> frozenset[str]:
+    """Private names nativelab defines itself (methods, class and instance attributes, `__slots__`), outside
+    subclasses of torch classes: `obj._name` of one of them is nativelab's own."""
+    own = set()
+    for source in sources:
+        tree = ast.parse(source)
+        torch_names = _torch_imports(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and not _subclasses_torch(node, torch_names):
+                for b in node.body:
+                    if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        own.add(b.name)
+                    elif isinstance(b, ast.Assign):
+                        own |= {t.id for t in b.targets if isinstance(t, ast.Name)}
+                        if any(isinstance(t, ast.Name) and t.id == "__slots__" for t in b.targets):
+                            own |= {c.value for c in ast.walk(b.value) if isinstance(c, ast.Constant)}
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                own.add(node.attr)
+    return frozenset(n for n in own if isinstance(n, str) and n.startswith("_"))
+
+
+def _torch_imports(tree) -> set[str]:
+    """Names a module binds to torch modules and objects (`torch`, `dist`, `OpOverload`, ...)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "torch"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch" and not node.level:
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _subclasses_torch(cls: ast.ClassDef, torch_names: set[str]) -> bool:
+    def root(e):
+        while isinstance(e, ast.Attribute):
+            e = e.value
+        return e.id if isinstance(e, ast.Name) else None
+
+    return any(root(b) in torch_names for b in cls.bases)
+
+
+def _private_torch_members(source: str, private: frozenset[str]) -> list[str]:
+    """Private members of torch objects a module reads, calls or defines: `x._name` and `getattr(x, "_name")`
+    with `_name` one of torch's (`private`), and private-named methods of a subclass of a torch class (which
+    PyTorch calls by that name). ATen op names (`aten._to_copy`) are operators, not members."""
+    tree = ast.parse(source)
+    torch_names = _torch_imports(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            v = node.value
+            if isinstance(v, ast.Name) and v.id in ("self", "cls", "aten"):
+                continue
+            if ast.unparse(v).startswith("torch.ops") or (isinstance(v, ast.Name) and v.id == "torch"):
+                continue  # an operator; `torch._x` is the import check's
+            found.append(f"{ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value in private):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.ClassDef) and _subclasses_torch(node, torch_names):
+            for b in node.body:
+                names = [b.name] if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
+                    [t.id for t in b.targets if isinstance(t, ast.Name)] if isinstance(b, ast.Assign) else []
+                found += [f"class {node.name}: {n}" for n in names if n in private]
+    return found
+
+
+def test_private_members_of_torch_objects_stay_behind_each_layers_fence():
+    """Private methods and attributes of torch objects (`op._schema`, `t._version`, a process group's
+    `_get_backend_name`) only in a layer's `_private.py`, anywhere under src/, the device included."""
+    mods = _modules()
+    sources = {m: path.read_text() for m, (path, _) in mods.items()}
+    private = _torch_private_names() - _own_private_names(sources.values())
+    found = [f"{m}: {u}" for m, src in sources.items() if not m.endswith("._private")
+             for u in _private_torch_members(src, private)]
     assert not found, "move these into the layer's _private.py (with a canary):\n" + "\n".join(sorted(found))
 
 
@@ -202,6 +301,16 @@ def test_the_walker_sees_imports_and_cycles():
     assert _private_torch_uses("import torch._dynamo\nfrom torch._ops import OpOverload\nx = torch._C\ny = torch.ops\n") == [
         "import torch._dynamo", "from torch._ops import ...", "torch._C"]
     planted_source = "from ..device.dispatch import _to_host\nfrom ..device import dispatch as o\nx = o._scalars\ny = o.DEVICE\n"
+    private = _torch_private_names()
+    assert {"_schema", "_version", "_parameters", "_get_backend_name", "_allgather_base", "_neg_view"} <= private
+    planted_members = (
+        "import torch.distributed as dist\n"
+        "n = op._schema.name\nv = t._version\ns = getattr(node.target, '_schema', None)\nc = aten._to_copy\n"
+        "class G(dist.ProcessGroup):\n    def _get_backend_name(self):\n        return self._gloo\n"
+        "class Own:\n    def _get_backend_name(self):\n        return 1\n"
+    )
+    assert sorted(_private_torch_members(planted_members, private)) == [
+        "class G: _get_backend_name", "getattr(node.target, '_schema', None)", "op._schema", "t._version"]
     assert _underscore_uses("nativelab.compiler.example", planted_source, False, mods) == [
         "nativelab.compiler.example: from nativelab.device.dispatch import _to_host",
         "nativelab.compiler.example: nativelab.device.dispatch._scalars",

@@ -73,14 +73,18 @@ def test_process_group_methods_the_neuron_backend_overrides():
     import torch.distributed.distributed_c10d as c10d
 
     from nativelab.distributed import NeuronProcessGroup
+    from nativelab.distributed import _private as d_private
 
     for name in ("_set_group_name", "_set_group_desc", "_get_backend_name", "_set_sequence_number_for_group",
                  "all_gather_single", "reduce_scatter_single", "all_to_all_single", "all_gather_single_coalesced",
                  "reduce_scatter_single_coalesced", "allreduce", "allgather", "broadcast", "barrier", "send", "recv",
                  "_start_coalescing", "_end_coalescing"):
         assert hasattr(dist.ProcessGroup, name), name
-        assert name in vars(NeuronProcessGroup), name
-    for name in ("_allgather_base", "_reduce_scatter_base", "alltoall_base", "allreduce", "barrier"):
+        # the private names in distributed/_private.py's base class, which forwards them to public methods
+        assert name in vars(d_private.PythonProcessGroup if name.startswith("_") else NeuronProcessGroup), name
+    assert {"_allgather_base", "_reduce_scatter_base"} <= set(vars(d_private.PythonProcessGroup))
+    for name in ("_allgather_base", "_reduce_scatter_base", "alltoall_base", "allreduce", "barrier",
+                 "_set_sequence_number_for_group"):
         assert hasattr(dist.ProcessGroupGloo, name), name
     for name in ("AllreduceOptions", "AllgatherOptions", "ReduceScatterOptions", "BarrierOptions", "AllToAllOptions"):
         assert hasattr(c10d, name), name
@@ -233,7 +237,7 @@ def test_compiler_rng_apis():
 
 
 def test_kernel_private_apis():
-    """The kernel library's fake-tensor check (src/nativelab/kernels/_private.py)."""
+    """The kernel library's fake-tensor check and version counter (src/nativelab/kernels/_private.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from nativelab.kernels import _private as k_private
@@ -241,6 +245,42 @@ def test_kernel_private_apis():
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.ones(2))
     assert k_private.is_fake(fake) and not k_private.is_fake(torch.ones(2))
+    t = torch.ones(2)
+    v = k_private.version(t)
+    t.add_(1)
+    assert k_private.version(t) == v + 1
+
+
+def test_device_operator_and_dispatcher_apis():
+    """device/_private.py's operator schema and raw callable, dispatcher questions, the backend's name, the
+    composite redispatch, the autocast exclusion, `.to`'s argument parser, a module's tensor tables and the
+    lazy negative view."""
+    add = torch.ops.aten.add.Tensor
+    assert isinstance(add, _private.OpOverload)
+    s = _private.op_schema(add)
+    assert (s.name, s.overload_name, [a.name for a in s.arguments]) == ("aten::add", "Tensor", ["self", "other", "alpha"])
+    assert s.returns[0].alias_info is None and _private.op_schema(len) is None
+    two, three = torch.full((2,), 2.0), torch.full((2,), 3.0)
+    assert torch.equal(_private.op_callable(torch.ops.aten.mul.Tensor)(two, three), torch.full((2,), 6.0))
+    assert _private.has_kernel_for_dispatch_key("aten::add.Tensor", "CompositeExplicitAutogradNonFunctional")
+    assert not _private.has_kernel_for_dispatch_key("aten::sort", "CompositeExplicitAutogradNonFunctional")
+    with pytest.raises(RuntimeError):
+        _private.has_kernel_for_dispatch_key("aten::le.int", "CompositeExplicitAutogradNonFunctional")
+    assert _private.privateuse1_backend_name() == "neuron"
+    to_copy = _private.redispatch_to_composite(torch.ops.aten._to_copy.default)
+    d = torch.randn(3).to("neuron")
+    assert to_copy(d, dtype=torch.float64).dtype == torch.float64 and to_copy(d).device == d.device
+    a = torch.randn(4, 4).to("neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        assert (a @ a).dtype == torch.bfloat16
+        with _private.without_autocast():
+            assert (a @ a).dtype == torch.float32
+    assert _private.parse_to("cpu", torch.float16) == (torch.device("cpu"), torch.float16, False, None)
+    params, buffers = _private.own_tensor_tables(torch.nn.BatchNorm1d(2))
+    assert set(params) == {"weight", "bias"} and set(buffers) == {"running_mean", "running_var", "num_batches_tracked"}
+    z = torch.tensor([1 + 2j])
+    n = _private.neg_view(z)
+    assert n.is_neg() and torch.equal(n.resolve_neg(), -z)
 
 
 def test_nki_private_apis():
@@ -291,6 +331,18 @@ def test_profiler_sees_an_overload_type():
 
 
 @pytest.mark.slow
+def test_compiler_version_counter_and_storage_key():
+    """compiler/_private.py's version counter (a frozen parameter written in place is stale) and storage
+    identity (an output that is an input's view)."""
+    from nativelab.compiler import _private as cc_private
+
+    t = torch.ones(4)
+    v = cc_private.version(t)
+    t.mul_(2)
+    assert cc_private.version(t) == v + 1
+    assert cc_private.storage_key(t) == cc_private.storage_key(t[1:]) != cc_private.storage_key(torch.ones(4))
+
+
 def test_compiler_private_apis(monkeypatch):
     """The compiler's hook on Inductor's C++ kernels (src/nativelab/compiler/_private.py): the hook point still
     exists, every kernel's source passes through it, and on an AVX-512 machine the bf16 32x32 tile transpose it

@@ -245,7 +245,7 @@ class Watch(Session):
             outs = {rec.kwnames[i - rec.npos] for i in rec.mutable if i >= rec.npos}
             written = frozenset(i for i in rec.mutable if i < rec.npos)
             info = self._op_info[op] = (rec, rec.name, rec.route == "native", outs, written,
-                                        op._schema.name in INT_FP32_OPS, _private.scalar_args(op))
+                                        _schema.op_base_name(op) in INT_FP32_OPS, _private.scalar_args(op))
         rec, name, native, outs, written, int_fp32, (scalar_pos, scalar_names) = info
         self.dispatched += 1
         site = user_site() if native else None

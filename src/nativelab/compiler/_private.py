@@ -116,6 +116,16 @@ def recompute_meta(gm: torch.fx.GraphModule, example_inputs) -> None:
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
 
 
+def version(t: torch.Tensor) -> int:
+    """A tensor's version counter: bumped by every in-place write (what autograd checks saved tensors with)."""
+    return t._version
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """An identity of a tensor's storage, equal for every tensor (and fake tensor) viewing it."""
+    return t.untyped_storage()._cdata
+
+
 # -- Inductor -----------------------------------------------------------------------------------------------
 
 STANDALONE_COMPILE_LOGGER = "torch._inductor.standalone_compile"  # warns about graphs it cannot serialize

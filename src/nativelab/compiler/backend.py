@@ -18,7 +18,7 @@ from torch.fx.passes.split_module import split_module
 
 from ..device.config import DEVICE_NAME
 from . import kernel_graph, lowering, metrics, partition, random_ops
-from ._private import aot_autograd, make_boxed_func, recompute_meta
+from ._private import aot_autograd, make_boxed_func, recompute_meta, version
 from .freezing import inputs_as_constants
 from .runtime import FallbackNodes
 
@@ -147,13 +147,13 @@ class _Variant:
 
     def __init__(self, fn, keep: list[int], frozen: list[int], params: list[torch.Tensor]):
         self.fn, self.keep, self.frozen, self.params = fn, keep, frozen, params
-        self.versions = [(p._version, p.data_ptr()) for p in params]  # in-place writes and .data swaps
+        self.versions = [(version(p), p.data_ptr()) for p in params]  # in-place writes and .data swaps
 
     def stale(self, args) -> bool:
         """A frozen parameter was replaced (module.to()), written in place, or had its .data swapped."""
         for i, p, v in zip(self.frozen, self.params, self.versions):
             a = args[i]
-            if a is not p or (a._version, a.data_ptr()) != v:
+            if a is not p or (version(a), a.data_ptr()) != v:
                 return True
         return False
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
+from ..device.schema import op_schema
 from ._private import OpOverload, functionalized_call, no_python_modes, python_modes_active
 
 # op overload -> its implementation (the function `kernel_op` registered as the op), for ops that may run as
@@ -42,7 +43,7 @@ def direct(gm: torch.fx.GraphModule) -> Callable | None:
     if len(found) != 1:
         return None
     node, (op, args, kwargs, bases) = found[0]
-    n_results = len(op._schema.returns)
+    n_results = len(op_schema(op).returns)
     views, written = set(), {}
     for n in calls:
         if n is node:

@@ -171,7 +171,7 @@ def _outputs(gm):
     single = not isinstance(outs, (list, tuple))
     outs = (outs,) if single else outs
     inputs = {
-        n.meta["val"].untyped_storage()._cdata
+        _private.storage_key(n.meta["val"])
         for n in gm.graph.nodes
         if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
     }
@@ -181,7 +181,7 @@ def _outputs(gm):
         if isinstance(v, torch.Tensor):
             on_host = v.device.type != DEVICE
             specs.append((tuple(v.shape), tuple(v.stride()), v.dtype, on_host))
-            aliasing = aliasing or on_host or v.untyped_storage()._cdata in inputs
+            aliasing = aliasing or on_host or _private.storage_key(v) in inputs
         else:
             specs.append(None)
             aliasing = True  # a non-tensor output: run at launch, return what the code returns

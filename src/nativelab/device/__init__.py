@@ -55,7 +55,7 @@ def register() -> bool:
         return False
     if cuda_present() and not config.emulate_beside_cuda():
         return False
-    current = torch._C._get_privateuse1_backend_name()
+    current = _private.privateuse1_backend_name()
     if current != "privateuseone":
         raise RuntimeError(f"PrivateUse1 is already taken by the '{current}' backend; nativelab cannot register")
     dev = state.device.build(config.load())  # the runtime handle and every setting, in one object

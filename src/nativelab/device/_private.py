@@ -9,15 +9,73 @@ from __future__ import annotations
 
 import ctypes
 
+import functools
+
 import torch
+from torch._ops import OpOverload  # noqa: F401 - the type of an ATen operator overload (`torch.ops.aten.mm.default`)
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 _DL_EXT_DEV = 12  # DLDeviceType::kDLExtDev: from_dlpack maps it to PrivateUse1
 
 # Op handles, called below the Python OpOverload layer: these two run for every device allocation.
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 _alias = torch.ops.aten.alias.default._handle.redispatch_boxed
+
+
+# -- Operators and the dispatcher ---------------------------------------------------------------------------
+
+
+def op_schema(op):
+    """An operator overload's schema (name, overload_name, arguments, returns; their alias_info), or None for a
+    callable that is not one (a graph node's Python function)."""
+    return getattr(op, "_schema", None)
+
+
+def op_callable(op):
+    """The C++ operator an OpOverload wraps, called without the OpOverload's Python layer (queued work)."""
+    return op._op
+
+
+def has_kernel_for_dispatch_key(name: str, key: str) -> bool:
+    """Whether the operator `name` ('aten::mul.Tensor') has a kernel for the dispatch key `key`; RuntimeError
+    for an overload the dispatcher does not know (a TorchScript-only one such as aten::le.int)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+
+
+def privateuse1_backend_name() -> str:
+    """The name PrivateUse1 has now ('privateuseone' until a backend renames it)."""
+    return torch._C._get_privateuse1_backend_name()
+
+
+def redispatch_to_composite(op):
+    """`op` called below the device's own kernel, at its CompositeExplicitAutograd kernel (PyTorch's own)."""
+    return functools.partial(op.redispatch, _COMPOSITE_KEYS)
+
+
+def without_autocast():
+    """A context in which the device's autocast key is skipped: an autocast kernel calls the op below itself."""
+    return torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS)
+
+
+def parse_to(*args, **kwargs) -> tuple:
+    """What `Tensor.to` and `Module.to` make of their arguments: (device, dtype, non_blocking, memory_format)."""
+    return torch._C._nn._parse_to(*args, **kwargs)
+
+
+def own_tensor_tables(module: torch.nn.Module) -> tuple[dict, dict]:
+    """A module's own parameter and buffer dicts (name -> tensor or None), which `_apply` walks and which can
+    be edited in place."""
+    return module._parameters, module._buffers
+
+
+def neg_view(t: torch.Tensor) -> torch.Tensor:
+    """A lazily negated view of `t` (what a tensor whose `is_neg()` is set reads as)."""
+    return t._neg_view()
+
+
+# -- The backend ----------------------------------------------------------------------------------------------
 
 
 def register_backend(name: str, module) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from . import _private
+
 DEVICE = "neuron"
-_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 
 # Run in the autocast dtype (matmul-like, as in PyTorch's CUDA "lower_precision_fp" list).
 LOWER_PRECISION = (
@@ -62,7 +63,7 @@ def _kernel(op, target):
         dtype = torch.get_autocast_dtype(DEVICE) if target is None else target
         args = _cast(args, dtype)
         kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+        with _private.without_autocast():
             return op(*args, **kwargs)
 
     return autocast_kernel
@@ -82,7 +83,7 @@ def install(lib: torch.library.Library, aten_lib: torch.library.Library) -> None
     for names, target in ((LOWER_PRECISION, None), (FP32, torch.float32)):
         for name in names:
             for op in _overloads(name):
-                schema = op._schema
+                schema = _private.op_schema(op)
                 mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
                 if not mutates and any("Tensor" in str(a.type) for a in schema.arguments):
                     aten_lib.impl(op, _kernel(op, target), "AutocastPrivateUse1")

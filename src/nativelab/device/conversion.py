@@ -41,7 +41,7 @@ def _set_aside_uninitialized(module: torch.nn.Module) -> list:
     would replace it with an ordinary empty Parameter, which the lazy module then never initializes."""
     taken = []
     for m in module.modules():
-        for table in (m._parameters, m._buffers):
+        for table in _private.own_tensor_tables(m):
             for name, t in table.items():
                 if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
                     taken.append((table, name, t))
@@ -101,11 +101,11 @@ def _converting(self, method, args, kwargs):
 
 
 def _to_target(*args, **kwargs):
-    return torch._C._nn._parse_to(*args, **kwargs)[0]
+    return _private.parse_to(*args, **kwargs)[0]
 
 
 def _to_dtype(*args, **kwargs):
-    return torch._C._nn._parse_to(*args, **kwargs)[1]
+    return _private.parse_to(*args, **kwargs)[1]
 
 
 def _no_dtype(*args, **kwargs):

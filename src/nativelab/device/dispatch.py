@@ -326,7 +326,7 @@ def _run_functional(rec, hargs, houts):
     if rec.out_op is not None:
         kw = dict(zip(rec.kwnames, hargs[rec.npos:])) if len(hargs) > rec.npos else {}
         kw.update(zip(rec.out_names, houts))
-        rec.out_op._op(*hargs[: rec.npos], **kw)
+        rec.out_call(*hargs[: rec.npos], **kw)
     else:
         _run_functional_copy(rec, hargs, houts)
 
@@ -493,9 +493,7 @@ def direct_kernels() -> dict:
             if op is None or op.is_view:
                 continue
             try:
-                structured = torch._C._dispatch_has_kernel_for_dispatch_key(
-                    op.name(), "CompositeExplicitAutogradNonFunctional"
-                )
+                structured = _private.has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutogradNonFunctional")
             except RuntimeError:  # a TorchScript-only overload such as aten::le.int
                 continue
             if structured or str(op) in policy.OVER_COMPOSITE:
@@ -577,7 +575,7 @@ def fast_route(name: str, overload: str):
         if rec.returns_alias and all(i is not None for i in rec.returns_alias):
             return op, rec.name, ("m", tuple(rec.returns_alias))
         return op, rec.name, None
-    return op, rec.name, ("f", rec.out_op._schema.overload_name if rec.out_op is not None else "")
+    return op, rec.name, ("f", schema.op_schema(rec.out_op).overload_name if rec.out_op is not None else "")
 
 
 def fast_spec(op, *args):

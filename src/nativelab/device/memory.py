@@ -204,7 +204,7 @@ def host_view(t: torch.Tensor, what: str = "") -> torch.Tensor:
         if t.is_conj():
             hv = hv.conj()
         if t.is_neg():
-            hv = hv._neg_view()
+            hv = _private.neg_view(hv)
     return hv
 
 

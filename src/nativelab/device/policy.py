@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import gemm_policy, state
+from . import _private, gemm_policy, state
 
 _Tensor = torch.Tensor
 _meta = torch.device("meta")
@@ -212,7 +212,7 @@ def call_narrowed(rec, hargs: list):
     if all(i >= rec.npos for i in rec.mutable):
         fn = rec.functional_form()
         if fn is not None:
-            fschema = fn._schema
+            fschema = _private.op_schema(fn)
             fargs = [hargs[rec.arg_pos[a.name]] for a in fschema.arguments]
             npos = sum(1 for a in fschema.arguments if not a.kwarg_only)
             res = fn(*fargs[:npos], **{a.name: v for a, v in zip(fschema.arguments[npos:], fargs[npos:])})

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import dispatch, guard, memory, observe, queue, rng, schema, state, tracking
+from . import _private, dispatch, guard, memory, observe, queue, rng, schema, state, tracking
 
 aten = torch.ops.aten
 DEVICE = memory.DEVICE
@@ -148,14 +148,13 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     """`.to()`: PyTorch's own kernel, made blocking: a non-blocking copy to the host would pin memory,
     which a Python backend cannot provide, and the host must wait for the value anyway."""
     return _to_copy_composite(
-        _COMPOSITE, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+        self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
         non_blocking=False, memory_format=memory_format,
     )
 
 
-_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
-_to_copy_composite = aten._to_copy.default.redispatch
-_pin_memory_composite = aten._pin_memory.default.redispatch
+_to_copy_composite = _private.redispatch_to_composite(aten._to_copy.default)
+_pin_memory_composite = _private.redispatch_to_composite(aten._pin_memory.default)
 
 
 def convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -227,5 +226,5 @@ def pin_memory_without_allocator(self, device=None):
     `DataLoader(pin_memory=True)` (Hugging Face's Trainer default) calls it as soon as an accelerator is present:
     a program that never uses the device must still run as it does without nativelab."""
     if device is not None and torch.device(device).type != DEVICE:
-        return _pin_memory_composite(_COMPOSITE, self, device)
+        return _pin_memory_composite(self, device)
     return self.clone(memory_format=torch.preserve_format)

@@ -12,7 +12,7 @@ from importlib import resources
 
 import torch
 
-from . import policy, rng
+from . import _private, policy, rng
 
 # Arguments that may be CPU tensors of any size, as on CUDA: the `Tensor?[] indices` of advanced indexing
 # (`index`, `index_put_` and their unsafe/impl forms), which PyTorch moves to `self`'s device itself
@@ -51,6 +51,12 @@ DATA_MOVEMENT = frozenset(
 )
 
 
+def op_schema(op):
+    """An ATen operator overload's schema (arguments, returns, their aliasing), None for anything else: what the
+    layers above read of an op (a graph node's target)."""
+    return _private.op_schema(op)
+
+
 def op_base_name(op) -> str:
     """An overload's operator name without the overload (`aten::add` for `aten.add.Tensor`), which is how
     `native_ops.txt` and the layers above name ops."""
@@ -67,7 +73,7 @@ def route(op, graph: bool = False) -> str:
     covers them all) that returns tensors. In a compiled graph (`graph=True`) the device's graph compiler
     lowers every overload of an op it knows, and the data movement (`DATA_MOVEMENT`) that eager dispatch
     answers with the runtime's own kernels or composites."""
-    schema = op._schema
+    schema = _private.op_schema(op)
     mutable = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     if not mutable and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
         return "view"
@@ -90,11 +96,11 @@ class OpRecord:
     __slots__ = (
         "op", "name", "route", "arg_pos", "mutable", "returns_alias", "int64_args", "gen_pos", "meta_cache",
         "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos", "cpu_ok", "functional",
-        "random", "out_args",
+        "random", "out_args", "out_call",
     )
 
-    def __init__(self, op: torch._ops.OpOverload):
-        schema = op._schema
+    def __init__(self, op: _private.OpOverload):
+        schema = _private.op_schema(op)
         self.op = op
         base = schema.name  # 'aten::add'
         self.name = base if schema.overload_name == "" else f"{base}.{schema.overload_name}"
@@ -128,6 +134,7 @@ class OpRecord:
         self.route = route(op)
         self.meta_cache: dict = {}
         self.out_op, self.out_names = _out_variant(op) if self.route == "native" else (None, ())
+        self.out_call = _private.op_callable(self.out_op) if self.out_op is not None else None
 
     # Argument walking. Schema arguments arrive positionally in `args` and by name in `kwargs`; we normalise to
     # one positional list so schema positions (mutable args, index args, generator) can be used directly.
@@ -154,13 +161,13 @@ class OpRecord:
     def functional_form(self):
         """The functional overload of an out= op (scatter.value_out -> scatter.value), or None."""
         if self.functional is _MISSING:
-            want = [(a.name, str(a.type)) for a in self.op._schema.arguments
+            want = [(a.name, str(a.type)) for a in _private.op_schema(self.op).arguments
                     if not (a.alias_info and a.alias_info.is_write)]
             self.functional = None
             packet = self.op.overloadpacket
             for name in packet.overloads():
                 cand = getattr(packet, name)
-                args = cand._schema.arguments
+                args = _private.op_schema(cand).arguments
                 if any(a.alias_info is not None and a.alias_info.is_write for a in args):
                     continue
                 if [(a.name, str(a.type)) for a in args] == want:
@@ -172,10 +179,10 @@ class OpRecord:
 def _out_variant(op):
     """The `out=` overload of a functional op (mul.Tensor -> mul.out), so queued work writes its result
     straight into the device output instead of into a temporary that is then copied."""
-    schema = op._schema
+    schema = _private.op_schema(op)
     want = [(a.name, str(a.type)) for a in schema.arguments]
     for name in op.overloadpacket.overloads():
-        cand = getattr(op.overloadpacket, name)._schema
+        cand = _private.op_schema(getattr(op.overloadpacket, name))
         outs = [a for a in cand.arguments if a.alias_info is not None and a.alias_info.is_write]
         if not outs or len(outs) != len(schema.returns) or not all(a.kwarg_only for a in outs):
             continue

@@ -30,6 +30,7 @@ import torch.distributed.distributed_c10d as _c10d
 
 from ..device import memory, observe, queue
 from ..device.config import DEVICE_NAME
+from . import _private
 from .local_rank import bind_local_rank
 
 DEVICE = memory.DEVICE
@@ -109,7 +110,7 @@ class HostWork(dist.Work):
         return self._work.get_future().then(done)
 
 
-class NeuronProcessGroup(dist.ProcessGroup):
+class NeuronProcessGroup(_private.PythonProcessGroup):
     """The `neuron` backend: every collective torch.distributed issues, on device or CPU tensors."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
@@ -134,17 +135,17 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def group_name(self) -> str:
         return self._group_name
 
-    def _set_group_name(self, name: str) -> None:
+    def set_group_name(self, name: str) -> None:
         self._group_name = name
 
     @property
     def group_desc(self) -> str:
         return self._group_desc
 
-    def _set_group_desc(self, desc: str) -> None:
+    def set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
 
-    def _get_backend(self, device=None):
+    def backend(self, device=None):
         """The gloo backend behind this group (c10d asks it about splitting when `device_id` is given).
         Calling collectives on it directly with device tensors would bypass the host views: use the group."""
         return self._backend()
@@ -154,8 +155,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise RuntimeError("neuron process group: used after destroy_process_group()")
         return self._gloo
 
-    def _set_sequence_number_for_group(self) -> None:
-        self._backend()._set_sequence_number_for_group()
+    def set_sequence_number_for_group(self) -> None:
+        _private.set_sequence_number_for_group(self._backend())
 
     # -- the one launch path ------------------------------------------------------------------------------
 
@@ -237,12 +238,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return self._coalesce(self.all_gather_single, outputs, inputs, opts)
+        return self._each_pair(self.all_gather_single, outputs, inputs, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        return self._coalesce(self.reduce_scatter_single, outputs, inputs, opts)
+        return self._each_pair(self.reduce_scatter_single, outputs, inputs, opts)
 
-    def _coalesce(self, one, outputs, inputs, opts):
+    def _each_pair(self, one, outputs, inputs, opts):
         """gloo has no coalesced form of these: one launch per pair, one handle for all."""
         works = [one(o, i, opts) for o, i in zip(outputs, inputs)]
         return HostWork(_AllWork(works), list(outputs))
@@ -285,10 +286,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # a barrier also orders the device's queued work before it
         return self._track(queue.run_now("collective", "barrier", self._backend().barrier, opts), [])
 
-    def _start_coalescing(self, device):
+    def start_coalescing(self, device):
         self._coalesced = []
 
-    def _end_coalescing(self, device):
+    def end_coalescing(self, device):
         works, self._coalesced = self._coalesced or [], None
         return HostWork(_AllWork(works), [t for w in works for t in w.result()])
 

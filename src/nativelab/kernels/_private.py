@@ -15,6 +15,11 @@ def is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
+def version(t: torch.Tensor) -> int:
+    """A tensor's version counter: bumped by every in-place write (a frozen weight written in place is stale)."""
+    return t._version
+
+
 def overload_of(op):
     """The operator overload (`torch.ops.ns.name.default`) of a `torch.library.custom_op`."""
     return op._opoverload

@@ -35,7 +35,7 @@ from ..compiler.random_ops import draws_random, run_at_call
 from ..device import memory, observe, queue, tracking
 from ..nki import JitKernel
 from ..nki import jit as nki_jit
-from ._private import is_fake, lean_version_bump, overload_of
+from ._private import is_fake, lean_version_bump, overload_of, version
 
 DEVICE = memory.DEVICE
 KERNEL_VERSION = "nativelab-kernel 1"
@@ -117,7 +117,7 @@ class Kernel:
         frozen = self._frozen_positions(spec) if bake else ()
         key = (
             tuple((tuple(t.shape), t.stride(), t.dtype) for t in tensors), tuple(map(_spec_key, spec)),
-            tuple((tensors[i].data_ptr(), tensors[i]._version) for i in frozen),  # which weights, unchanged
+            tuple((tensors[i].data_ptr(), version(tensors[i])) for i in frozen),  # which weights, unchanged
         )
         compiled = self._compiled.get(key)
         if compiled is None:

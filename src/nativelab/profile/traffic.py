@@ -21,6 +21,7 @@ import torch
 import torch.fx
 
 from ..device import dispatch as _dispatch
+from ..device import schema as _schema
 from ._private import OpOverload
 
 _Tensor = torch.Tensor
@@ -165,7 +166,7 @@ class GraphIO:
 
 def _tensor_args(n: torch.fx.Node):
     """(schema position or kwarg name, node) for each node argument, lists flattened."""
-    schema = getattr(n.target, "_schema", None)
+    schema = _schema.op_schema(n.target)
     names = [a.name for a in schema.arguments] if schema is not None else []
     for i, a in enumerate(n.args):
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
@@ -185,12 +186,12 @@ def _gather_pos(n: torch.fx.Node) -> int | None:
     source = _gather_source(n.target.name())
     if source is None:
         return None
-    return next((i for i, a in enumerate(n.target._schema.arguments) if a.name == source), None)
+    return next((i for i, a in enumerate(_schema.op_schema(n.target).arguments) if a.name == source), None)
 
 
 def _mutated_args(n: torch.fx.Node) -> dict:
     """Schema positions this node writes -> whether the argument is keyword-only (an out=)."""
-    schema = getattr(n.target, "_schema", None)
+    schema = _schema.op_schema(n.target)
     if schema is None:
         return {}
     return {
@@ -214,7 +215,7 @@ def _write_bytes(n: torch.fx.Node, target: torch.fx.Node) -> int:
 
 
 def _values_bytes(n: torch.fx.Node, scatter: str) -> int:
-    schema = n.target._schema
+    schema = _schema.op_schema(n.target)
     name = _SCATTER_VALUES[scatter]
     pos = next((i for i, a in enumerate(schema.arguments) if a.name == name), None)
     v = n.kwargs.get(name) if pos is None or pos >= len(n.args) else n.args[pos]

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._private import version
 from ._launch import block
 
 MAX_ROWS = 16  # beyond this many rows the per-row weight walk loses to a cuBLAS product
@@ -110,7 +111,7 @@ def _qkv_weight(wq, wk, wv) -> torch.Tensor:
     """[Wq; Wk; Wv] for the fused kernel, which walks one matrix: made once and kept on wq itself (so it lives
     and dies with the weight: a key by address could outlive it and match a new weight at the same address),
     made again when wk / wv are other tensors or any of the three was written since."""
-    versions = tuple(0 if w.is_inference() else w._version for w in (wq, wk, wv))
+    versions = tuple(0 if w.is_inference() else version(w) for w in (wq, wk, wv))
     cached = getattr(wq, "_nativelab_qkv", None)
     if cached is None or cached[0] is not wk or cached[1] is not wv or cached[2] != versions:
         cached = (wk, wv, versions, torch.cat([wq, wk, wv]))
