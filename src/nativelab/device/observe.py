@@ -28,9 +28,10 @@ class Observer(Protocol):
     work they are given and return its result; the others are notices."""
 
     def run(self, kind: str, name: str, fn, args):
-        """One unit of device work (queued, or run at once by the host): `kind` is one of `queue.KINDS`, `name`
-        what profilers show; return `fn(*args)`. With observers nested, `fn` may run the inner ones first: it
-        answers every attribute of the work's own function (`__self__`, `__name__`, `source`, `traffic`)."""
+        """One unit of device work (queued, or run at once by the host): `kind` is one of the runtime's
+        `WORK_KINDS`, `name` what profilers show; return `fn(*args)`. With observers nested, `fn` may run the
+        inner ones first: it answers every attribute of the work's own function (`__self__`, `__name__`,
+        `source`, `traffic`)."""
         return fn(*args)
 
     def host_op(self, name: str, fallback: bool, fn, fargs, dev_args):

@@ -6,7 +6,7 @@ while queued raises at that drain, naming it, and the work queued after it is dr
 garbage), so the device stays usable.
 
 The queue itself is the C++ runtime's (csrc/queue.cpp). Every unit of device work reaches it through one
-launch, which records what the work is: its kind (`KINDS`), its name, the core and stream it runs on. The C++
+launch, which records what the work is: its kind (the runtime's `WORK_KINDS`), its name, the core and stream it runs on. The C++
 op kernel launches ATen ops and copies itself; everything else launches with `launch` (queued) or `run_now`
 (work the host must run at once: collectives, graphs whose outputs alias their inputs). Profilers read the
 kind and name from the work. This module drives the queue.
@@ -19,7 +19,6 @@ import torch
 from . import observe, state, threads
 from ._private import no_python_modes as _no_python_modes
 
-_MAX_PENDING = 256  # bounded: a deep queue keeps many buffers alive and runs out of cache (measured 2x slower at 4096)
 drains = 0  # host-device synchronisations that found work queued, for the profiler
 # Each unit runs through `observe.run` while an observer watches (a nativelab.profile session times it and counts
 # its bytes), else by itself: the C++ queue tests one pointer per unit. (torch.profiler needs no observer: the C++
@@ -30,9 +29,16 @@ class DeviceError(RuntimeError):
     """An op that was queued on the device failed when it ran."""
 
 
-# What a unit of device work is: an eager ATen op, a copy, a compiled graph, a kernel, a collective, or an
-# event's marker (no work).
-KINDS = ("op", "copy", "graph", "kernel", "collective", "marker")
+# What a unit of device work is (an eager ATen op, a copy, a compiled graph, a kernel, a collective, or an event's
+# marker: no work), the queue's bound and the names of the runtime's copies are the C++ runtime's, said once in
+# csrc/queue.h: `state.device.rt.WORK_KINDS`, `MAX_PENDING` (a launch that fills the queue drains it, in C++),
+# `WORK_NAMES` (`work_name`).
+
+
+def work_name(what: str) -> str:
+    """The name of one of the runtime's copies as a unit of device work: `what` is "copy" (device to device),
+    "host_to_device_queued" (queued in program order), "host_to_device" or "device_to_host" (run at once)."""
+    return state.device.rt.WORK_NAMES[what]
 
 
 def launch(kind: str, name: str, fn, *args) -> None:
@@ -51,8 +57,7 @@ def launch(kind: str, name: str, fn, *args) -> None:
             except Exception as e:
                 raise DeviceError(f"neuron: queued op {name} failed: {type(e).__name__}: {e}") from e
         return
-    if dev.rt.launch(kind, name, fn, args) >= _MAX_PENDING:
-        drain()
+    dev.rt.launch(kind, name, fn, args)  # drains the queue itself when it reaches MAX_PENDING
 
 
 def run_now(kind: str, name: str, fn, *args, observed: bool = True):

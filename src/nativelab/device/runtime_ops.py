@@ -15,7 +15,6 @@ DEVICE = memory.DEVICE
 _Tensor_copy = torch.Tensor.copy_
 
 
-H2D_QUEUED = "aten::copy_ (host to device)"  # the queue entry of a host-to-device copy made in program order
 _noticed = False
 
 
@@ -64,14 +63,14 @@ def copy_(dst, src, non_blocking=False):
         # CPU's broadcast check and error, at the call (as CUDA's), not at a later sync
         torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
     if dst.device.type == DEVICE and src.device.type == DEVICE:  # device to device (any two cores)
-        queue.launch("copy", "aten::copy_", _Tensor_copy, dst, src)
+        queue.launch("copy", queue.work_name("copy"), _Tensor_copy, dst, src)
     elif dst.device.type == DEVICE:  # host to device
         if src.dim() != 0 and dst.dim() == 0 and src.numel() != 1:
             raise RuntimeError(f"copy_: cannot copy a tensor of shape {tuple(src.shape)} into a 0-d tensor")
         if queue.idle():
             _transfer("host_to_device", _Tensor_copy, dst, src)
         else:  # earlier queued ops may still read dst: copy in program order, from a snapshot of src (the launch's)
-            queue.launch("copy", H2D_QUEUED, _Tensor_copy, dst, src)
+            queue.launch("copy", queue.work_name("host_to_device_queued"), _Tensor_copy, dst, src)
     else:  # device to host: the host needs the value now
         _transfer("device_to_host", _Tensor_copy, dst, src)
     tracking.executed["aten::copy_"] += 1
@@ -98,12 +97,12 @@ def local_scalar_dense(t):
 
 def _transfer(kind: str, copy, *args):
     """A copy between host and device memory (`copy(*args)`, the last argument its source), run now after the
-    queue drained: device work named `memcpy_<kind>`, timed and counted by the profiler when one is active."""
+    queue drained: device work named `queue.work_name(kind)`, timed and counted by the profiler when one is active."""
     obs = observe.transfer
     if obs is None:
-        return queue.run_now("copy", f"memcpy_{kind}", copy, *args)
+        return queue.run_now("copy", queue.work_name(kind), copy, *args)
     t0 = time.perf_counter()
-    out = queue.run_now("copy", f"memcpy_{kind}", copy, *args, observed=False)
+    out = queue.run_now("copy", queue.work_name(kind), copy, *args, observed=False)
     obs(kind, args[-1].nbytes, time.perf_counter() - t0)
     return out
 

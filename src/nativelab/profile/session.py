@@ -27,7 +27,6 @@ from ..compiler import metrics as _compile_metrics
 from ..device import memory as _memory
 from ..device import observe as _observe
 from ..device import queue as _queue
-from ..device import runtime_ops as _runtime_ops
 from . import _private
 from .categories import CATEGORIES, categorize
 from .traffic import GraphIO, op_traffic, tensor_bytes
@@ -136,7 +135,7 @@ class Session(_observe.Observer):
 
     def run(self, kind: str, name: str, fn, args):
         """Run one unit of device work (queued, or run at once by the host): `kind` says what it is (the
-        device's `queue.KINDS`), `name` names it."""
+        device runtime's `WORK_KINDS`), `name` names it."""
         # Counted before it runs: the dtype policy rewrites an op's host arguments (int64 -> int32) as it runs.
         counted = self._traffic(kind, name, fn, args)
         t0 = _perf_ns()
@@ -228,7 +227,7 @@ class Session(_observe.Observer):
             rec, hargs, *houts = args
             return "op", *op_traffic(rec, hargs, houts[0] if houts else None)
         if kind == "copy":  # (destination, source)
-            if name == _runtime_ops.H2D_QUEUED:
+            if name == _queue.work_name("host_to_device_queued"):
                 return "transfer", 0, tensor_bytes(args[0])
             return "op", tensor_bytes(args[1]), tensor_bytes(args[0])
         if kind == "graph":  # a compiled graph's bound launch method: queued (inputs, outputs), or at launch

@@ -131,6 +131,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "run_now(kind, name, fn, args, observer): device work run at once on host views (through "
         "observer(kind, name, fn, args) unless it is None); returns its result");
   m.def("queue_size", &queue_size);
+  // What Python reads from here instead of saying it again: the queue's bound, the kinds of device work, the
+  // names of the runtime's copies (queue.h).
+  m.attr("MAX_PENDING") = kMaxPending;
+  py::tuple kinds(std::size(kWorkKinds));
+  for (size_t i = 0; i < std::size(kWorkKinds); ++i) kinds[i] = py::str(kWorkKinds[i]);
+  m.attr("WORK_KINDS") = kinds;
+  py::dict names;
+  names["copy"] = kCopyName, names["host_to_device_queued"] = kCopyH2DQueuedName;
+  names["host_to_device"] = kMemcpyH2DName, names["device_to_host"] = kMemcpyD2HName;
+  m.attr("WORK_NAMES") = names;
   m.def("queue_run", &queue_run,
         "queue_run(observer): run everything queued (as run_now); None, or (name, exception, dropped) for a failed "
         "entry");

@@ -40,7 +40,6 @@ namespace nativelab {
 
 namespace {
 
-constexpr size_t kMaxPending = 256;  // as queue.py: a deep queue keeps many buffers alive
 constexpr size_t kMaxSpecs = 4096;   // call signatures cached per op overload
 
 struct OutSpec {
@@ -527,10 +526,6 @@ void empty_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
   push_empty(stack, 6, std::move(sizes), std::move(strides), dtype_of(a[1]), index);
 }
 
-const std::string kCopy = "aten::copy_";
-const std::string kCopyH2D = "aten::copy_ (host to device)";  // as runtime_ops.H2D_QUEUED
-const std::string kMemcpyH2D = "memcpy_host_to_device";  // as runtime_ops' transfers
-
 bool plain_tensor(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
 }
@@ -561,8 +556,8 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
     return python_runtime("copy_", op, stack);
   }
   if (!src_dev && queue_size() == 0) {  // nothing queued may still read dst: copy now
-    trace_run(WorkKind::kCopy, kMemcpyH2D, dst.device().index(), [&] { host_view(dst, kCopy).copy_(src); });
-    count(kCopy);
+    trace_run(WorkKind::kCopy, kMemcpyH2DName, dst.device().index(), [&] { host_view(dst, kCopyName).copy_(src); });
+    count(kCopyName);
     auto result = a[0];
     torch::jit::drop(*stack, 3);
     stack->push_back(std::move(result));
@@ -572,9 +567,9 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   q.kind = WorkKind::kCopy;
   q.core = static_cast<int16_t>(dst.device().index());
   q.op = op;
-  q.op_name = src_dev ? &kCopy : &kCopyH2D;
-  q.stack = {host_view(dst, kCopy), src_dev ? c10::IValue(host_view(src, kCopy)) : c10::IValue(src.clone()), false};
-  count(kCopy);
+  q.op_name = src_dev ? &kCopyName : &kCopyH2DQueuedName;
+  q.stack = {host_view(dst, kCopyName), src_dev ? c10::IValue(host_view(src, kCopyName)) : c10::IValue(src.clone()), false};
+  count(kCopyName);
   const size_t pending = launch(std::move(q));
   auto result = a[0];
   torch::jit::drop(*stack, 3);

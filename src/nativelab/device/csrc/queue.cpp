@@ -26,8 +26,6 @@ namespace py = pybind11;
 namespace nativelab {
 
 namespace {
-constexpr const char* kKindNames[] = {"op", "copy", "graph", "kernel", "collective", "marker"};
-
 std::mutex g_queue_mutex;
 std::vector<DeviceWork> g_pending;
 
@@ -173,11 +171,11 @@ DeviceWork python_work(const std::string& kind, py::object name, py::object fn, 
 }
 }  // namespace
 
-const char* kind_name(WorkKind kind) noexcept { return kKindNames[static_cast<int>(kind)]; }
+const char* kind_name(WorkKind kind) noexcept { return kWorkKinds[static_cast<int>(kind)]; }
 
 WorkKind kind_from(const std::string& name) {
-  for (int i = 0; i < 6; ++i) {
-    if (name == kKindNames[i]) return static_cast<WorkKind>(i);
+  for (int i = 0; i < static_cast<int>(std::size(kWorkKinds)); ++i) {
+    if (name == kWorkKinds[i]) return static_cast<WorkKind>(i);
   }
   TORCH_CHECK_VALUE(false, "neuron: unknown kind of device work '", name,
                     "' (one of op, copy, graph, kernel, collective, marker)");
@@ -198,7 +196,9 @@ size_t launch(DeviceWork&& w) {
 }
 
 size_t launch_python(const std::string& kind, py::object name, py::object fn, py::tuple args) {
-  return launch(python_work(kind, std::move(name), std::move(fn), args, /*capture=*/true));
+  const size_t pending = launch(python_work(kind, std::move(name), std::move(fn), args, /*capture=*/true));
+  if (pending >= kMaxPending) queue_callbacks().drain();
+  return pending;
 }
 
 py::object run_now_python(const std::string& kind, py::object name, py::object fn, py::tuple args,

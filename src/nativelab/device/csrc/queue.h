@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,8 +17,9 @@
 
 namespace nativelab {
 
-// What a unit of device work is, as the profiler reports it.
+// What a unit of device work is, as the profiler reports it (kWorkKinds: their names, in this order).
 enum class WorkKind : uint8_t { kOp, kCopy, kGraph, kKernel, kCollective, kMarker };
+inline constexpr const char* kWorkKinds[] = {"op", "copy", "graph", "kernel", "collective", "marker"};
 const char* kind_name(WorkKind kind) noexcept;
 WorkKind kind_from(const std::string& name);  // "op", "copy", ...; throws ValueError naming the known kinds
 
@@ -42,15 +44,26 @@ struct DeviceWork {
   std::string label() const;  // its name
 };
 
+// The queue's bound: a launch that fills it to this many entries drains it (a deep queue keeps many buffers alive
+// and runs out of cache: measured 2x slower at 4096).
+inline constexpr size_t kMaxPending = 256;
+
+// The names of the runtime's copies as units of device work (kind copy), whichever side launches them (ops.cpp,
+// runtime_ops.py: module.cpp exports them as WORK_NAMES).
+inline const std::string kCopyName = "aten::copy_";                         // device to device
+inline const std::string kCopyH2DQueuedName = "aten::copy_ (host to device)";  // host to device, in program order
+inline const std::string kMemcpyH2DName = "memcpy_host_to_device";          // host to device, run at once
+inline const std::string kMemcpyD2HName = "memcpy_device_to_host";          // device to host (the host waits)
+
 // The one way work reaches the device: stamps the stream (and the launching op while a trace runs) and queues
 // it in program order. Returns the number of entries queued.
 size_t launch(DeviceWork&& work);
 
 // Python's launch: fn(*args) on host views (device tensors in args, also inside lists and tuples, become CPU
-// views of their memory; other CPU tensors are copied now, as CUDA copies a CPU operand at launch). Returns the
-// queue length. run_now: the same work run at once (the queue already drained), its result returned.
-// `observer`: None, or the observers' run (Python's observe.run), which runs each unit as observer(kind, name,
-// fn, args).
+// views of their memory; other CPU tensors are copied now, as CUDA copies a CPU operand at launch); drains the
+// queue when it reaches kMaxPending. Returns the queue length. run_now: the same work run at once (the queue
+// already drained), its result returned. `observer`: None, or the observers' run (Python's observe.run), which
+// runs each unit as observer(kind, name, fn, args).
 size_t launch_python(const std::string& kind, pybind11::object name, pybind11::object fn, pybind11::tuple args);
 pybind11::object run_now_python(const std::string& kind, pybind11::object name, pybind11::object fn,
                                 pybind11::tuple args, pybind11::object observer);

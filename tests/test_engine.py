@@ -1,0 +1,90 @@
+"""The per-call engine is the C++ runtime's: what Python used to say again (the queue's bound, the kinds of device
+work, the names of the runtime's copies) it now reads from the runtime (module.cpp exports them from
+csrc/queue.h), so the two sides cannot drift. Each mirror removed has a test here: the behaviour both sides share,
+and, read from the code, that no Python module holds its own copy."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import torch
+
+from nativelab.device import queue, state
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "nativelab"
+CSRC = SRC / "device" / "csrc"
+
+
+def _python_sources():
+    return [p for p in SRC.rglob("*.py")]
+
+
+def test_a_python_launch_drains_the_queue_at_the_runtimes_bound():
+    bound = state.device.rt.MAX_PENDING
+    assert bound == int(re.search(r"kMaxPending = (\d+);", (CSRC / "queue.h").read_text()).group(1))
+    torch.neuron.synchronize()
+    ran = []
+    for i in range(bound - 1):
+        queue.launch("op", "test::count", ran.append, i)
+    assert queue.pending() == bound - 1 and not ran
+    queue.launch("op", "test::count", ran.append, bound - 1)  # fills the queue: the launch drains it
+    assert queue.pending() == 0 and ran == list(range(bound))
+
+
+def test_the_fast_path_drains_at_the_same_bound():
+    bound = state.device.rt.MAX_PENDING
+    a = torch.ones(4, device="neuron")
+    a.add_(1)  # the signature's first call runs at once; the rest are queued by the C++ kernel
+    torch.neuron.synchronize()
+    for _ in range(bound - 1):
+        a.add_(1)
+    assert queue.pending() == bound - 1
+    a.add_(1)
+    assert queue.pending() == 0
+    assert a.cpu().tolist() == [2.0 + bound] * 4
+
+
+def test_work_kinds_are_the_runtimes():
+    kinds = state.device.rt.WORK_KINDS
+    assert kinds == ("op", "copy", "graph", "kernel", "collective", "marker")
+    for kind in kinds:  # every kind the runtime names is one a launch accepts
+        queue.launch(kind, f"test::{kind}", lambda: None)
+    queue.drain()
+    try:
+        queue.launch("opp", "test::bad", lambda: None)
+    except ValueError as e:
+        assert "unknown kind of device work 'opp'" in str(e) and ", ".join(kinds) in str(e)
+    else:
+        raise AssertionError("an unknown kind was accepted")
+
+
+def test_copy_names_are_said_once_in_the_runtime():
+    names = state.device.rt.WORK_NAMES
+    assert set(names) == {"copy", "host_to_device_queued", "host_to_device", "device_to_host"}
+    assert queue.work_name("device_to_host") == "memcpy_device_to_host"
+    header = (CSRC / "queue.h").read_text()
+    for what, name in names.items():  # defined in queue.h, and nowhere else in C++ or Python
+        assert header.count(f'"{name}"') == 1, name
+        if what == "copy":  # also the ATen op's name, which the tracking API and the schema use as such
+            continue
+        for f in list(CSRC.glob("*.cpp")) + _python_sources():
+            assert f'"{name}"' not in f.read_text(), (f, name)
+    for f in _python_sources():  # no Python bound of its own, no f"memcpy_{kind}" name built by hand
+        text = f.read_text()
+        assert "MAX_PENDING =" not in text and 'f"memcpy_' not in text, f
+
+
+def test_a_queued_host_to_device_copy_is_the_profilers_transfer_on_both_paths():
+    from nativelab.profile import Session
+
+    for fast in (True, False):
+        with state.device.mode(fast_path=fast):
+            d = torch.zeros(1000, device="neuron")
+            torch.neuron.synchronize()
+            with Session() as s:
+                d.add_(1)  # queued: the copy below goes in program order, named host_to_device_queued
+                d.copy_(torch.ones(1000))
+                out = d.cpu()
+            assert out.tolist() == [1.0] * 1000
+            assert s.summary()["transfers"]["bytes"]["host_to_device"] == 4000, fast
