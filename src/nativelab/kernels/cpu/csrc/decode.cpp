@@ -437,61 +437,6 @@ void write_cache(int64_t g, const float* k, const float* v, T* kc, T* vc, int64_
   }
 }
 
-// One decode step through every layer and the LM head; x (dim) is the embedded token, logits out (vocab).
-// One OpenMP team for the whole step (no fork/join per matrix): each phase splits its rows (or KV-head groups)
-// across the team and ends at a barrier; the residual stream and the normed activations, a few KB, are
-// computed by every thread into its own copy, so no phase waits for a single thread.
-template <typename T>
-void decode_step(const Tuning& tu, const T* x_in, int64_t pos, const T* cos, const T* sin,
-                 const std::vector<Layer>& layers, const T* final_norm, const T* lm_head, T* logits, int64_t dim,
-                 int64_t vocab, int64_t n_heads, int64_t n_kv, float eps) {
-  const int64_t d = layers[0].wq.size(0) / n_heads;
-  const int64_t ffn = layers[0].gate.size(0);
-  const int64_t s_len = layers[0].k_cache.size(2);
-  const int64_t group = n_heads / n_kv;
-  const int64_t nq = n_heads * d, nk = n_kv * d;
-  // shared between the team: what one phase writes and the next reads
-  std::vector<float> qkv(nq + 2 * nk), att(nq), act(ffn), y(dim);
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-  {
-    std::vector<float> x(dim), h(std::max(dim, ffn)), p(pos + 1), qh(d);  // this thread's own
-    for (int64_t i = 0; i < dim; i++) x[i] = to_f(x_in[i]);
-    for (const Layer& L : layers) {
-      rmsnorm(x.data(), ptr<T>(L.in_norm), h.data(), dim, eps);
-      qkv_rows(tu, ptr<T>(L.wq), ptr<T>(L.wk), ptr<T>(L.wv), h.data(), dim, nq, nk, qkv.data());
-      NL_BARRIER
-      // per KV-head group: RoPE on its K and queries, the cache write, attention over positions 0..pos
-      {
-        T* kc = L.k_cache.data_ptr<T>();  // (1, n_kv, S, d)
-        T* vc = L.v_cache.data_ptr<T>();
-        int64_t gb, ge;
-        share(n_kv, 1, gb, ge);
-        for (int64_t g = gb; g < ge; g++) {
-          float* k = qkv.data() + nq + g * d;
-          rope(k, cos, sin, d);
-          write_cache(g, k, qkv.data() + nq + nk + g * d, kc, vc, pos, s_len, d);
-          for (int64_t hh = g * group; hh < (g + 1) * group; hh++) rope(qkv.data() + hh * d, cos, sin, d);
-          attend_group(g, qkv.data(), kc, vc, pos, s_len, d, group, att.data(), p.data(), qh.data());
-        }
-      }
-      NL_BARRIER
-      matvec_share(tu, ptr<T>(L.wo), att.data(), dim, nq, [&](int64_t r, float v) { y[r] = v; });
-      NL_BARRIER
-      for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
-      rmsnorm(x.data(), ptr<T>(L.post_norm), h.data(), dim, eps);
-      swiglu_rows(tu, ptr<T>(L.gate), ptr<T>(L.up), h.data(), dim, ffn, act.data());
-      NL_BARRIER
-      matvec_share(tu, ptr<T>(L.down), act.data(), dim, ffn, [&](int64_t r, float v) { y[r] = v; });
-      NL_BARRIER
-      for (int64_t i = 0; i < dim; i++) x[i] = rnd<T>(x[i] + rnd<T>(y[i]));
-    }
-    rmsnorm(x.data(), final_norm, h.data(), dim, eps);
-    matvec_share(tu, lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
-  }
-}
-
 void check(bool ok, const std::string& what) { TORCH_CHECK(ok, "nativelab decode kernel: ", what); }
 
 // The model dtypes the kernels are built for: bf16 and fp32.
@@ -567,6 +512,166 @@ Model bind_model(const Named& w) {
 
 }  // namespace
 
+#include "prefill.h"  // a prompt's tiles (each weight row read once for all its tokens), the row-wise helpers
+
+namespace {
+
+// ---- One step through every layer: a decode step (one token) or a prompt's prefill (T tokens) ----
+
+// This thread's share of the products of n virtual weight rows (row(r): row r, k long) with the activation rows
+// t0 .. t1 of h (stride ldh): store(r, nr, t, nt, o, ld) gets rows r .. r + nr for tokens t .. t + nt, o[j * ld
+// + u] for row r + j and token t + u (n and the share in units of `unit` rows). One token streams each weight row
+// once against its activation (stream_rows); a prompt's tokens take tiles of rows by up to TILE_T tokens
+// (tile_rows), so memory sees each weight once for all of them. Either way an output is one row's dot product.
+template <bool PROMPT, typename T, typename Row, typename Store>
+inline void products(const Tuning& tu, int64_t n, int64_t unit, Row&& row, const float* h, int64_t ldh, int64_t k,
+                     int64_t t0, int64_t t1, Store&& store) {
+  if constexpr (PROMPT) {
+    tile_rows<T>(tu, n, unit, row, h, ldh, k, t0, t1,
+                 [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) { store(r, nr, t, nt, o, TILE_T); });
+  } else {
+    const Activation<T> a(h + t0 * ldh, k);
+    stream_rows<T>(tu, n, unit, row, a, k, [&](int64_t r, int64_t nr, const float* o) { store(r, nr, t0, 1, o, 1); });
+  }
+}
+
+// n_tok tokens x_in (their embedding rows) at positions pos0 .. pos0 + n_tok - 1 through every layer of m,
+// writing their cache rows; then the final norm and the LM head for the last token only: logits (vocab). cos /
+// sin: n_tok rows of head_dim in the model dtype. PROMPT (n_tok > 1) changes only how the products run
+// (`products`) and where SwiGLU's SiLU runs: a decode step and a prefill are this one loop, so they round to
+// the model dtype at the same points by construction (rnd and the *_row helpers, where the reference rounds;
+// fp32 in between), and a prompt's cache rows and last logits are what n_tok decode steps would give.
+// One OpenMP team for the whole step (no fork/join per matrix): each phase splits its rows (or KV-head groups)
+// across the team and ends at a barrier; the residual stream and the normed rows (n_tok x dim, a few KB each)
+// are computed by every thread into its own copy, so no phase waits for a single thread.
+template <typename T, bool PROMPT>
+void layers_step(const Tuning& tu, const T* const* x_in, int64_t n_tok, int64_t pos0, const T* cos, const T* sin,
+                 const Model& m, T* logits, int64_t n_heads, int64_t n_kv, float eps) {
+  const std::vector<Layer>& layers = m.layers;
+  const int64_t dim = m.lm_head.size(1), vocab = m.lm_head.size(0);
+  const int64_t d = layers[0].wq.size(0) / n_heads;
+  const int64_t ffn = layers[0].gate.size(0);
+  const int64_t s_len = layers[0].k_cache.size(2);
+  const int64_t group = n_heads / n_kv;
+  const int64_t nq = n_heads * d, nk = n_kv * d, nqkv = nq + 2 * nk;
+  // shared between the team: what one phase writes and the next reads, one row per token
+  std::vector<float> qkv(n_tok * nqkv), att(n_tok * nq), act(n_tok * ffn), y(n_tok * dim);
+  std::vector<float> gate_out(n_tok * ffn), up_out(n_tok * ffn);  // raw gate / up products (SwiGLU's inputs)
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+  {
+    // this thread's own: the residual stream and normed rows of every token, attention scratch
+    std::vector<float> x(n_tok * dim), h(n_tok * dim), p(pos0 + n_tok), qh(d), tmp(dim), norm_w(dim);
+    const auto widen = [&](const T* w) {  // a norm weight in fp32, once per use
+      for (int64_t i = 0; i < dim; i++) norm_w[i] = to_f(w[i]);
+      return norm_w.data();
+    };
+    for (int64_t t = 0; t < n_tok; t++) {
+      for (int64_t i = 0; i < dim; i++) x[t * dim + i] = to_f(x_in[t][i]);
+    }
+    for (size_t l = 0; l < layers.size(); l++) {
+      const Layer& L = layers[l];
+      // After the last layer's cache writes only the last token matters (its logits are all we return).
+      const int64_t first = l + 1 == layers.size() ? n_tok - 1 : 0;
+      const float* in_w = widen(ptr<T>(L.in_norm));
+      for (int64_t t = 0; t < n_tok; t++) rmsnorm_row<T>(x.data() + t * dim, in_w, h.data() + t * dim, dim, eps);
+      {  // Q, K and V rows in one pass over the three weights: qkv = rnd([wq; wk; wv] @ h)
+        const T *wq = ptr<T>(L.wq), *wk = ptr<T>(L.wk), *wv = ptr<T>(L.wv);
+        auto row = [&](int64_t r) {
+          return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
+        };
+        products<PROMPT, T>(tu, nqkv, 1, row, h.data(), dim, dim, 0, n_tok,
+                            [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o, int64_t ld) {
+                              for (int64_t j = 0; j < nr; j++) {
+                                for (int64_t u = 0; u < nt; u++) qkv[(t + u) * nqkv + r + j] = rnd<T>(o[j * ld + u]);
+                              }
+                            });
+      }
+      NL_BARRIER
+      // per KV-head group: RoPE on every token's K, the cache writes, then each token's queries over cache
+      // positions 0..its own (the group's rows of earlier tokens are written by this thread just before)
+      {
+        T* kc = L.k_cache.data_ptr<T>();  // (1, n_kv, S, d)
+        T* vc = L.v_cache.data_ptr<T>();
+        int64_t gb, ge;
+        share(n_kv, 1, gb, ge);
+        for (int64_t g = gb; g < ge; g++) {
+          for (int64_t t = 0; t < n_tok; t++) {
+            float* row = qkv.data() + t * nqkv;
+            rope(row + nq + g * d, cos + t * d, sin + t * d, d);
+            write_cache(g, row + nq + g * d, row + nq + nk + g * d, kc, vc, pos0 + t, s_len, d);
+          }
+          for (int64_t t = first; t < n_tok; t++) {
+            float* row = qkv.data() + t * nqkv;
+            for (int64_t hh = g * group; hh < (g + 1) * group; hh++) rope(row + hh * d, cos + t * d, sin + t * d, d);
+            attend_group(g, row, kc, vc, pos0 + t, s_len, d, group, att.data() + t * nq, p.data(), qh.data());
+          }
+        }
+      }
+      NL_BARRIER
+      const auto to_y = [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o, int64_t ld) {
+        for (int64_t j = 0; j < nr; j++) {
+          for (int64_t u = 0; u < nt; u++) y[(t + u) * dim + r + j] = o[j * ld + u];
+        }
+      };
+      {
+        const T* wo = ptr<T>(L.wo);
+        products<PROMPT, T>(tu, dim, 1, [&](int64_t r) { return wo + r * nq; }, att.data(), nq, nq, first, n_tok,
+                            to_y);
+      }
+      NL_BARRIER
+      const float* post_w = widen(ptr<T>(L.post_norm));
+      for (int64_t t = first; t < n_tok; t++) {
+        float* xt = x.data() + t * dim;
+        residual_row<T>(xt, y.data() + t * dim, tmp.data(), dim);
+        rmsnorm_row<T>(xt, post_w, h.data() + t * dim, dim, eps);
+      }
+      {
+        // act = rnd(SiLU(rnd(gate @ h)) * rnd(up @ h)): gate and up row i as virtual rows 2i and 2i + 1, so a
+        // call holds both halves of its outputs. One token: SiLU on those rows as they come (a few per call); a
+        // prompt: on this thread's share after its tiles, vectorized along each token's row.
+        const T *wg = ptr<T>(L.gate), *wu = ptr<T>(L.up);
+        products<PROMPT, T>(tu, 2 * ffn, 2, [&](int64_t r) { return (r % 2 ? wu : wg) + (r / 2) * dim; }, h.data(),
+                            dim, dim, first, n_tok,
+                            [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o, int64_t ld) {
+                              for (int64_t u = 0; u < nt; u++) {
+                                const int64_t at = (t + u) * ffn + r / 2;
+                                for (int64_t j = 0; j < nr; j += 2) {
+                                  gate_out[at + j / 2] = o[j * ld + u];
+                                  up_out[at + j / 2] = o[(j + 1) * ld + u];
+                                }
+                                if constexpr (!PROMPT) {
+                                  silu_mul_row<T>(gate_out.data() + at, up_out.data() + at, act.data() + at, nr / 2);
+                                }
+                              }
+                            });
+        if constexpr (PROMPT) {
+          int64_t b, e;  // this thread's gate / up rows (tile_rows' share)
+          share(2 * ffn, tile_rows_of(tu), b, e);
+          for (int64_t t = first; t < n_tok; t++) {
+            silu_mul_row<T>(gate_out.data() + t * ffn + b / 2, up_out.data() + t * ffn + b / 2,
+                            act.data() + t * ffn + b / 2, (e - b) / 2);
+          }
+        }
+      }
+      NL_BARRIER
+      {
+        const T* wd = ptr<T>(L.down);
+        products<PROMPT, T>(tu, dim, 1, [&](int64_t r) { return wd + r * ffn; }, act.data(), ffn, ffn, first, n_tok,
+                            to_y);
+      }
+      NL_BARRIER
+      for (int64_t t = first; t < n_tok; t++) residual_row<T>(x.data() + t * dim, y.data() + t * dim, tmp.data(), dim);
+    }
+    const float* last = x.data() + (n_tok - 1) * dim;
+    rmsnorm_row<T>(last, widen(ptr<T>(m.final_norm)), h.data(), dim, eps);
+    matvec_share(tu, ptr<T>(m.lm_head), h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
+  }
+}
+
+}  // namespace
+
 // y (N) = W (N, K) @ h (K): a matrix-vector product, fp32 accumulation, result in W's dtype.
 void matvec_out(const at::Tensor& w, const at::Tensor& h, at::Tensor& y) {
   check(w.dim() == 2 && w.is_contiguous() && h.is_contiguous() && y.is_contiguous(), "contiguous W (N, K), h, y");
@@ -596,10 +701,9 @@ void transformer_decode(const at::Tensor& x, const at::Tensor& pos, const at::Te
   check(p >= 0 && p < m.layers[0].k_cache.size(2), "pos beyond the cache");
   dispatch(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    decode_step<scalar_t>(Tuning{}, x.data_ptr<scalar_t>(), p, cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
-                          m.layers, m.final_norm.data_ptr<scalar_t>(), m.lm_head.data_ptr<scalar_t>(),
-                          out.data_ptr<scalar_t>(), x.size(2), m.lm_head.size(0), n_heads, n_kv_heads,
-                          static_cast<float>(eps));
+    const scalar_t* row = x.data_ptr<scalar_t>();
+    layers_step<scalar_t, false>(Tuning{}, &row, 1, p, cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), m,
+                                 out.data_ptr<scalar_t>(), n_heads, n_kv_heads, static_cast<float>(eps));
   });
 }
 
@@ -693,7 +797,6 @@ void mlp_decode(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& u
   });
 }
 
-#include "prefill.h"  // prefill_step: a prompt's T tokens through every layer, each weight read once
 
 // ---- The experimental tier's whole decode step, bound once (DecodePlan) ----
 // Token in, next token (or logits) out: embedding row, RoPE rows from the model's tables, every layer, final
@@ -838,7 +941,7 @@ class DecodePlan {
 
  private:
   // token ids (1, T) at positions pos (T,), consecutive: T == 1 is a decode step, T > 1 a prompt's prefill
-  // (prefill_step: every token's cache rows, the last token's logits).
+  // (layers_step: every token's cache rows, the last token's logits).
   void run(const at::Tensor& token, const at::Tensor& pos, at::Tensor& logits) {
     const std::vector<int64_t> toks = read_ids(token, "tokens"), at = read_ids(pos, "pos");
     const int64_t n = static_cast<int64_t>(toks.size());
@@ -866,14 +969,14 @@ class DecodePlan {
           s[i] = ptr<T>(sin_)[p * d + i];
         }
       }
+      std::vector<const T*> rows(n);
+      for (int64_t t = 0; t < n; t++) rows[t] = ptr<T>(model_.embed) + toks[t] * dim;
       if (n == 1) {
-        decode_step<T>(tuning_, ptr<T>(model_.embed) + toks[0] * dim, p, c.data(), s.data(), model_.layers, ptr<T>(model_.final_norm),
-                       ptr<T>(model_.lm_head), logits.data_ptr<T>(), dim, model_.lm_head.size(0), n_heads_, n_kv_, eps_);
+        layers_step<T, false>(tuning_, rows.data(), 1, p, c.data(), s.data(), model_, logits.data_ptr<T>(), n_heads_,
+                              n_kv_, eps_);
       } else {
-        std::vector<const T*> rows(n);
-        for (int64_t t = 0; t < n; t++) rows[t] = ptr<T>(model_.embed) + toks[t] * dim;
-        prefill_step<T>(tuning_, rows.data(), n, p, c.data(), s.data(), model_.layers, ptr<T>(model_.final_norm), ptr<T>(model_.lm_head),
-                        logits.data_ptr<T>(), dim, model_.lm_head.size(0), n_heads_, n_kv_, eps_);
+        layers_step<T, true>(tuning_, rows.data(), n, p, c.data(), s.data(), model_, logits.data_ptr<T>(), n_heads_,
+                             n_kv_, eps_);
       }
     });
   }

@@ -1,12 +1,11 @@
-// The experimental tier's prompt prefill: T tokens at consecutive positions through every layer in one call,
-// each weight row read from memory once for all T tokens (included by decode.cpp, after its decode helpers).
+// The experimental tier's prompt prefill: the tiles that multiply each weight row into a prompt's T tokens, and
+// the row-wise helpers that round where the reference rounds, which a decode step uses too (included by
+// decode.cpp, after its decode helpers; decode.cpp's layers_step is the one loop over the layers for both).
 //
 // A decode step is a matrix-vector product per weight; T prompt tokens make it a thin matrix-matrix product.
 // Running the decode step T times would stream every weight T times; here a tile of R weight rows is widened
 // to fp32 once per token block and multiplied into up to TT activation rows held in L1 (R x TT accumulators
-// in registers), so memory sees each weight once and the FMA units see T tokens per load. The rounding to
-// the model dtype happens at the same points as in decode_step, row by row, so a prompt's cache rows and its
-// last token's logits are what T decode steps would give (and what the reference gives, within tolerance).
+// in registers), so memory sees each weight once and the FMA units see T tokens per load.
 #pragma once
 
 #include <cstring>
@@ -27,7 +26,8 @@ inline std::vector<int64_t> read_ids(const at::Tensor& t, const char* what) {
 
 // Row-wise elementwise work, vectorized: with T tokens per weight read, the scalar rounding, norms and SiLU
 // that are noise in a decode step (dim or ffn elements per matrix) cost as much as the products (T x that,
-// ~1 ms of a 6-token `small` prefill on a 2-core Xeon). Same rounding points as decode_step's scalar code.
+// ~1 ms of a 6-token `small` prefill on a 2-core Xeon). The rounding points of the model (rnd<T> where the
+// reference rounds), for decode and prefill alike; the scalar tails are the same formulas.
 
 // v[0:n] rounded to the model dtype in place (rnd<T> on each element).
 template <typename T>
@@ -333,126 +333,6 @@ void tile_rows(const Tuning& tu, int64_t n, int64_t tail, Row&& row, const float
       }
       store(r, tail, t, tt, out);
     }
-  }
-}
-
-// T prompt tokens x_in (T rows of dim, the embedding rows) at positions pos0..pos0+T-1 through every layer,
-// writing their cache rows; then the final norm and the LM head for the last token only: logits (vocab).
-// cos / sin: T rows of head_dim in the model dtype. The same team structure as decode_step: each phase splits
-// its rows (or KV-head groups) across the team and ends at a barrier; every thread keeps its own copy of the
-// residual stream and the normed rows (T x dim, a few KB each).
-template <typename T>
-void prefill_step(const Tuning& tu, const T* const* x_in, int64_t n_tok, int64_t pos0, const T* cos, const T* sin,
-                  const std::vector<Layer>& layers, const T* final_norm, const T* lm_head, T* logits, int64_t dim,
-                  int64_t vocab, int64_t n_heads, int64_t n_kv, float eps) {
-  const int64_t d = layers[0].wq.size(0) / n_heads;
-  const int64_t ffn = layers[0].gate.size(0);
-  const int64_t s_len = layers[0].k_cache.size(2);
-  const int64_t group = n_heads / n_kv;
-  const int64_t nq = n_heads * d, nk = n_kv * d, nqkv = nq + 2 * nk;
-  const int64_t hw = std::max(dim, ffn);
-  // shared between the team: what one phase writes and the next reads, one row per token
-  std::vector<float> qkv(n_tok * nqkv), att(n_tok * nq), act(n_tok * ffn), y(n_tok * dim);
-  std::vector<float> gate_out(n_tok * ffn), up_out(n_tok * ffn);  // raw gate / up products (SwiGLU's inputs)
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-  {
-    // this thread's own: the residual stream and normed rows of every token, attention scratch
-    std::vector<float> x(n_tok * dim), h(n_tok * hw), p(pos0 + n_tok), qh(d), tmp(dim), norm_w(dim);
-    const auto widen = [&](const T* w) {  // a norm weight in fp32, once per use
-      for (int64_t i = 0; i < dim; i++) norm_w[i] = to_f(w[i]);
-      return norm_w.data();
-    };
-    for (int64_t t = 0; t < n_tok; t++) {
-      for (int64_t i = 0; i < dim; i++) x[t * dim + i] = to_f(x_in[t][i]);
-    }
-    for (size_t l = 0; l < layers.size(); l++) {
-      const Layer& L = layers[l];
-      // After the last layer's cache writes only the last token matters (its logits are all we return).
-      const int64_t first = l + 1 == layers.size() ? n_tok - 1 : 0;
-      const float* in_w = widen(ptr<T>(L.in_norm));
-      for (int64_t t = 0; t < n_tok; t++) rmsnorm_row<T>(x.data() + t * dim, in_w, h.data() + t * dim, dim, eps);
-      {
-        const T *wq = ptr<T>(L.wq), *wk = ptr<T>(L.wk), *wv = ptr<T>(L.wv);
-        auto row = [&](int64_t r) {
-          return r < nq ? wq + r * dim : r < nq + nk ? wk + (r - nq) * dim : wv + (r - nq - nk) * dim;
-        };
-        tile_rows<T>(tu, nqkv, 1, row, h.data(), dim, dim, 0, n_tok,
-                     [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
-                       for (int64_t j = 0; j < nr; j++) {
-                         for (int64_t u = 0; u < nt; u++) qkv[(t + u) * nqkv + r + j] = rnd<T>(o[j * TILE_T + u]);
-                       }
-                     });
-      }
-      NL_BARRIER
-      // per KV-head group: RoPE on every token's K, the cache writes, then each token's queries over cache
-      // positions 0..its own (the group's rows of earlier tokens are written by this thread just before)
-      {
-        T* kc = L.k_cache.data_ptr<T>();  // (1, n_kv, S, d)
-        T* vc = L.v_cache.data_ptr<T>();
-        int64_t gb, ge;
-        share(n_kv, 1, gb, ge);
-        for (int64_t g = gb; g < ge; g++) {
-          for (int64_t t = 0; t < n_tok; t++) {
-            float* row = qkv.data() + t * nqkv;
-            rope(row + nq + g * d, cos + t * d, sin + t * d, d);
-            write_cache(g, row + nq + g * d, row + nq + nk + g * d, kc, vc, pos0 + t, s_len, d);
-          }
-          for (int64_t t = first; t < n_tok; t++) {
-            float* row = qkv.data() + t * nqkv;
-            for (int64_t hh = g * group; hh < (g + 1) * group; hh++) rope(row + hh * d, cos + t * d, sin + t * d, d);
-            attend_group(g, row, kc, vc, pos0 + t, s_len, d, group, att.data() + t * nq, p.data(), qh.data());
-          }
-        }
-      }
-      NL_BARRIER
-      const auto to_y = [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
-        for (int64_t j = 0; j < nr; j++) {
-          for (int64_t u = 0; u < nt; u++) y[(t + u) * dim + r + j] = o[j * TILE_T + u];
-        }
-      };
-      {
-        const T* wo = ptr<T>(L.wo);
-        tile_rows<T>(tu, dim, 1, [&](int64_t r) { return wo + r * nq; }, att.data(), nq, nq, first, n_tok, to_y);
-      }
-      NL_BARRIER
-      const float* post_w = widen(ptr<T>(L.post_norm));
-      for (int64_t t = first; t < n_tok; t++) {
-        float* xt = x.data() + t * dim;
-        residual_row<T>(xt, y.data() + t * dim, tmp.data(), dim);
-        rmsnorm_row<T>(xt, post_w, h.data() + t * dim, dim, eps);
-      }
-      {
-        // gate and up row i as virtual rows 2i and 2i + 1, so a tile holds both halves of its outputs
-        const T *wg = ptr<T>(L.gate), *wu = ptr<T>(L.up);
-        tile_rows<T>(tu, 2 * ffn, 2, [&](int64_t r) { return (r % 2 ? wu : wg) + (r / 2) * dim; }, h.data(), dim, dim,
-                     first, n_tok, [&](int64_t r, int64_t nr, int64_t t, int64_t nt, const float* o) {
-                       for (int64_t j = 0; j < nr; j += 2) {
-                         for (int64_t u = 0; u < nt; u++) {
-                           gate_out[(t + u) * ffn + (r + j) / 2] = o[j * TILE_T + u];
-                           up_out[(t + u) * ffn + (r + j) / 2] = o[(j + 1) * TILE_T + u];
-                         }
-                       }
-                     });
-        int64_t b, e;  // this thread's gate / up rows (tile_rows' share), SwiGLU on them
-        share(2 * ffn, tile_rows_of(tu), b, e);
-        for (int64_t t = first; t < n_tok; t++) {
-          silu_mul_row<T>(gate_out.data() + t * ffn + b / 2, up_out.data() + t * ffn + b / 2,
-                          act.data() + t * ffn + b / 2, (e - b) / 2);
-        }
-      }
-      NL_BARRIER
-      {
-        const T* wd = ptr<T>(L.down);
-        tile_rows<T>(tu, dim, 1, [&](int64_t r) { return wd + r * ffn; }, act.data(), ffn, ffn, first, n_tok, to_y);
-      }
-      NL_BARRIER
-      for (int64_t t = first; t < n_tok; t++) residual_row<T>(x.data() + t * dim, y.data() + t * dim, tmp.data(), dim);
-    }
-    const float* last = x.data() + (n_tok - 1) * dim;
-    rmsnorm(last, final_norm, h.data(), dim, eps);
-    matvec_share(tu, lm_head, h.data(), vocab, dim, [&](int64_t r, float v) { logits[r] = static_cast<T>(v); });
   }
 }
 
