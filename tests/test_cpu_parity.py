@@ -107,6 +107,9 @@ def test_setting_narrowed_int64_float64_tensors_through_indices_matches_cpu(dtyp
         lambda t: t.__setitem__((torch.tensor([1, 3], device=t.device), torch.tensor([2, 0], device=t.device)), value),
         lambda t: t.__setitem__(torch.tensor(True, device=t.device), torch.full_like(t, value)[None, None]),
         lambda t: t.index_put_((torch.tensor([1, 1], device=t.device),), torch.tensor(value, dtype=dtype), True),
+        # a 0-d index stays int64 (CPU's index_copy_ / index_fill_ require long indices)
+        lambda t: t[0].index_copy_(0, torch.tensor(1, device=t.device), torch.tensor([value], dtype=dtype, device=t.device)),
+        lambda t: t.index_fill_(1, torch.tensor(2, device=t.device), torch.tensor(value, dtype=dtype)),
     ]
     for set_ in setters:
         want, got = a.clone(), a.to(DEV)

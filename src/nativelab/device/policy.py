@@ -233,9 +233,12 @@ def call_narrowed(rec, hargs: list):
             hargs[i] = [t.to(NARROW[t.dtype]) if isinstance(t, _Tensor) and is_narrowed(t.dtype) else t for t in a]
     # 0-d operands of a written argument's dtype follow it: ops that require equal dtypes (index_put_'s
     # values: `x[idx] = -1` on int64, a Python number wrapped as a 0-d int64 tensor) saw int32 and int64.
+    # Indices stay int64 (index_copy_(0, torch.tensor(0), src) on int64 requires a long index).
     narrowed = {t.dtype for a in wide.values() for t in tensors((a,)) if is_narrowed(t.dtype)}
+    indices = {rec.arg_pos[n] for n in rec.arg_pos if "ind" in n}
     for j, a in enumerate(hargs):
-        if j not in wide and isinstance(a, _Tensor) and a.dim() == 0 and a.dtype in narrowed:
+        if (j not in wide and j not in indices and isinstance(a, _Tensor) and a.dim() == 0
+                and a.dtype in narrowed):
             hargs[j] = a.to(NARROW[a.dtype])
     try:
         res = rec.call(hargs)
