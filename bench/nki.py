@@ -2,8 +2,8 @@
 model's Trainium2 estimate of bf16 matmuls against the Tensor Engine's roofline.
 
 One row per kernel of kernels/nki: add, rmsnorm, softmax, matmul, and Lab 2's (RoPE, the SwiGLU MLP for 128
-tokens and for one, QKV, prefill and decode attention, a decode layer with the LM head, the head, argmax) at
-the small Llama's shapes, each against its reference in kernels/ops.
+tokens and for one, QKV, prefill and decode attention, a decode layer with the LM head, the head, argmax,
+top-p sampling) at the small Llama's shapes, each against its reference in kernels/ops.
 
     python bench/nki.py [--iters 20] [--dtype bfloat16] [--threads 1] [--only rope mlp ...] [--skip-cpu]
 
@@ -16,6 +16,7 @@ model (nki/cost.py: published clocks and rates, none fitted): TensorE's roofline
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 import types
@@ -31,6 +32,8 @@ from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
 from nativelab.kernels.ops.transformer import reference_transformer_tkg
+
+sample_ops = importlib.import_module("nativelab.kernels.ops.sample")  # the module (the package exports its op)
 
 
 def timed(fn, iters: int) -> float:
@@ -81,6 +84,7 @@ def cases(dt):
     pos, x1 = torch.tensor([300]), torch.randn(1, 1, 512, dtype=dt)
     layer = (qkv_w[0], *qkv_w[1:], _w(512, 512, dt), torch.randn(512, dtype=dt), *mlp_w)
     head, logits = _w(32000, 512, dt), torch.randn(1, 32000, dtype=dt)
+    state = torch.tensor([7, 0])
     tkg_ref = lambda *t: reference_attention_tkg(*t[:3], t[3].clone(), t[4].clone(), t[5])  # noqa: E731
     final_norm = torch.randn(512, dtype=dt)
     step_ref = lambda *t: reference_transformer_tkg(  # noqa: E731 - one layer's DecodeWeights (embed unused)
@@ -103,6 +107,9 @@ def cases(dt):
         ("lm_head 1x512x32000", nk.lm_head_kernel, (x1[0], w[:512], head, 1e-5),
          lambda x, n, h, e: reference_rmsnorm(x, n, e) @ h.t(), None),
         ("argmax 1x32000", nk.argmax_kernel, (logits,), lambda t: t.argmax(-1, keepdim=True).int(), None),
+        ("top-p 1x32000", nk.top_p_kernel, (logits, -torch.log(sample_ops._uniform(state, logits.shape)).float(),
+                                            0.8, 0.9),
+         lambda t, s: sample_ops._sample(t, s, 0.8, 0, 0.9), (logits, state)),
     ]
 
 

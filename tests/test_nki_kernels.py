@@ -7,12 +7,14 @@ product or sum PyTorch's eager bf16 would round, matmuls accumulated in fp32 and
 differ is the fp32 summation order: ~1e-6 relative in float32; in bfloat16 an intermediate that lands on a
 rounding boundary may round one ulp (2**-8 relative) the other way and carry that into the output, so 2e-2."""
 
+import importlib
+
 import pytest
 import torch
 
 from nativelab import nki
 from nativelab.kernels import nki as nki_kernels
-from nativelab.kernels.ops import reference_rmsnorm
+from nativelab.kernels.ops import reference_rmsnorm, reference_sample_mask
 from nativelab.kernels.ops.attention import reference_attention_cte, reference_attention_tkg
 from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.mlp import reference_mlp
@@ -20,6 +22,7 @@ from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
 from nativelab.kernels.ops.transformer import reference_transformer_tkg
 
+sample_ops = importlib.import_module("nativelab.kernels.ops.sample")  # the module (the package exports its op)
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
@@ -244,3 +247,31 @@ def test_decode_step_ops_eager_and_compiled_on_neuron():
         _close(logits, expected, dtype)
         assert token.cpu().tolist() == logits.cpu().argmax(-1).tolist()
         _close((on[-2].cpu(), on[-1].cpu()), caches[0], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 1.0])
+def test_top_p_interpreted_draws_the_library_samplers_tokens(dtype, top_p):
+    """Given the library's noise, the kernel draws what kernels/ops/sample.py draws (32000 logits: the
+    probabilities over four chunks), and every token is in the nucleus a sort-based reference allows."""
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 32000) * 3).to(dtype)
+    allowed = reference_sample_mask(logits, 0.8, 0, top_p)
+    for counter in range(4):
+        state = torch.tensor([7, counter])
+        exp_noise = -torch.log(sample_ops._uniform(state, logits.shape)).float()
+        got = nki.simulate(nki_kernels.top_p_kernel)(logits, exp_noise, 0.8, top_p).reshape(-1)
+        assert got.tolist() == sample_ops._sample(logits, state, 0.8, 0, top_p).tolist()
+        assert allowed[torch.arange(3), got].all()
+
+
+@pytest.mark.slow
+def test_top_p_op_on_neuron_advances_the_seed_like_the_library_sampler():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 1000).to("neuron")
+    mine, theirs = sample_ops.seed_state(3, "neuron"), sample_ops.seed_state(3, "neuron")
+    for run in (nki_kernels.sample_top_p, torch.compile(nki_kernels.sample_top_p, backend="neuron")):
+        for _ in range(2):
+            got = run(logits, mine, 0.8, 0.9)
+            assert got.cpu().tolist() == sample_ops.sample(logits, theirs, 0.8, 0, 0.9).cpu().tolist()
+            assert mine.cpu().tolist() == theirs.cpu().tolist()

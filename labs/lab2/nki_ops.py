@@ -98,7 +98,9 @@ def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.
         h = nki_layer_stack(x[:, t:t + 1].contiguous(), p, rope_cos[p].to(w.embed.dtype),
                             rope_sin[p].to(w.embed.dtype), w, n_heads, n_kv_heads, eps)
     logits = lm_head_kernel(h.reshape(h.shape[0], -1), w.final_norm, w.lm_head, eps)
-    if temperature > 0.0:  # top-k / top-p: the library's sampler (no NKI version yet), which advances seed_state
+    if temperature > 0.0 and top_k == 0:  # top-p: the NKI sampler (the library's noise), advancing seed_state
+        return nkilib.sample_top_p(logits, seed_state, temperature, top_p)
+    if temperature > 0.0:  # top-k: the library's sampler (no NKI version yet)
         return sample(logits, seed_state, temperature, top_k, top_p)
     seed_state[1:].add_(1)  # as the sampler's counter advances at every draw
     return argmax_kernel(logits).reshape(-1).to(torch.int64)
