@@ -45,6 +45,10 @@ def timed(fn, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
+# The decode-layer kernel's per-layer weights, in the order it takes them (its arguments 4..12).
+_LAYER_FIELDS = ("input_norms", "wqs", "wks", "wvs", "wos", "post_norms", "gates", "ups", "downs")
+
+
 def _w(out_features, in_features, dt):
     return (torch.randn(out_features, in_features) * in_features ** -0.5).to(dt)
 
@@ -88,7 +92,8 @@ def cases(dt):
     tkg_ref = lambda *t: reference_attention_tkg(*t[:3], t[3].clone(), t[4].clone(), t[5])  # noqa: E731
     final_norm = torch.randn(512, dtype=dt)
     step_ref = lambda *t: reference_transformer_tkg(  # noqa: E731 - one layer's DecodeWeights (embed unused)
-        *t[:4], DecodeWeights(head, *[[u] for u in t[4:13]], final_norm, head, [t[13]], [t[14]]), 8, 8, 1e-5)[:, 0]
+        *t[:4], DecodeWeights(embed=head, **{f: [u] for f, u in zip(_LAYER_FIELDS, t[4:13])}, final_norm=final_norm,
+                              lm_head=head, k_caches=[t[13]], v_caches=[t[14]]), 8, 8, 1e-5)[:, 0]
     return [
         ("add 1024x1024", nk.add_kernel, (x, y), lambda x, y: x + y, None),
         ("rmsnorm 1024x1024", nk.rmsnorm_kernel, (x, w, 1e-5), reference_rmsnorm, None),

@@ -186,9 +186,11 @@ def _step(dtype, n_layers=2, b=2, dim=200, heads=4, kv_heads=2, d=16, inter=300,
 def _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads):
     """reference_transformer_tkg's logits (B, vocab), on copies of the caches (returned)."""
     caches = [(c["k_cache"].clone(), c["v_cache"].clone()) for c in layers]
-    per_layer = [[c[name] for c in layers] for name in ("input_norm", "wq", "wk", "wv", "wo", "post_norm", "gate",
-                                                         "up", "down")]
-    w = DecodeWeights(head, *per_layer, final_norm, head, [k for k, _ in caches], [v for _, v in caches])
+    per_layer = {field: [c[name] for c in layers] for field, name in (
+        ("input_norms", "input_norm"), ("wqs", "wq"), ("wks", "wk"), ("wvs", "wv"), ("wos", "wo"),
+        ("post_norms", "post_norm"), ("gates", "gate"), ("ups", "up"), ("downs", "down"))}
+    w = DecodeWeights(embed=head, **per_layer, final_norm=final_norm, lm_head=head,  # by name: a new field fails here
+                      k_caches=[k for k, _ in caches], v_caches=[v for _, v in caches])
     return reference_transformer_tkg(x, pos, cos, sin, w, heads, kv_heads, 1e-5)[:, 0], caches
 
 

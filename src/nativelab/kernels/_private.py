@@ -29,7 +29,7 @@ def lean_version_bump(op) -> bool:
     """Replace the version-bump kernel (dispatch key ADInplaceOrView) that `torch.library.custom_op` registers
     for an op that mutates its arguments with one that does the same work without `fill_defaults`: that helper
     reads `schema.arguments` (a fresh list of every argument) once per argument, quadratic in the schema's
-    length, which cost ~0.15 ms per call of the 25-argument `transformer_tkg_token` (a tenth of a decode step).
+    length, which cost ~0.15 ms per call of `transformer_tkg_token` when it took 25 arguments (a tenth of a decode step).
     It runs whenever an argument is an ordinary (non-inference) tensor, inference mode or not. Returns False,
     leaving PyTorch's kernel, for a schema it does not cover (a mutated keyword-only argument, a view op)."""
     overload = op._opoverload
