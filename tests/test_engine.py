@@ -88,3 +88,32 @@ def test_a_queued_host_to_device_copy_is_the_profilers_transfer_on_both_paths():
                 out = d.cpu()
             assert out.tolist() == [1.0] * 1000
             assert s.summary()["transfers"]["bytes"]["host_to_device"] == 4000, fast
+
+
+def test_op_counts_are_one_count_in_the_runtime_whichever_path_ran_the_op():
+    from nativelab.device import tracking
+
+    a = torch.ones(8, device="neuron")
+    a.mul_(2)  # each signature's first call (Python) before the count starts
+    b = a + a
+    torch.neuron.synchronize()
+    tracking.clear_op_tracking()
+    assert tracking.get_op_counts()["device"] == {}
+    a.mul_(2)  # the C++ kernel queues these
+    b = a + a
+    with state.device.mode(fast_path=False):  # and the Python path these
+        a.mul_(2)
+        b = b + a
+        a.copy_(torch.ones(8))  # a runtime op (runtime_ops.copy_)
+    a.copy_(b)  # the C++ copy kernel
+    counts = tracking.get_op_counts()["device"]
+    assert counts == {"aten::mul_.Tensor": 2, "aten::add.Tensor": 2, "aten::copy_": 2}, counts
+    assert list(counts) == tracking.get_executed_ops() == ["aten::mul_.Tensor", "aten::add.Tensor", "aten::copy_"]
+    assert counts == state.device.rt.executed_counts()  # read, not taken: a second look sees the same
+    assert a.cpu().tolist() == b.cpu().tolist() == [16.0] * 8  # (1 * 2 * 2 * 2) * 2, copied into a
+
+
+def test_no_python_module_counts_launches_of_its_own():
+    for f in _python_sources():
+        text = f.read_text()
+        assert "executed[" not in text and "take_executed" not in text, f

@@ -218,7 +218,7 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
                         args)
         else:
             queue.launch("op", rec.name, _run_mutating, rec, args)
-        tracking.executed[rec.name] += 1
+        state.device.rt.count_executed(rec.name)
         return rec.alias_returns(args)
     outs = [memory.empty_strided(shape, stride, dtype, index) for shape, stride, dtype in outs_spec]
     run = _run_functional_policy if plan is not None and plan.casts else _run_functional
@@ -228,7 +228,7 @@ def _native(rec: OpRecord, args: list, index: int, key: tuple):
         _first_call(rec, key, spec, _run_functional_checked if run is _run_functional_policy else run, args, outs)
     else:
         queue.launch("op", rec.name, run, rec, args, outs)
-    tracking.executed[rec.name] += 1
+    state.device.rt.count_executed(rec.name)
     if kind == "tensor":
         return outs[0]
     if kind == "list":
@@ -380,7 +380,7 @@ def run_on_host(name: str, rec: OpRecord, args: list, index: int, fallback: bool
     """
     queue.drain()
     if not fallback:
-        tracking.executed[name] += 1
+        state.device.rt.count_executed(name)
     elif tracking.record_fallback(name):
         warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=4)
     if index < 0:

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import _private, dispatch, guard, memory, observe, queue, rng, schema, state, tracking
+from . import _private, dispatch, guard, memory, observe, queue, rng, schema, state
 
 aten = torch.ops.aten
 DEVICE = memory.DEVICE
@@ -73,7 +73,7 @@ def copy_(dst, src, non_blocking=False):
             queue.launch("copy", queue.work_name("host_to_device_queued"), _Tensor_copy, dst, src)
     else:  # device to host: the host needs the value now
         _transfer("device_to_host", _Tensor_copy, dst, src)
-    tracking.executed["aten::copy_"] += 1
+    state.device.rt.count_executed(queue.work_name("copy"))
     return dst
 
 

@@ -6,19 +6,25 @@ import collections
 
 from . import state
 
-executed: collections.Counter = collections.Counter()  # op name -> calls run on the device
 fallback: collections.Counter = collections.Counter()  # op name -> calls that fell back to the CPU
 graphs: collections.Counter = collections.Counter()  # compiled graph name -> launches
 _fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
 _warned: set[str] = set()
 
 
-def _merge() -> None:
-    """The counts of ops the C++ kernel ran since the last look, merged into `executed` whenever it is read
-    through this module (the hot path counts in C++)."""
+# What ran on the device is counted in one place, the C++ runtime (csrc/ops.cpp), whoever launched it: the C++
+# kernel, the Python path (dispatch.py, runtime_ops.py), kernels and NKI launches (`count_executed`).
+
+
+def count_executed(name: str) -> None:
+    """Count one launch of `name` (an ATen op, `kernel:<name>`, `nki:<name>`) that ran on the device."""
+    state.device.rt.count_executed(name)
+
+
+def executed_counts() -> dict[str, int]:
+    """{name: launches run on the device}, in the order each was first counted."""
     rt = state.device.rt  # None before registration
-    if rt is not None:
-        executed.update(rt.take_executed())
+    return {} if rt is None else rt.executed_counts()
 
 
 class FallbackError(RuntimeError):
@@ -32,19 +38,17 @@ def get_fallback_ops() -> list[str]:
 
 def get_executed_ops() -> list[str]:
     """De-duplicated names of the ops that ran on the device."""
-    _merge()
-    return list(executed)
+    return list(executed_counts())
 
 
 def get_op_counts() -> dict[str, dict[str, int]]:
     """Per-op call counts: {'device': {...}, 'fallback': {...}}."""
-    _merge()
-    return {"device": dict(executed), "fallback": dict(fallback)}
+    return {"device": executed_counts(), "fallback": dict(fallback)}
 
 
 def clear_op_tracking() -> None:
-    _merge()
-    executed.clear()
+    if state.device.rt is not None:
+        state.device.rt.clear_executed()
     fallback.clear()
     graphs.clear()
     _fallback_order.clear()

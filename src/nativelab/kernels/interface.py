@@ -109,7 +109,7 @@ class Kernel:
         if host is not None and host.accepts(*args):  # hand-written host code for this signature
             if kind == DEVICE:
                 queue.launch("kernel", self._label, host, *args)
-                tracking.executed[self._label] += 1
+                tracking.count_executed(self._label)
             else:
                 host(*args)
             return None
@@ -130,7 +130,7 @@ class Kernel:
                 run_at_call("kernel", self._label, compiled, live, tensors[0].device.index or 0)
             else:
                 queue.launch("kernel", self._label, compiled, *live)
-            tracking.executed[self._label] += 1
+            tracking.count_executed(self._label)
         else:
             compiled(*live)
         return None
@@ -174,7 +174,7 @@ class Kernel:
                 return False
         if device.type == DEVICE:
             queue.launch("kernel", self._label, entry[0], *rest)  # runs on host views of `rest`
-            tracking.executed[self._label] += 1
+            tracking.count_executed(self._label)
         else:
             entry[0](*rest)
         return True

@@ -239,7 +239,7 @@ class JitKernel:
         outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
         if device.type == DEVICE:
             queue.launch("kernel", self._label, traced.launch, *tensors, *outs)
-            tracking.executed[self._label] += 1
+            tracking.count_executed(self._label)
         else:
             traced.launch(*tensors, *outs)
         return _result(traced, outs, tensors, numpy_mode)

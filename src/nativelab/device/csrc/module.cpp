@@ -150,7 +150,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install_runtime_kernels", &install_runtime_kernels,
         "take over runtime_ops kernels (name -> Python kernel) that C++ serves; returns the names taken");
   m.def("set_noticed", &set_noticed, "the emulated-device notice was printed: allocations may skip Python");
-  m.def("take_executed", &take_executed, "per-op counts of ops the C++ path ran since the last call");
+  m.def("count_executed", &count_executed, "count one launch of an op or kernel the device ran (the one count)");
+  m.def("executed_counts", &executed_counts, "{name: launches the device ran}, in the order first counted");
+  m.def("clear_executed", &clear_executed, "forget the op counts");
   m.def("mark_wrapped_number", [](py::handle t) {
     TORCH_CHECK(THPVariable_Check(t.ptr()), "expected a tensor");
     const auto& tensor = THPVariable_Unpack(t.ptr());

@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <tuple>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -74,8 +75,30 @@ struct OpEntry {
   std::vector<int> returns_alias;  // a mutating op: the argument each return is
   bool key_floats = false;  // an out= op: its float arguments can size the outputs (arange.start_out)
   std::unordered_map<std::vector<int64_t>, Spec, KeyHash> specs;
-  int64_t executed = 0;
+  struct CountSlot* counted = nullptr;  // its executed count
 };
+
+// ---- op counts: every launch the device ran, whoever launched it (this file, dispatch.py, runtime_ops.py, the
+// kernel interface, nki.jit: count_executed), the one count the tracking API reads ----------------------------
+
+struct CountSlot {
+  int64_t count = 0;
+  uint64_t seq = 0;  // when it was first counted since the last clear (0: not yet): the order names are read in
+};
+std::mutex g_count_mu;
+std::unordered_map<std::string, CountSlot> g_counts;  // node-based: a slot stays put
+uint64_t g_count_seq = 0;
+
+CountSlot* count_slot(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_count_mu);
+  return &g_counts[name];
+}
+
+void bump(CountSlot* s) {
+  std::lock_guard<std::mutex> lock(g_count_mu);
+  if (s->seq == 0) s->seq = ++g_count_seq;
+  s->count += 1;
+}
 
 std::mutex g_mu;  // never held while taking the GIL
 std::unordered_map<const void*, OpEntry*> g_entries;
@@ -99,6 +122,7 @@ OpEntry* entry_for(const c10::OperatorHandle& op) {
     py::tuple d = (*g_decide)(name.name, name.overload_name);
     e->py_op = new py::object(d[0]);
     e->name = d[1].cast<std::string>();
+    e->counted = count_slot(e->name);
     py::object route = d[2];
     if (route.is_none()) {
       e->route = Route::kPython;
@@ -408,10 +432,7 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
       for (auto& o : outs) results.emplace_back(std::move(o));
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    e->executed += 1;
-  }
+  bump(e->counted);
   const size_t pending = launch(std::move(q));
   torch::jit::drop(*stack, n);
   for (auto& r : results) stack->push_back(std::move(r));
@@ -432,13 +453,9 @@ void device_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, to
 
 std::unordered_map<std::string, py::object*> g_runtime;  // op name -> runtime_ops kernel (set once, then read)
 std::atomic<bool> g_noticed{false};  // the "emulated device" line was printed (runtime_ops._notice)
-std::mutex g_count_mu;
-std::unordered_map<std::string, int64_t> g_counts;  // executed counts of the runtime's ops
+CountSlot* const g_copy_count = count_slot(kCopyName);
 
-void count(const std::string& name) {
-  std::lock_guard<std::mutex> lock(g_count_mu);
-  g_counts[name] += 1;
-}
+void count(const std::string& name) { bump(count_slot(name)); }
 
 void python_runtime(const char* name, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call_python(*g_runtime.at(name), nullptr, op, stack);
@@ -557,7 +574,7 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   }
   if (!src_dev && queue_size() == 0) {  // nothing queued may still read dst: copy now
     trace_run(WorkKind::kCopy, kMemcpyH2DName, dst.device().index(), [&] { host_view(dst, kCopyName).copy_(src); });
-    count(kCopyName);
+    bump(g_copy_count);
     auto result = a[0];
     torch::jit::drop(*stack, 3);
     stack->push_back(std::move(result));
@@ -569,7 +586,7 @@ void copy_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   q.op = op;
   q.op_name = src_dev ? &kCopyName : &kCopyH2DQueuedName;
   q.stack = {host_view(dst, kCopyName), src_dev ? c10::IValue(host_view(src, kCopyName)) : c10::IValue(src.clone()), false};
-  count(kCopyName);
+  bump(g_copy_count);
   const size_t pending = launch(std::move(q));
   auto result = a[0];
   torch::jit::drop(*stack, 3);
@@ -623,27 +640,26 @@ void install_kernels(py::function python_kernel, py::function decide, py::functi
 
 void set_fast(bool on) { g_fast.store(on); }
 
-py::dict take_executed() {
-  std::vector<std::pair<std::string, int64_t>> counts;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    for (auto& kv : g_entries) {
-      if (kv.second->executed) {
-        counts.emplace_back(kv.second->name, kv.second->executed);
-        kv.second->executed = 0;
-      }
-    }
-  }
+void count_executed(const std::string& name) { count(name); }
+
+py::dict executed_counts() {
+  std::vector<std::tuple<uint64_t, std::string, int64_t>> counts;
   {
     std::lock_guard<std::mutex> lock(g_count_mu);
-    for (auto& kv : g_counts) {
-      if (kv.second) counts.emplace_back(kv.first, kv.second);
-      kv.second = 0;
+    for (const auto& kv : g_counts) {
+      if (kv.second.count) counts.emplace_back(kv.second.seq, kv.first, kv.second.count);
     }
   }
+  std::sort(counts.begin(), counts.end());
   py::dict d;
-  for (auto& c : counts) d[py::str(c.first)] = d.contains(c.first) ? d[py::str(c.first)].cast<int64_t>() + c.second : c.second;
+  for (const auto& [seq, name, n] : counts) d[py::str(name)] = n;
   return d;
+}
+
+void clear_executed() {
+  std::lock_guard<std::mutex> lock(g_count_mu);
+  for (auto& kv : g_counts) kv.second = CountSlot{};
+  g_count_seq = 0;
 }
 
 }  // namespace nativelab

@@ -91,7 +91,9 @@ void set_fast(bool on);
 // rest): returns the names taken
 std::vector<std::string> install_runtime_kernels(const pybind11::dict& kernels);
 void set_noticed();
-pybind11::dict take_executed();
+void count_executed(const std::string& name);  // one launch of `name` the device ran
+pybind11::dict executed_counts();  // name -> launches, in the order first counted since clear_executed
+void clear_executed();
 // host_views.cpp: a CPU tensor over a device tensor's memory (conj/neg bits kept; a zero tensor's zeros), after
 // checking what it assumes of the tensor (layout, dtype, storage, bounds): a c10::Error naming `what` (the op)
 at::Tensor host_view(const at::Tensor& t, std::string_view what = {});
