@@ -117,3 +117,23 @@ def test_no_python_module_counts_launches_of_its_own():
     for f in _python_sources():
         text = f.read_text()
         assert "executed[" not in text and "take_executed" not in text, f
+
+
+def test_the_cpp_key_takes_the_python_paths_rule_for_floats():
+    # Whether a float's value is part of a call's signature key is decided once, by schema.py (OpRecord.out_args),
+    # and handed to the C++ kernel with the op's route: arange.start_out keys its floats (they size out=) on both
+    # paths, so a new step gives a new spec, not the first call's.
+    from nativelab.device import dispatch, schema
+
+    op = torch.ops.aten.arange.start_out
+    assert schema.record_for(op).out_args
+    assert dispatch.fast_route("aten::arange", "start_out")[2][2] is True
+    assert dispatch.fast_route("aten::add_", "Tensor")[2][2] is False
+    src = (CSRC / "ops.cpp").read_text()
+    assert "e->key_floats = true" not in src  # the C++ side no longer derives the rule from the schema itself
+    for fast in (True, False):
+        with state.device.mode(fast_path=fast):
+            for step in (1.0, 1.0, 0.5, 0.25, 0.5):
+                out = torch.empty(0, device="neuron")
+                torch.arange(0.0, 2.0, step, out=out)
+                assert out.cpu().tolist() == torch.arange(0.0, 2.0, step).tolist(), (fast, step)

@@ -60,8 +60,8 @@ def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True, written: t
     for pos, a in enumerate(args):
         ta = type(a)
         if ta in _PLAIN:
-            # a float's value is left out (as in the C++ kernel's key) unless the op sizes out= arguments
-            # (arange.start_out): optimizers pass a new step size every step, a new cache entry each
+            # a float's value is left out unless the op sizes out= arguments (arange.start_out): optimizers pass
+            # a new step size every step, a new cache entry each (fast_route hands the C++ key the same rule)
             key.append(float if ta is float and not key_floats else a)
             continue
         if ta is _Tensor or ta is torch.nn.Parameter or isinstance(a, _Tensor):
@@ -565,7 +565,8 @@ def resize_(t: torch.Tensor, shape, memory_format=None) -> torch.Tensor:
 def fast_route(name: str, overload: str):
     """For the C++ kernel, once per op overload: (the OpOverload, its tracking name, its route), the route being
     None (every call through Python), ('f', out= overload name or '') for a functional op queued with its
-    outputs, or ('m', the argument each return is) for an op that writes its arguments."""
+    outputs, or ('m', the argument each return is, whether its float arguments are part of the signature key:
+    `rec.out_args`, the Python path's rule) for an op that writes its arguments."""
     ns, _, base = name.partition("::")
     op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
     rec = schema.record_for(op)
@@ -573,7 +574,7 @@ def fast_route(name: str, overload: str):
         return op, rec.name, None
     if rec.mutable:
         if rec.returns_alias and all(i is not None for i in rec.returns_alias):
-            return op, rec.name, ("m", tuple(rec.returns_alias))
+            return op, rec.name, ("m", tuple(rec.returns_alias), rec.out_args)
         return op, rec.name, None
     return op, rec.name, ("f", schema.op_schema(rec.out_op).overload_name if rec.out_op is not None else "")
 

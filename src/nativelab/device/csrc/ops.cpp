@@ -73,7 +73,7 @@ struct OpEntry {
   std::optional<c10::OperatorHandle> out_op;
   std::vector<int> out_map;  // per argument of the out= form: >= 0 an input, < 0 output -(k+1)
   std::vector<int> returns_alias;  // a mutating op: the argument each return is
-  bool key_floats = false;  // an out= op: its float arguments can size the outputs (arange.start_out)
+  bool key_floats = false;  // an out= op: its float arguments can size the outputs (arange.start_out): Python's
   std::unordered_map<std::vector<int64_t>, Spec, KeyHash> specs;
   struct CountSlot* counted = nullptr;  // its executed count
 };
@@ -131,10 +131,8 @@ OpEntry* entry_for(const c10::OperatorHandle& op) {
       const auto kind = r[0].cast<std::string>();
       if (kind == "m") {
         e->route = Route::kMutating;
-        for (const auto& a : op.schema().arguments()) {
-          if (a.kwarg_only() && a.alias_info() != nullptr && a.alias_info()->isWrite()) e->key_floats = true;
-        }
         for (auto h : py::reinterpret_borrow<py::tuple>(r[1])) e->returns_alias.push_back(h.cast<int>());
+        e->key_floats = r[2].cast<bool>();  // schema.py's OpRecord.out_args, as the Python path keys it
       } else {
         e->route = Route::kFunctional;
         const auto out = r[1].cast<std::string>();
