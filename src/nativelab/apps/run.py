@@ -40,9 +40,9 @@ DESCRIPTIONS = {
     "experimental": "NKI experimental (CTE prefill + megakernel decode, static KV cache)",
 }
 DEFAULT_PROMPT = [1, 15043, 29892, 590, 1024, 338]  # a fixed prompt for random-weight models
-# Why --kernels defaults to cpu: with nki the tiers ran 6x (core) and 10x (experimental) slower (small, bf16,
-# compiled, greedy, 2-core Xeon AVX-512 + AMX, one quiet run: core 205.9 -> 32.8, experimental 209.2 -> 20.2 tok/s)
-KERNELS_REASON = ("with nki, core and experimental ran 6x and 10x slower on a 2-core Xeon: an NKI kernel runs its "
+# Why --kernels defaults to cpu: with nki the tiers ran 5x (core) and 22x (experimental) slower (small, bf16,
+# compiled, greedy, 2-core Xeon AVX-512 + AMX, one quiet run: core 196.3 -> 40.5, experimental 497.3 -> 22.8 tok/s)
+KERNELS_REASON = ("with nki, core and experimental ran 5x and 22x slower on a 2-core Xeon: an NKI kernel runs its "
                   "128-partition tiles as many small compiled operations, the CPU kernels run a few large ones. "
                   "Both compute the same, and the tiers' code is the same either way")
 
