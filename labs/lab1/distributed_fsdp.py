@@ -13,6 +13,7 @@ complete checkpoint there.
 import argparse
 import os
 import signal
+import sys
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,10 @@ def main():
     device = torch.device("neuron", local_rank)
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"[Rank {rank}/{world}] Initialized on {device}", flush=True)
+    # One write per line: print() writes the text and the newline separately when unbuffered, and four
+    # ranks share one stdout, so their lines could interleave.
+    sys.stdout.write(f"[Rank {rank}/{world}] Initialized on {device}\n")
+    sys.stdout.flush()
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = MLP().to(device)
