@@ -412,6 +412,35 @@ def test_costs_follow_the_published_formulas():
     assert drops and all(d == pytest.approx(1024 / ghz) for d in drops)
 
 
+@nki.jit
+def _elementwise(x, y, col):
+    tx, ty, tc = nl.load(x), nl.load(y), nl.load(col)
+    out = _hbm(x.shape, x.dtype)
+    a = nl.add(tx, ty)  # two tiles
+    b = nl.multiply(a, 2.0)  # a scalar operand
+    nl.store(out, nl.subtract(b, tc))  # a [P, 1] vector operand
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_nl_binary_op_of_two_tiles_costs_both_reads(dtype):
+    """AWS's Vector Engine cost model: one input tile, roughly N cycles; two input tiles, roughly 2N (the
+    Trainium/Inferentia2 architecture guide); bf16 tensor_tensor in SBUF runs 2x, tensor_scalar 4x (the
+    Trainium2 guide's perf mode). N = 512 elements per partition, at 0.96 GHz."""
+    n = 512
+    est = _elementwise.estimate(torch.empty(128, n, dtype=dtype), torch.empty(128, n, dtype=dtype),
+                                torch.empty(128, 1, dtype=dtype))
+    took = {name: end - start for name, engine, start, end, _ in est.events if engine == "vector"}
+    two, one = (2, 4) if dtype == torch.bfloat16 else (1, 1)
+    assert took["nl.add"] == pytest.approx(max(2 * n / two, 64) / 0.96e9)
+    assert took["nl.multiply"] == pytest.approx(max(n / one, 64) / 0.96e9)
+    assert took["nl.subtract"] == pytest.approx(max(n / one, 64) / 0.96e9)
+    torch.manual_seed(0)
+    x, y, c = torch.randn(128, n).to(dtype), torch.randn(128, n).to(dtype), torch.randn(128, 1).to(dtype)
+    ref = ((x.float() + y.float()).to(dtype).float() * 2).to(dtype).float() - c.float()  # each op rounds
+    torch.testing.assert_close(sim(_elementwise)(x, y, c), ref.to(dtype))
+
+
 # --- compiled: the same seed gives the interpreter's values, on neuron and CPU tensors
 
 

@@ -294,9 +294,17 @@ def apply_op(op: Op, *args, dtype=None, **_kw) -> NkiTensor:
     out, dtype = compute(op, [value_of(a, name) for a in args], None if dtype is None else dtype_of(dtype))
     limits.check_partitions(name, "the result", tuple(out.shape))
     t = ndarray(tuple(out.shape), dtype, sbuf)
-    record(name, "scalar" if op.arity == 1 else "vector", t)
+    record(name, "scalar" if op.arity == 1 else "vector", t, inputs=_tiles_read(args))
     write(t, out, name)
     return t
+
+
+def _tiles_read(args) -> int:
+    """The input tiles an elementwise op streams: a binary op of two tiles is a tensor_tensor, which reads
+    both ("roughly 2N cycles", the Vector Engine's cost model in AWS's Trainium/Inferentia2 architecture
+    guide); a scalar or a [P, 1] vector operand is a tensor_scalar's broadcast operand (roughly N)."""
+    full = builtins.sum(1 for a in args if isinstance(a, NkiTensor) and a.numel() > (a.shape[0] if a.shape else 1))
+    return builtins.max(full, 1)
 
 
 globals().update({name: op for name, op in _OPS.items() if name not in ("max", "min", "mult")})
