@@ -100,14 +100,24 @@ def test_without_nki_launches_no_section():
     assert s.summary()["nki_kernels"] == {}
 
 
-@pytest.mark.slow
-def test_compiled_launches_on_the_device_are_reported(tmp_path, monkeypatch):
+def test_checks_estimate_prices_an_nki_launch_at_its_own_estimate(tmp_path, monkeypatch):
+    """Compiled launches on the device are seen as kernels with their estimate, and `nativelab check`'s
+    Trainium2 estimate takes each NKI launch's time from the cost model (the figure computed here from the
+    published rules), not the generic per-kernel constant and roofline."""
+    from nativelab.check import Check
+
     monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
     total, _ = _expected()
     a, b = _args("neuron")
-    profiled_add(a, b)  # compiled outside the session
-    with Session("nki") as s:
-        torch.testing.assert_close(profiled_add(a, b).cpu(), (a + b).cpu())
-    assert "kernel:profiled_add" in s.ops
-    k = s.nki_kernels()["profiled_add"]
-    assert k["calls"] == 1 and k["est_trn2_us"] == pytest.approx(total * 1e6)
+    profiled_add(a, b)  # compiled outside the check
+    with Check("nki") as c:
+        outs = [profiled_add(a, b) for _ in range(2)]
+    torch.testing.assert_close(outs[1].cpu(), (a + b).cpu())
+    assert "kernel:profiled_add" in c.watch.ops
+    k = c.watch.nki_kernels()["profiled_add"]
+    assert k["calls"] == 2 and k["est_trn2_us"] == pytest.approx(total * 1e6)
+    est = c.report().as_dict()["estimate"]
+    assert est["parts"]["NKI kernels"] == pytest.approx(2 * total)
+    assert est["parts"]["kernels"] == 0 and est["parts"]["device roofline"] == 0  # not priced twice
+    assert est["counts"]["nki_launches"] == 2
+    assert est["by_work"]["kernel:profiled_add"] == pytest.approx(2 * total)

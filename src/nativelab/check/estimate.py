@@ -1,6 +1,8 @@
 """A first-order estimate of the checked run on Trainium2, from what the emulated device executed.
 
     device work   per launch of a compiled graph: launch_s; of an eager op: eager_launch_s
+    NKI kernel    per launch: nki/cost.py's estimate of that launch on a NeuronCore-v3 (its engines, DMA queues
+                  and dependencies), in place of kernel_s and the roofline
                   per kernel (one op of a compiled graph, or one library-kernel call): kernel_s
                   + max(bytes / HBM bandwidth, FLOPs / TensorEngine peak) of each unit of work
     CPU fallback  host_round_trip_s + its bytes over the host link, each call
@@ -85,10 +87,14 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     launches = eager = kernels = 0
     roof = mem_s = flop_s = 0.0
     by_name: dict[str, float] = {}
+    nki = getattr(watch, "nki", {})  # NKI kernel -> its launches' nki/cost.py estimates (a profile Session's)
+    nki_graphs = {gm for gm, name in getattr(watch, "kernel_names", {}).items() if name in nki}
     for name, st in watch.ops.items():
         if st.kind not in ("op", "graph", "kernel"):
             continue
         src, is_kernel = watch.sources.get(name, (None, False))
+        if st.kind == "kernel" and (src in nki_graphs or name.removeprefix("kernel:") in nki):
+            continue  # an NKI launch: priced below by its own estimate
         if src is not None:
             k, f = graph_work(src, is_kernel)
         else:
@@ -109,6 +115,8 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     # ops, each an engine instruction sequence like an op of a compiled graph (fusion saves the HBM round trips
     # between them, which the roofline already leaves out, and the launches).
     for gm, calls in watch.kernel_runs.items():
+        if gm in nki_graphs:
+            continue
         k, f = graph_work(gm, False)
         kernels += (k - 1) * calls
         fl_s = f * calls / peak
@@ -126,12 +134,16 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     once = [ev for ev in (*watch.fallback_sites.values(), *watch.sync_sites.values()) if one_time(ev)]
     once_s = sum(ev.count for ev in once) * hw.host_round_trip_s + \
         sum(ev.to_host + ev.to_device for ev in once) / hw.host_link_bytes_per_s
+    nki_s = sum(st.est_seconds for st in nki.values())
+    for name, st in nki.items():
+        by_name[f"kernel:{name}"] = st.est_seconds
     coll_s = sum(hw.collective_seconds(kind, c.bytes, c.world, c.calls) for (kind, _), c in watch.collective_sites.items())
     parts = {
         "graph launch": launches * hw.launch_s,
         "eager op launch": eager * hw.eager_launch_s,
         "kernels": kernels * hw.kernel_s,  # the kernels' FLOPs are in flop_s; their bytes in the graph's
         "device roofline": roof,
+        "NKI kernels": nki_s,  # nki/cost.py's estimate of each launch
         "CPU fallbacks": fallback_s,
         "host syncs": sync_s,
         "collectives": coll_s,
@@ -145,7 +157,7 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         "parts": parts,
         "parts_per": {k: v / d for k, v in parts.items()},
         "counts": {"launches": launches, "eager_ops": eager, "kernels": kernels, "fallback_calls": fb_calls,
-                   "sync_calls": sync_calls,
+                   "sync_calls": sync_calls, "nki_launches": sum(st.calls for st in nki.values()),
                    "collective_calls": sum(c.calls for c in watch.collective_sites.values()),
                    "device_bytes": sum(st.read + st.written for st in watch.ops.values()
                                        if st.kind in ("op", "graph", "kernel")),

@@ -130,6 +130,7 @@ class Watch(Session):
         self.sources: dict[str, tuple] = {}
         self.probe_errors: list[str] = []  # graphs whose values could not be read (reported, not raised)
         self._graph_values: dict = {}  # id(device graph) -> (graph, GraphValues): kept alive with its entry
+        self.kernel_names: dict = {}  # library kernel traced graph -> the kernel's name (NKI's are priced apart)
         self.kernel_runs: dict = {}  # library kernel traced graph -> calls (run inside graphs or queued alone)  # queue entry name -> (FX graph it runs or None, is a kernel)
         self.start_wall = 0.0
 
@@ -413,6 +414,7 @@ class Watch(Session):
 
     def kernel_run(self, name, gm) -> None:
         self.kernel_runs[gm] = self.kernel_runs.get(gm, 0) + 1
+        self.kernel_names[gm] = name
 
     def graph(self, kind, shapes) -> None:
         def_site, call = compiled_call_sites()
