@@ -2,6 +2,7 @@
 channels_last outputs, lazy modules, errors at the call, out= arguments that must grow, warnings of queued
 ops, and no warning CPU does not give. Each case is compared with plain CPU PyTorch."""
 
+import copy
 import warnings
 
 import pytest
@@ -21,16 +22,41 @@ PADS = [
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("module,shape,fmt", PADS, ids=lambda p: type(p).__name__ if isinstance(p, nn.Module) else None)
-def test_padding_a_channels_last_input_matches_cpu_values_and_layout(module, shape, fmt):
+def test_padding_a_channels_last_input_matches_cpu_values_and_layout(module, shape, fmt, dtype):
     """The pad's out= kernel lays a channels_last result out channels_last; the device's output has CPU's
-    strides (it wrote CPU's layout into memory read as contiguous: values off by up to 5.5)."""
-    x = torch.randn(shape).to(memory_format=fmt)
+    strides (it wrote CPU's layout into memory read as contiguous: values off by up to 5.5). float64, which
+    the dtype policy computes as float32 through the functional form, lost the layout (contiguous)."""
+    x = torch.randn(shape, dtype=dtype).to(memory_format=fmt)
     want = module(x)
     for _ in range(2):  # the signature's first call (run at once) and a queued one
         got = module(x.to(DEV))
-        assert got.stride() == want.stride()
-        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+        assert got.stride() == want.stride() and got.dtype == dtype
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-6 if dtype == torch.float64 else 0, atol=0)
+
+
+@pytest.mark.parametrize("loss", [
+    nn.NLLLoss(), nn.NLLLoss(weight=torch.tensor([0.5, 2.0, 1.0, 0.25, 1.5], dtype=torch.float64)),
+    nn.CrossEntropyLoss(reduction="sum"), nn.CrossEntropyLoss(label_smoothing=0.1),
+], ids=["nll", "nll_weight", "ce_sum", "ce_smoothing"])
+def test_class_index_losses_of_float64_inputs_match_cpu_with_gradients(loss):
+    """The dtype policy computes a float64 input as float32; the 0-d float64 operands beside it
+    (nll_loss_backward's grad_output and total_weight) follow it, where CPU's kernel raised "expected scalar
+    type Float but found Double" (PyTorch's test_modules, NLLLoss/CrossEntropyLoss float64)."""
+    x = torch.randn(6, 5, dtype=torch.float64)
+    target = torch.tensor([1, 0, 4, 2, 2, 3])
+    xc = x.clone().requires_grad_()
+    want = loss(xc, target)
+    want.backward()
+    dev_loss = copy.deepcopy(loss).to(DEV)
+    for _ in range(2):  # the signature's first call and a queued one
+        xd = x.to(DEV).requires_grad_()
+        got = dev_loss(xd, target.to(DEV))
+        got.backward()
+        assert got.dtype == xd.grad.dtype == torch.float64
+        torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("make,shape", [

@@ -319,7 +319,10 @@ def _run_functional_checked(rec, hargs, houts):
     made first (its result dropped), so its dtype checks raise as on CPU (scatter of a float64 tensor with a
     float32 source, which narrowing would make agree)."""
     policy.probe(rec, hargs)
-    _run_functional_policy(rec, hargs, houts)
+    if policy.finish_policy(rec, hargs):
+        _run_functional_copy(rec, hargs, houts, cpu_strides=True)
+    else:
+        _run_functional(rec, hargs, houts)
 
 
 def _run_functional(rec, hargs, houts):
@@ -336,13 +339,25 @@ def _run_upcast_gemm(rec, hargs, houts):
     houts[0].copy_(rec.call(gemm_policy.upcast_tensors(hargs)))
 
 
-def _run_functional_copy(rec, hargs, houts):
+def _run_functional_copy(rec, hargs, houts, cpu_strides=False):
+    """`cpu_strides` (a signature's first call, whose output strides become the signature's: _first_call): the
+    outputs take the strides of CPU's results where the meta kernel said others (reflection_pad2d of a
+    narrowed channels_last float64 input is channels_last on CPU, contiguous by its meta kernel)."""
     res = rec.call(hargs)
-    if isinstance(res, _Tensor):
-        houts[0].copy_(res)
-    else:
-        for h, r in zip(houts, res):
-            h.copy_(r)
+    for h, r in zip(houts, (res,) if isinstance(res, _Tensor) else res):
+        if cpu_strides and h.stride() != r.stride() and h.shape == r.shape and _dense(r) and _dense(h):
+            h.set_(h.untyped_storage(), h.storage_offset(), h.shape, r.stride())
+        h.copy_(r)
+
+
+def _dense(t) -> bool:
+    """Non-overlapping and dense: its elements fill a span of numel() elements, dims in any order."""
+    span = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != span:
+            return False
+        span *= size
+    return True
 
 
 def _meta_spec(rec: OpRecord, args: list):

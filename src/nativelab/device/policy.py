@@ -165,9 +165,25 @@ def finish_policy(rec, hargs: list) -> bool:
     for i in narrow:
         a = hargs[i]
         hargs[i] = _narrow(a) if isinstance(a, _Tensor) else [_narrow(t) for t in a]
+    if narrow and not rec.mutable:  # (an op that writes its arguments: call_narrowed's own rule)
+        _follow_narrowed(rec, hargs, {t.dtype for i in narrow for t in tensors((hargs[i],))}, set(narrow))
     if rec.int64_args:
         widen_indices(rec, hargs)
     return bool(narrow)
+
+
+def _follow_narrowed(rec, hargs: list, narrowed: set, skip: set) -> None:
+    """0-d operands of a dtype the policy narrowed follow it (`narrowed`: the narrow dtypes computed), index
+    arguments excepted: ops that require equal dtypes saw float32 and float64 (nll_loss_backward's 0-d
+    grad_output and total_weight beside a narrowed float64 input: "expected scalar type Float but found
+    Double"; index_put_'s values, `x[idx] = -1` on int64). Where dtypes may differ, CPU casts a 0-d operand to
+    the narrow dtype of the others anyway (type promotion), so its value is the same."""
+    wide = {w for w, n in NARROW.items() if n in narrowed}
+    indices = {rec.arg_pos[n] for n in rec.arg_pos if "ind" in n} | set(rec.int64_args)
+    for j, a in enumerate(hargs):
+        if (j not in skip and j not in indices and isinstance(a, _Tensor) and a.dim() == 0
+                and a.dtype in wide):
+            hargs[j] = a.to(NARROW[a.dtype])
 
 
 def widen_results(res, args):
@@ -234,12 +250,8 @@ def call_narrowed(rec, hargs: list):
     # 0-d operands of a written argument's dtype follow it: ops that require equal dtypes (index_put_'s
     # values: `x[idx] = -1` on int64, a Python number wrapped as a 0-d int64 tensor) saw int32 and int64.
     # Indices stay int64 (index_copy_(0, torch.tensor(0), src) on int64 requires a long index).
-    narrowed = {t.dtype for a in wide.values() for t in tensors((a,)) if is_narrowed(t.dtype)}
-    indices = {rec.arg_pos[n] for n in rec.arg_pos if "ind" in n}
-    for j, a in enumerate(hargs):
-        if (j not in wide and j not in indices and isinstance(a, _Tensor) and a.dim() == 0
-                and a.dtype in narrowed):
-            hargs[j] = a.to(NARROW[a.dtype])
+    _follow_narrowed(rec, hargs, {NARROW[t.dtype] for a in wide.values() for t in tensors((a,))
+                                  if is_narrowed(t.dtype)}, set(wide))
     try:
         res = rec.call(hargs)
         for i, a in wide.items():
