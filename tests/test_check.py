@@ -221,7 +221,7 @@ def test_checks_nest():
         for _ in range(2):
             torch.argsort(x)
             step()
-        torch.compile(two_steps, backend="neuron")  # recorded (not compiled: it is never called)
+        torch.compile(torch.nn.Identity(), backend="neuron")  # recorded as torch.compile runs (never called)
 
     two_steps()
     with Check("alone") as alone:
@@ -236,6 +236,57 @@ def test_checks_nest():
     assert recorded(inner.watch) == recorded(outer.watch) == recorded(alone.watch)
     assert _findings(inner) == _findings(outer) == _findings(alone)
     assert [f[:3] for f in _findings(alone)] == [("fallback", two_steps.__code__.co_firstlineno + 2, 2)]
+
+
+def test_nested_checks_and_a_check_in_a_session_record_the_same_compile_calls_and_graph_launches():
+    """torch.compile is never replaced (compile_calls.py): a module's compile call is seen as torch.compile runs,
+    a function's at its first frame compile, by every check watching, each at the line of its torch.compile; the
+    graphs' launches are each observer's `run` events and the runtime's one count (`graph:<name>`)."""
+    from nativelab.device import tracking
+
+    real_compile = torch.compile
+    x = torch.randn(4, 8).to("neuron")
+    model = torch.nn.Linear(8, 8).to("neuron")
+
+    def compile_and_run():
+        compiled = torch.compile(model, backend="neuron", dynamic=False)
+        for _ in range(3):
+            compiled(x)
+        torch.neuron.synchronize()
+
+    @torch.compile(backend="neuron", fullgraph=True)
+    def double(t):
+        return t * 2
+
+    compile_and_run()  # Dynamo compiles it here; below the same graphs are served from its cache
+    before = tracking.executed_counts()
+    with Check("alone") as alone:
+        compile_and_run()
+    with Check("outer") as outer:
+        with Check("inner") as inner:
+            compile_and_run()
+            assert torch.compile is real_compile
+            double(x)  # its first call: Dynamo compiles its frame, both checks watching
+    with Session("profile") as profile:
+        with Check("inside") as inside:
+            compile_and_run()
+    assert torch.compile is real_compile and not observe.watched()
+    module_call = {"site": (__file__, compile_and_run.__code__.co_firstlineno + 1), "backend": "neuron",
+                   "dynamic": False, "mode": None, "options": None, "fullgraph": False}
+    function_call = {"site": (__file__, double.__wrapped__.__code__.co_firstlineno), "backend": "neuron", "dynamic": None,
+                     "mode": None, "options": None, "fullgraph": True}
+    calls = lambda c: [{**call, "site": (call["site"].file, call["site"].line)} for call in c.watch.compile_calls]
+    assert calls(alone) == calls(inside) == [module_call]
+    assert calls(outer) == calls(inner) == [module_call, function_call]
+    graphs = lambda s: {n: st.calls for n, st in s.ops.items() if st.kind == "graph"}
+    launched = graphs(alone.watch)
+    assert launched and all(n.startswith("graph:") and k % 3 == 0 for n, k in launched.items()), launched
+    assert graphs(inside.watch) == graphs(profile) == launched
+    doubled = {n: k for n, k in graphs(inner.watch).items() if n not in launched}  # double's one launch
+    assert graphs(outer.watch) == graphs(inner.watch) == {**launched, **doubled} and list(doubled.values()) == [1]
+    after = tracking.executed_counts()  # the device's one count: each launch once, however many watched it
+    assert {n: after[n] - before.get(n, 0) for n in launched} == {n: 3 * k for n, k in launched.items()}
+    assert not hasattr(tracking, "graphs")
 
 
 def test_a_script_that_profiles_itself_checked(tmp_path):

@@ -411,6 +411,47 @@ def test_check_reads_dynamo_compilation_metrics():
     assert calls and m.weight.dtype is torch.float64
 
 
+def test_check_reads_what_torch_compile_made():
+    """nativelab.check records torch.compile calls without replacing it (check/compile_calls.py): the module wrapper
+    registers the module as its `_orig_mod` child inside torch.compile, and the Dynamo context found on the stack
+    (then, and while a compiled function's frame compiles) keeps the backend, mode, options, dynamic, fullgraph."""
+    import sys
+
+    from nativelab.check import _private as check_private
+
+    seen = []
+
+    def registered(module, name, submodule):
+        if check_private.is_compiled_module(module) and name == check_private.COMPILED_MODULE_CHILD:
+            seen.append(check_private.dynamo_context_on_stack(sys._getframe(1)))
+
+    handle = torch.nn.modules.module.register_module_module_registration_hook(registered)
+    try:
+        lin = torch.nn.Linear(2, 2)
+        compiled = torch.compile(lin, backend="neuron", dynamic=True, options={"freezing": False})
+        torch.compile(lin, mode="max-autotune-no-cudagraphs")  # Inductor keeps the mode as its configuration
+    finally:
+        handle.remove()
+    assert compiled._orig_mod is lin and check_private.is_compiled_module(compiled) and len(seen) == 2
+    assert seen[0][1] is None and check_private.compile_settings(seen[0][0]) == {
+        "backend": "neuron", "dynamic": True, "mode": None, "options": {"freezing": False}, "fullgraph": False}
+    inductor = check_private.compile_settings(seen[1][0])
+    assert inductor["backend"] == "inductor" and inductor["mode"] is None and inductor["options"]
+
+    def backend(gm, example_inputs):  # runs while Dynamo compiles the frame, under the compiled callable's call
+        seen.append(check_private.dynamo_context_on_stack(sys._getframe(1)))
+        return gm
+
+    def twice(x):
+        return x * 2
+
+    torch.compile(twice, backend=backend, fullgraph=True)(torch.ones(2))
+    ctx, fn = seen[2]
+    assert fn is twice and check_private.compile_settings(ctx) == {
+        "backend": "backend", "dynamic": None, "mode": None, "options": None, "fullgraph": True}
+    assert check_private.dynamo_context_on_stack(sys._getframe()) == (None, None)
+
+
 def test_dlpack_device_patch_and_torch_naming_bug():
     # PyTorch's own __dlpack_device__ checks the unrenamed name "privateuse1"; if it learns the renamed one,
     # the patch can go.

@@ -4,8 +4,9 @@ peak memory with the tensors alive at the peak, compiled shapes and torch.compil
 
 It is one of the device's observers (`nativelab.device.observe`), as the session it extends is, and watches every
 event: each op at dispatch, each allocation, each kernel run, collective and compiled graph, besides the
-session's queued work, host ops and transfers. It also hooks the optimizer's global step hook (steps) and wraps
-`torch.compile` (options) and a few device-choosing calls, all undone when the check ends (innermost first, so
+session's queued work, host ops and transfers. It also registers its own optimizer step hook (steps), module
+registration hook and Dynamo compile callbacks (the torch.compile calls, compile_calls.py: torch.compile itself is
+never replaced), and wraps a few device-choosing calls, all undone when the check ends (innermost first, so
 checks and profiling sessions nest).
 """
 
@@ -26,6 +27,7 @@ from ..device import queue as _queue
 from ..device import schema as _schema
 from ..profile.session import Session
 from . import _private
+from .compile_calls import CompileCalls
 from .drift import Shadows
 from .graph_values import GraphValues
 from .source import Site, compiled_call_sites, library_call, program_site, user_site
@@ -115,6 +117,7 @@ class Watch(Session):
         self.compiled_calls: dict[Site | None, dict] = collections.defaultdict(dict)  # function -> {call site: n}
         self.compile_sites: dict[str, tuple] = {}  # Dynamo compile id -> (def, call site) of the compiled function
         self.compile_calls: list[dict] = []  # torch.compile(...) calls: site, backend, dynamic, mode, options
+        self._compile_calls = CompileCalls(self.compile_calls)
         self.dynamo_metrics: dict[str, object] = {}  # compile id -> CompilationMetrics
         self.blocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.peak: dict[int, int] = {}
@@ -122,8 +125,6 @@ class Watch(Session):
         self.base_allocated: dict[int, int] = {}
         self.capacity: dict[int, int] = {}
         self._last_snapshot: dict[int, int] = {}
-        self._compile_wrapper = None
-        self._real_compile = None
         self._step_hook = None
         self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its steps
         self._op_info: dict = {}  # op overload -> (name, runs on the device, out= names, integer-fp32 op)
@@ -144,8 +145,7 @@ class Watch(Session):
             self.base_allocated[i] = self.peak[i] = self._last_snapshot[i] = s.allocated
             self.capacity[i] = s.capacity
         self._step_hook = _optimizer.register_optimizer_step_post_hook(self._optimizer_step)
-        self._real_compile = torch.compile
-        torch.compile = self._compile_wrapper = _wrap_compile(self._real_compile, self.compile_calls)
+        self._compile_calls.start()
         self._unpatch = [_patch(torch.cuda, "is_available", _asking(self.device_choices, "torch.cuda.is_available()")),
                          _patch(torch.nn.Module, "to", _moving_modules(torch.nn.Module.to, self.module_moves)),
                          _patch(torch.nn.Module, _private.MODULE_APPLY,
@@ -163,8 +163,7 @@ class Watch(Session):
             if _observe.dispatch is None:  # nobody else watches compiled fallback nodes
                 _observe.compiled_source = None
             self._step_hook.remove()
-            if torch.compile is self._compile_wrapper:
-                torch.compile = self._real_compile
+            self._compile_calls.stop()
             for undo in reversed(self._unpatch):
                 undo()
             self._read_dynamo()
@@ -430,8 +429,10 @@ class Watch(Session):
 
     def _compile_start(self, args) -> None:
         cid = getattr(args, "compile_id", None)  # Dynamo's CallbackArgs: the frame compile starting now
+        sites = compiled_call_sites()
         if cid is not None:
-            self.compile_sites[str(cid)] = compiled_call_sites()
+            self.compile_sites[str(cid)] = sites
+        self._compile_calls.frame_compiling(sites[1])  # a compiled function's torch.compile call, at its first frame
         self._read_dynamo()
         super()._compile_start(args)
 
@@ -519,19 +520,6 @@ def _sync_kind(site: Site | None) -> str:
     if "print(" in text:
         return "print"
     return "copy"
-
-
-def _wrap_compile(real, calls: list):
-    def compile(model=None, **kwargs):
-        site = user_site()
-        calls.append({"site": site, "backend": kwargs.get("backend", "inductor"), "dynamic": kwargs.get("dynamic"),
-                      "mode": kwargs.get("mode"), "options": kwargs.get("options"),
-                      "fullgraph": kwargs.get("fullgraph", False)})
-        return real(model, **kwargs) if model is not None else real(**kwargs)
-
-    compile.__wrapped__ = real
-    compile.__doc__ = real.__doc__
-    return compile
 
 
 def _storage(t) -> int:

@@ -7,17 +7,17 @@ import collections
 from . import state
 
 fallback: collections.Counter = collections.Counter()  # op name -> calls that fell back to the CPU
-graphs: collections.Counter = collections.Counter()  # compiled graph name -> launches
 _fallback_order: dict[str, None] = {}  # first-seen order, like the real get_fallback_ops()
 _warned: set[str] = set()
 
 
 # What ran on the device is counted in one place, the C++ runtime (csrc/ops.cpp), whoever launched it: the C++
-# kernel, the Python path (dispatch.py, runtime_ops.py), kernels and NKI launches (`count_executed`).
+# kernel, the Python path (dispatch.py, runtime_ops.py), kernels, NKI and compiled-graph launches
+# (`count_executed`: `kernel:<name>`, `nki:<name>`, `graph:<name>`).
 
 
 def count_executed(name: str) -> None:
-    """Count one launch of `name` (an ATen op, `kernel:<name>`, `nki:<name>`) that ran on the device."""
+    """Count one launch of `name` (an ATen op, `kernel:<name>`, `nki:<name>`, `graph:<name>`) that ran on the device."""
     state.device.rt.count_executed(name)
 
 
@@ -50,7 +50,6 @@ def clear_op_tracking() -> None:
     if state.device.rt is not None:
         state.device.rt.clear_executed()
     fallback.clear()
-    graphs.clear()
     _fallback_order.clear()
 
 
