@@ -87,9 +87,9 @@ def _observed(st: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
     return st
 
 
-def adopt(host: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
+def adopt(host: torch.UntypedStorage, index: int, resizable: bool = True) -> torch.UntypedStorage:
     """Make a device storage on `neuron:index` backed by (and keeping alive) a CPU storage."""
-    st = state.device.rt.mem_adopt(host, index)
+    st = state.device.rt.mem_adopt(host, index, resizable)
     return st if observe.alloc is None else _observed(st, index)
 
 

@@ -203,7 +203,8 @@ c10::DataPtr mem_alloc(int index, int64_t nbytes) {
 
 c10::Storage mem_storage(int index, int64_t nbytes) { return make_storage(mem_alloc(index, nbytes), nbytes); }
 
-c10::Storage mem_adopt(const c10::Storage& host, int index) {
+namespace {
+c10::DataPtr adopt_ptr(const c10::Storage& host, int index) {
   TORCH_CHECK(host.device().is_cpu(), "neuron: only CPU memory can be adopted, got a storage on ", host.device());
   const auto nbytes = static_cast<int64_t>(host.nbytes());
   auto* b = new Block();
@@ -220,7 +221,27 @@ c10::Storage mem_adopt(const c10::Storage& host, int index) {
     delete b;
     throw;
   }
-  return make_storage(block_ptr(b), nbytes);
+  return block_ptr(b);
+}
+}  // namespace
+
+c10::Storage mem_adopt(const c10::Storage& host, int index, bool resizable) {
+  auto st = make_storage(adopt_ptr(host, index), static_cast<int64_t>(host.nbytes()));
+  st.unsafeGetStorageImpl()->set_resizable(resizable);
+  return st;
+}
+
+void mem_move_to(const c10::Storage& st, const c10::Storage& host) {
+  // The device storage itself moves (every tensor viewing it follows), as CPU's share_memory_() moves a CPU
+  // storage into shared memory; like that storage, it can no longer be resized.
+  TORCH_CHECK(host.nbytes() == st.nbytes(), "neuron: mem_move_to: the CPU storage has ", host.nbytes(),
+              " bytes, the device storage ", st.nbytes());
+  queue_callbacks().drain();  // queued work may still write the old memory
+  auto fresh = adopt_ptr(host, st.device().index());
+  if (st.nbytes()) std::memcpy(host.mutable_data(), st.data(), st.nbytes());
+  auto* impl = st.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(std::move(fresh));  // the old block is freed here, unless a host view still holds it
+  impl->set_resizable(false);
 }
 
 bool mem_owns(const c10::Storage& st) { return st.data_ptr().get_deleter() == &free_block; }

@@ -113,9 +113,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mem_storage", [](int index, int64_t nbytes) {
     return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_storage(index, nbytes)));
   }, "a new device storage of nbytes on a core");
-  m.def("mem_adopt", [](py::handle host, int index) {
-    return py::reinterpret_steal<py::object>(THPStorage_Wrap(mem_adopt(THPStorage_Unpack(host.ptr()), index)));
-  }, "a device storage on a core over a CPU storage's memory (kept alive and counted until it dies)");
+  m.def("mem_adopt", [](py::handle host, int index, bool resizable) {
+    return py::reinterpret_steal<py::object>(
+        THPStorage_Wrap(mem_adopt(THPStorage_Unpack(host.ptr()), index, resizable)));
+  }, py::arg("host"), py::arg("index"), py::arg("resizable") = true,
+        "a device storage on a core over a CPU storage's memory (kept alive and counted until it dies)");
+  m.def("mem_move_to", [](py::handle st, py::handle host) {
+    mem_move_to(THPStorage_Unpack(st.ptr()), THPStorage_Unpack(host.ptr()));
+  }, "move a device storage in place onto a CPU storage's memory (its bytes copied there; no longer resizable)");
   m.def("mem_owns", [](py::handle st) { return mem_owns(THPStorage_Unpack(st.ptr())); },
         "whether a device storage's memory is the runtime's (allocated or adopted; freed with the storage)");
   m.def("mem_host_storage", [](py::handle st, bool resizable) {

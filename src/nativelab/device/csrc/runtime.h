@@ -48,7 +48,8 @@ MemStats mem_stats(int index);
 void mem_reset_peak(int index);
 c10::DataPtr mem_alloc(int index, int64_t nbytes);  // host memory on core `index`, counted until freed
 c10::Storage mem_storage(int index, int64_t nbytes);
-c10::Storage mem_adopt(const c10::Storage& host, int index);  // a device storage over a CPU storage's memory
+c10::Storage mem_adopt(const c10::Storage& host, int index, bool resizable = true);  // over a CPU storage's memory
+void mem_move_to(const c10::Storage& st, const c10::Storage& host);  // st's bytes and memory now: host's (in place)
 bool mem_owns(const c10::Storage& st);  // memory the runtime counts (allocated or adopted), freed with st
 // A CPU storage over a device storage's memory that keeps the device storage alive (work queued on host views
 // may outlive every device tensor of that memory).
