@@ -14,9 +14,20 @@ def _adjacency():
     return torch.sparse_coo_tensor(idx, torch.tensor([0.5, 0.5, 1.0, 1.0, 0.25, 0.75]), (4, 4)).coalesce()
 
 
+def _module_with_buffer(t):
+    m = torch.nn.Module()
+    m.register_buffer("adj", t)
+    return m
+
+
 WAYS_IN = {
     "coo.to": lambda: _adjacency().to("neuron"),
-    "csr.to, then used": lambda: _adjacency().to_sparse_csr().to("neuron")._nnz(),
+    "csr.to": lambda: _adjacency().to_sparse_csr().to("neuron"),  # at the conversion, not at a first use
+    "csc.to": lambda: _adjacency().to_sparse_csc().to("neuron:1"),
+    "bsr.to": lambda: _adjacency().to_sparse_bsr((2, 2)).to("neuron"),
+    "module.to with a csr buffer": lambda: _module_with_buffer(_adjacency().to_sparse_csr()).to("neuron"),
+    "sparse_csr_tensor on device": lambda: torch.sparse_csr_tensor(
+        torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.ones(2), (2, 2), device="neuron"),
     "sparse_coo_tensor on device": lambda: torch.sparse_coo_tensor(
         torch.tensor([[0, 1], [1, 0]]).to("neuron"), torch.ones(2).to("neuron"), (2, 2)),
     "dense.to_sparse on device": lambda: torch.eye(3).to("neuron").to_sparse(),
@@ -32,6 +43,13 @@ def test_a_sparse_tensor_on_the_device_is_one_clear_error(way):
         with pytest.raises(SparseUnsupportedError, match=r"^aten::\w+: sparse tensors .* not supported on the "
                            r"'neuron' device .*torch\.sparse\.mm\(adj, x\.cpu\(\)\)\.to\('neuron'\).*to_dense"):
             WAYS_IN[way]()
+
+
+def test_sparse_tensors_still_convert_on_the_cpu():
+    csr = _adjacency().to_sparse_csr()
+    for t in (csr.to(torch.float64), csr.cpu(), _adjacency().to(torch.float64)):
+        assert t.layout in (torch.sparse_csr, torch.sparse_coo) and t.device.type == "cpu"
+        torch.testing.assert_close(t.to_dense(), _adjacency().to_dense().to(t.dtype))
 
 
 def test_the_workarounds_give_the_cpus_result():

@@ -75,8 +75,8 @@ def register() -> bool:
     dynamo_interface.install(dev.num_cores)
     autocast.install(lib, aten_lib)
     int32_targets.install(aten_lib)
-    sparse.install(lib)  # sparse layouts: one clear error
-    from . import multiprocessing as _multiprocessing  # torch.multiprocessing and fork: clear errors, no hang
+    sparse.install(lib, aten_lib)  # sparse layouts: one clear error
+    from . import multiprocessing as _multiprocessing  # torch.multiprocessing: shared memory; fork: CUDA's error
 
     _multiprocessing.install()
     # Lazy conjugate/negative bits: let `_copy_from` see them (host views keep them) instead of PyTorch's
