@@ -61,6 +61,23 @@ def test_checks_that_only_cpu_kernels_make_raise_at_the_call_every_time():
         torch.neuron.synchronize()  # nothing failing was queued
 
 
+def test_histc_checks_of_values_raise_at_the_call_like_cuda():
+    """CUDA's histc reads its input's min and max on the host when no range is given, and checks min and max,
+    floats the signature key leaves out: after a signature passed, a later call of it still raises at the call
+    (a non-finite range, max below min) and not at the next sync."""
+    x = torch.tensor([1.0, 2.0, 1.0])
+    d = x.to("neuron")
+    for _ in range(2):  # the second round finds every signature already seen
+        assert torch.equal(torch.histc(d, bins=4, min=0.0, max=3.0).cpu(), torch.histc(x, bins=4, min=0.0, max=3.0))
+        assert torch.equal(torch.histc(d, bins=4).cpu(), torch.histc(x, bins=4))
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(d, bins=4, min=5.0, max=1.0)
+    for bad in ([1.0, float("inf"), 2.0], [float("nan"), 1.0, 2.0]):
+        with pytest.raises(RuntimeError, match="is not finite"):
+            torch.histc(torch.tensor(bad).to("neuron"), bins=4)
+    torch.neuron.synchronize()  # nothing failing was queued
+
+
 def test_sync_mode_raises_at_the_op():
     r = run_python(
         "import torch, nativelab\n"

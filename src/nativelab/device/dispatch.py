@@ -188,8 +188,8 @@ def _view(rec: OpRecord, args: list, index: int):
 
 
 def _native(rec: OpRecord, args: list, index: int, key: tuple):
-    if rec.random:  # the generator is read at the call, not when the queue runs (see rng.py)
-        return run_on_host(rec.name, rec, args, index, fallback=False)
+    if rec.random or rec.name in policy.RUN_AT_ONCE:  # the generator is read at the call, not when the queue
+        return run_on_host(rec.name, rec, args, index, fallback=False)  # runs (rng.py); policy.RUN_AT_ONCE
     spec = rec.meta_cache.get(key, _MISSING)
     first = spec is _MISSING
     if first:
@@ -585,7 +585,7 @@ def fast_route(name: str, overload: str):
     ns, _, base = name.partition("::")
     op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
     rec = schema.record_for(op)
-    if rec.route != "native" or rec.random or rec.cpu_ok:
+    if rec.route != "native" or rec.random or rec.cpu_ok or rec.name in policy.RUN_AT_ONCE:
         return op, rec.name, None
     if rec.mutable:
         if rec.returns_alias and all(i is not None for i in rec.returns_alias):

@@ -267,6 +267,16 @@ def call_narrowed(rec, hargs: list):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Native ops that run at once (the queue drained, as a fallback runs), never queued.
+
+# histc: CUDA's kernel reads the input's min and max back to the host when no range is given, so a non-finite
+# range (`histc(tensor([nan]))`) raises at the call; and its checks of min and max read float values, which a
+# call signature's key leaves out, so a later call of a signature that passed (`min=5., max=1.`) would be
+# queued and raise only at the next sync.
+RUN_AT_ONCE = frozenset({"aten::histc", "aten::histc.out"})
+
+
+# ---------------------------------------------------------------------------------------------------------
 # CPU-output dtypes.
 
 
