@@ -116,6 +116,14 @@ def _lnc(text: str) -> int:
     return value
 
 
+def _platform(text: str) -> int:
+    """NKI's target names -> the NeuronCore generation; NeuronCore-v2 (trn1 / inf2) is not emulated."""
+    value = {"trn2": 3, "gen3": 3, "trn3": 4, "gen4": 4}.get(text.lower())
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
 def _threads(text: str) -> str | int:
     return "auto" if text.lower() == "auto" else _int_from(1)(text)
 
@@ -147,6 +155,12 @@ VIRTUAL_CORE_SIZE = Variable(
 NUM_CORES = Variable(
     "NEURON_RT_NUM_CORES", _int_from(1), "an integer >= 1", lambda: PHYSICAL_CORES // VIRTUAL_CORE_SIZE.get(),
     "8 / LNC", REGISTRATION, "logical cores: `neuron:0` .. `neuron:N-1`")
+
+# AWS's NKI compiler's target, read as nki.jit reads it
+PLATFORM_TARGET = Variable(
+    "NEURON_PLATFORM_TARGET_OVERRIDE", _platform, "trn2, gen3, trn3 or gen4", 3, "trn2", "at each NKI trace",
+    "the NeuronCore NKI kernels are traced for: trn3 makes NeuronCore-v4's MX instructions (nc_matmul_mx, "
+    "quantize_mx) available and nisa.get_nc_version() gen4; limits and costs stay NeuronCore-v3's")
 
 # nativelab's own
 CORE_MEMORY_GB = Variable(

@@ -9,11 +9,11 @@ import functools
 import numpy as np
 import torch
 
-from . import limits, trace
+from . import limits, mx, trace
 from .tensor import Buffer, NkiTensor, Storage, hbm, read, sbuf
 from .tensor import buffer_of as _buffer_of
 
-PACKED_DTYPES: set = set()  # nl's packed MX dtypes (named by kernels, not computed in)
+PACKED_DTYPES = set(mx.PACKED)  # nl's packed MX dtypes: tiles hold their bits (nki/mx.py)
 DTYPES: dict = {}  # nl dtype names -> torch dtypes (filled by nki.language)
 
 
@@ -21,7 +21,7 @@ def dtype_of(dtype):
     if dtype is None:
         return torch.float32
     if dtype in PACKED_DTYPES:
-        raise limits.fail("nl.ndarray", f"{dtype!r} tensors are not emulated")
+        return dtype.carrier
     if isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str) or isinstance(dtype, np.dtype) or isinstance(dtype, type):
@@ -37,12 +37,16 @@ def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored)
     """A new tensor in `buffer` (uninitialised: reading it before writing warns). On-chip tensors have the
     partition dimension first (at most 128). HBM tensors a kernel allocates are its outputs."""
     shape = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    packed = dtype if dtype in PACKED_DTYPES else None
     dtype, buf = dtype_of(dtype), _buffer_of(buffer)
     tr = trace.current()
     if buf.on_chip:
         limits.check_partitions("nl.ndarray", f"{buf} tensor {name or ''}".rstrip(), shape)
-        return NkiTensor(*_new(torch.empty(shape, dtype=dtype, device=trace.device()), buf, name))
-    return hbm_tensor(tr, shape, dtype, buf, name)
+        t = NkiTensor(*_new(torch.empty(shape, dtype=dtype, device=trace.device()), buf, name))
+    else:
+        t = hbm_tensor(tr, shape, dtype, buf, name)
+    t.storage.packed = packed
+    return t
 
 
 def _new(t: torch.Tensor, buf: Buffer, name: str):

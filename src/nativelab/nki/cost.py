@@ -8,6 +8,8 @@ instructions its trace issued. Every constant is AWS's and cited once, here:
   [act]   the nki.isa.activation_reduce API page (MIN_II)
   [isa226] the nki.isa API reference of Neuron SDK 2.26 (aws-neuron-sdk general/nki/api/nki/isa/__init__.py,
           the last release whose pages state each instruction's "Estimated instruction cost")
+  [mxfp]  "MXFP Matrix Multiplication with NKI" (aws-neuron-sdk nki/deep-dives/mxfp-matmul.rst): the
+          NeuronCore-v4 Tensor Engine multiplies MXFP8/MXFP4 "achieving 4x throughput compared to BF16/FP16"
 
 The model: each compute engine (Tensor, Vector, Scalar, GpSimd) runs its instructions in program order; an
 instruction starts when its engine is free and the instructions it depends on (read-after-write,
@@ -18,7 +20,8 @@ does not wait behind the store of the previous one). Independent work on differe
 What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank conflicts, DMA descriptor
 and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
 LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and
-the other seven cores' demand beyond their equal share of HBM. No constant is fitted."""
+the other seven cores' demand beyond their equal share of HBM; a kernel traced for trn3 (its MX instructions)
+is timed at NeuronCore-v3's clocks and bandwidth. No constant is fitted."""
 
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ MM_FP32_FACTOR = 4  # [trn1] ... and about 4x that for fp32 inputs ([trn2]: 79 B
 MIN_II_CYCLES = 64  # [act] minimum initiation interval of a Scalar Engine instruction (roughly 64 cycles)
 READ_ACCUMULATOR_CYCLES = 64  # [trn1] ActReadAccumulator (activation's reduce_res) costs roughly 64 cycles
 VECTOR_SMALL_OVERHEAD = 100  # [trn1] static overhead of a Vector instruction with N << 128
+MX_VALUES_PER_PE = 4  # [mxfp] each PE multiplies the four values of an _x4 element at once: an nc_matmul_mx of
+# N moving columns takes a bf16 MultiplyMoving's max(N, 64) cycles and contracts 4x the rows (the 4x)
 VECTOR_BF16_COPY_SPEEDUP = 4  # [trn2] Vector perf mode: tensor_copy / tensor_scalar with bf16/fp16 in SBUF
 VECTOR_BF16_TT_SPEEDUP = 2  # [trn2] ... tensor_tensor with bf16/fp16 inputs in SBUF
 HBM_BYTES_PER_S = 2.9e12  # [trn2] per Trainium2 chip ...
@@ -69,9 +74,13 @@ def instruction_seconds(ins) -> tuple[float, float]:
     if ins.engine == "tensor":
         if ins.name == "nc_matmul":
             cycles = max(n, MM_INIT_CYCLES) * (MM_FP32_FACTOR if ins.dtype == torch.float32 else 1)
+        elif ins.name == "nc_matmul_mx":
+            cycles = max(n, MM_INIT_CYCLES)
         else:  # a transpose is a matmul against identity (fp32 transposes are 2x faster in transpose mode)
             cycles = max(n, MM_INIT_CYCLES) * (2 if ins.dtype == torch.float32 else 1)
         return cycles / (TENSOR_GHZ * 1e9), 0.0
+    if ins.engine == "vector" and ins.name == "quantize_mx":  # no published cost: the one-input rule [trn1]
+        return max(n, MIN_II_CYCLES) / (VECTOR_GHZ * 1e9), 0.0  # over src's elements, no bf16 perf mode
     if ins.engine == "vector" and ins.name in VECTOR_CYCLES_PER_ELEMENT:
         return max(VECTOR_CYCLES_PER_ELEMENT[ins.name] * n, MIN_II_CYCLES) / (VECTOR_GHZ * 1e9), 0.0
     if ins.engine == "vector":

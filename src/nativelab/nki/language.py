@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from . import core, isa, limits, ops, tensor, trace
+from . import core, isa, limits, mx, ops, tensor, trace
 from .core import compute, dtype_of, ndarray, on_chip, record, value_of
 from .ops import ALL as _OPS
 from .ops import Op
@@ -34,20 +34,7 @@ bool_ = torch.bool
 float8_e8m0fnu = torch.float8_e8m0fnu  # MX scale factors (a power of two per element)
 
 
-class PackedDtype:  # noqa: D101
-    """A packed MX type (four values per element); kernels may name it, the emulator does not compute in it."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self):
-        return f"nl.{self.name}"
-
-
-float8_e4m3fn_x4 = PackedDtype("float8_e4m3fn_x4")
-float8_e5m2_x4 = PackedDtype("float8_e5m2_x4")
-float4_e2m1fn_x4 = PackedDtype("float4_e2m1fn_x4")
-core.PACKED_DTYPES.update({float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4})
+float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4 = mx.PACKED  # MX types: four values an element
 core.DTYPES.update({name: v for name, v in dict(globals()).items() if isinstance(v, torch.dtype)})
 
 

@@ -5,6 +5,7 @@ Every figure is AWS's, from the pages named beside it (Neuron SDK docs, the aws-
   [trn1]  "Trainium/Inferentia2 Architecture Guide for NKI" (nki/about/trainium_inferentia2_arch.rst), for
           what the Trainium2 guide says is unchanged
   [mm]    the nki.isa.nc_matmul API page (v2.31)
+  [mx]    the nki.isa.nc_matmul_mx and nki.isa.quantize_mx API pages (aws-neuron-sdk nki/api/nki/isa/__init__.py)
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
+
+from .. import settings
 
 PMAX = 128  # partitions of SBUF and PSUM [trn1: "two-dimensional memories with 128 partitions each"]
 SBUF_PARTITION_BYTES = 224 * 1024  # [trn2: "SBUF capacity is 28MiB (or, 128 partitions of 224KiB)"]
@@ -24,6 +27,10 @@ GEMM_MOVING_FMAX = 512  # [mm, trn1: moving free size <= 512, one PSUM bank of f
 TENSOR_TRANSPOSE_MAX = 128  # nc_transpose on the Tensor Engine: a matmul against identity, so <= 128 x 128
 BN_STATS_FMAX = 512  # [trn1: bn_stats "free dimension size of input tile cannot exceed 512"; its API page]
 VECTOR_TRANSPOSE_MAX = 32  # nc_transpose on the Vector Engine: 32 x 32 blocks (nki.isa.nc_transpose page)
+MX_PARTITION_MULTIPLE = 32  # [mx] MX data tiles span whole quadrants: partitions a multiple of 32, <= 128
+MX_MOVING_FMAX_FP32 = 4096  # [mx] nc_matmul_mx moving free size: 8 PSUM banks of fp32 (the entire PSUM) ...
+MX_MOVING_FMAX_BF16 = 8192  # ... or of bf16
+MX_ROW_TILES = (32, 64, 128)  # [mx] row tiling mode: 4 x 32, 2 x 64 rows, or the whole 128-row array
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -53,10 +60,27 @@ def check(ok: bool, instruction: str, problem: str) -> None:
         raise fail(instruction, problem)
 
 
+def target_version() -> int:
+    """The NeuronCore generation kernels are traced for: 3 (trn2, the default) or 4 (trn3), as
+    NEURON_PLATFORM_TARGET_OVERRIDE says (AWS's compiler reads the same variable)."""
+    return settings.PLATFORM_TARGET.get()
+
+
 def needs_v4(instruction: str, what: str) -> NkiError:
-    """The error for an API that NeuronCore-v4 (Trainium3) added (raise it)."""
+    """The error for an API that NeuronCore-v4 (Trainium3) added and nativelab does not emulate (raise it)."""
+    if target_version() >= 4:
+        return fail(instruction, f"{what} (NeuronCore-v4) is not emulated: of v4's instructions nativelab runs "
+                                 f"nc_matmul_mx and quantize_mx")
     return fail(instruction, f"{what} is available on NeuronCore-v4 (Trainium3) and newer; the emulated core is a "
                              f"NeuronCore-v3 (Trainium2)")
+
+
+def check_v4(instruction: str) -> None:
+    """A NeuronCore-v4 instruction nativelab emulates: an error unless the target is trn3."""
+    if target_version() < 4:
+        raise fail(instruction, f"{instruction} is available on NeuronCore-v4 (Trainium3) and newer; the target is "
+                                f"NeuronCore-v3 (Trainium2): set NEURON_PLATFORM_TARGET_OVERRIDE=trn3 to trace for "
+                                f"Trainium3")
 
 
 def check_partitions(instruction: str, what: str, shape) -> None:

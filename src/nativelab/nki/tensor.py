@@ -13,7 +13,7 @@ import torch
 
 import weakref
 
-from . import limits, trace
+from . import limits, mx, trace
 from ._private import is_view
 
 _bound: dict = {}  # id -> weakref of every tensor that is (or was) some storage's value (cleared per trace)
@@ -109,6 +109,7 @@ class Storage:
         self.rounded = None  # (value, value.to(bf16) computed more cheaply): see fusion.py
         self.origin = None  # (argument storage, flat index in it or -1 per element): which are copies, fusion.py
         self.gemm = None  # (value, operand descriptors) when the value is a bf16 GEMM of argument views
+        self.packed = None  # the MX type (nki/mx.py) of an allocation made in one: `tensor` holds its bits
 
     def describe(self) -> str:
         return f"{self.name + ' ' if self.name else ''}{self.shape} {_dtype_name(self.dtype)}"
@@ -196,7 +197,19 @@ class NkiTensor:
 
     @property
     def dtype(self):
-        return self.layout().dtype
+        packed = self.packed
+        return packed if packed is not None else self.layout().dtype
+
+    @property
+    def packed(self):
+        """The view's MX element type (nki/mx.py), or None: the last reinterpretation says, else the
+        allocation's."""
+        for op in reversed(self.chain):
+            if op[0] == "packed":
+                return op[1]
+            if op[0] == "dtype" or (op[0] == "ap" and op[4] is not None):
+                return None
+        return self.storage.packed
 
     @property
     def buffer(self) -> Buffer:
@@ -279,6 +292,7 @@ class NkiTensor:
         if unsupported.get("scalar_offset") is not None or unsupported.get("vector_offset") is not None:
             raise limits.fail("ap", "indirect access patterns (scalar_offset / vector_offset) are not emulated")
         base = self.storage
+        packed, dtype = (dtype, dtype.carrier) if isinstance(dtype, mx.PackedDtype) else (None, dtype)
         numel = math.prod(base.shape) * base.meta.element_size() // (
             torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size())
         steps = [int(p[0]) for p in pattern]
@@ -295,9 +309,12 @@ class NkiTensor:
             limits.check(steps[0] == per_partition, "ap",
                          f"the partition step of an {base.buffer} access pattern must be the tensor's free size "
                          f"{per_partition} (partitions are read contiguously), got {steps[0]}")
-        return NkiTensor(base, (("ap", tuple(nums), tuple(steps), offset, dtype),), True)
+        chain = (("ap", tuple(nums), tuple(steps), offset, dtype),) + ((("packed", packed),) if packed else ())
+        return NkiTensor(base, chain, True)
 
     def view(self, dtype) -> "NkiTensor":
+        if isinstance(dtype, mx.PackedDtype):  # the bits reinterpreted as packed MX elements
+            return NkiTensor(self.storage, self.chain + (("dtype", dtype.carrier), ("packed", dtype)), self.indexed)
         return NkiTensor(self.storage, self.chain + (("dtype", dtype),), self.indexed)
 
     bitcast = view

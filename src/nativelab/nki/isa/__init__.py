@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .. import limits, trace
+from .. import limits, mx, trace
 from ..core import compute, fill, instruction, ndarray, record
 from ..ops import as_op
 from ..tensor import NkiTensor, note_write, psum, read, read_float, sbuf, write, written
@@ -18,8 +18,9 @@ from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_versio
 
 
 def get_nc_version():
-    """The emulated core is a NeuronCore-v3 (Trainium2)."""
-    return nc_version.gen3
+    """The emulated core is a NeuronCore-v3 (Trainium2); gen4 when NEURON_PLATFORM_TARGET_OVERRIDE=trn3 (its
+    MX instructions run, everything else stays NeuronCore-v3's)."""
+    return nc_version.gen4 if limits.target_version() >= 4 else nc_version.gen3
 
 
 def get_nc_sub_version():
@@ -1013,6 +1014,115 @@ def sequence_bounds(dst, segment_ids: NkiTensor, name=None, **_kw):
     return dst
 
 
+# --- MX (NeuronCore-v4): the packed types and their scales are nki/mx.py's
+
+
+def _mx_tile(ins: str, t, what: str, eng: str, types) -> None:
+    _tile(ins, t, what, eng, ("sbuf",))
+    limits.check(t.dtype in types, ins, f"{what} is {t.dtype}; it must be {' or '.join(map(repr, types))}")
+
+
+def _mx_scale(ins: str, scale, what: str, partitions: int, free: int, eng: str) -> None:
+    """A scale tile: uint8 or float8_e8m0fnu in SBUF, one code per 8 x 4 group, each quadrant's scales in its
+    first partitions (nki.isa.quantize_mx's layout)."""
+    _tile(ins, scale, what, eng, ("sbuf",))
+    limits.check(scale.dtype in (torch.uint8, torch.float8_e8m0fnu), ins,
+                 f"{what} is {scale.dtype}; MX scales are float8_e8m0fnu or uint8")
+    need = mx.scale_partitions_needed(partitions)
+    limits.check(scale.ndim == 2 and scale.shape[0] >= need and scale.shape[1] == free, ins,
+                 f"{what} has shape {scale.shape}; {partitions} data partitions x {free} elements need "
+                 f"({need}, {free}) at least: one scale per 8 partitions x 4 values, quadrant q's in partitions "
+                 f"32q .. 32q+3")
+
+
+def _mx_partitions(ins: str, what: str, p: int) -> None:
+    limits.check(p % limits.MX_PARTITION_MULTIPLE == 0, ins,
+                 f"{what} has {p} partitions; MX tiles span whole quadrants: a multiple of "
+                 f"{limits.MX_PARTITION_MULTIPLE}, at most {limits.PMAX}")
+
+
+def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name=None, **_kw):
+    """dst, dst_scale = MXFP8 of src (bf16/fp16, [P, F]) on the Vector Engine (NeuronCore-v4): per group of
+    8 partitions x 4 elements one E8M0 scale 2^(floor(log2 amax) - (Emax - 1)) (AWS's scale, twice OCP's
+    sample one), the values divided by it, saturated and rounded to nearest even into dst's packed fp8
+    type ([P, F / 4]); the scales in dst_scale, quadrant q's in its partitions 32q .. 32q+3."""
+    ins = "quantize_mx"
+    limits.check_v4(ins)
+    _tile(ins, src, "src", "vector", ("sbuf",))
+    limits.check(src.dtype in (torch.bfloat16, torch.float16), ins, f"src is {src.dtype}; it must be bf16 or fp16")
+    _mx_tile(ins, dst, "dst", "vector", mx.QUANTIZED)
+    p, f = src.shape[0], _free(src)
+    _mx_partitions(ins, "src", p)
+    limits.check(f % 4 == 0, ins, f"src's free size {f} must be a multiple of 4 (four values an element)")
+    limits.check(dst.shape[0] == p and _free(dst) == f // 4, ins,
+                 f"dst has shape {dst.shape}; src {src.shape} quantizes to ({p}, {f // 4}) packed elements")
+    _mx_scale(ins, dst_scale, "dst_scale", p, f // 4, "vector")
+    bits, codes = mx.quantize(read(src, ins).float().reshape(p, f), dst.dtype)
+    record(ins, "vector", src)
+    write(dst, bits.reshape(dst.shape), ins)
+    per = mx.QUADRANT // mx.GROUP_PARTITIONS
+    codes = codes if dst_scale.dtype == torch.uint8 else codes.view(torch.float8_e8m0fnu)
+    for q in range((p + mx.QUADRANT - 1) // mx.QUADRANT):  # each quadrant's groups in its first partitions
+        rows = codes[q * per:(q + 1) * per]
+        write(dst_scale[q * mx.QUADRANT:q * mx.QUADRANT + rows.shape[0]], rows, ins)
+    return dst
+
+
+def _mx_values(t: NkiTensor, scale: NkiTensor, ins: str) -> torch.Tensor:
+    """A packed tile's values times their group's scale: [K, F, 4] fp32."""
+    k, f = t.shape[0], _free(t)
+    values = mx.unpack(read(t, ins).reshape(k, f), t.dtype)
+    codes = mx.gather_scales(scale, k, lambda part: read(part, ins))  # only the partitions holding scales
+    codes = codes.view(torch.uint8) if codes.dtype == torch.float8_e8m0fnu else codes
+    factor = mx.scale_factor(codes[:, :f])  # [K / 8, F]
+    factor = factor.repeat_interleave(mx.GROUP_PARTITIONS, dim=0)
+    return values * factor[:, :, None]
+
+
+def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stationary_scale: NkiTensor,
+                 moving_scale: NkiTensor, tile_position=None, tile_size=None, accumulate=None, name=None, **_kw):
+    """dst[M, N] = sum over partitions k and the 4 values j of each element of stationary[k, m, j] *
+    moving[k, n, j], each dequantized by its group's E8M0 scale, on the Tensor Engine (NeuronCore-v4):
+    MXFP8 / MXFP4 packed inputs in SBUF, fp32 accumulation into dst (fp32 or bf16) in PSUM; `accumulate`
+    as nc_matmul's. K a multiple of 32 up to 128, M even up to 128, N up to 4096 (fp32) or 8192 (bf16)."""
+    ins = "nc_matmul_mx"
+    limits.check_v4(ins)
+    for what, t in (("stationary", stationary), ("moving", moving)):
+        _mx_tile(ins, t, what, "tensor", mx.PACKED)
+    k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    limits.check(moving.shape[0] == k, ins,
+                 f"stationary and moving must share the contraction (partition) size: {k} vs {moving.shape[0]}")
+    _mx_partitions(ins, "stationary", k)
+    limits.check(m % 2 == 0 and m <= limits.GEMM_STATIONARY_FMAX, ins,
+                 f"stationary free size {m} (shape {stationary.shape}) must be even and at most "
+                 f"{limits.GEMM_STATIONARY_FMAX}")
+    _mx_scale(ins, stationary_scale, "stationary_scale", k, m, "tensor")
+    _mx_scale(ins, moving_scale, "moving_scale", k, n, "tensor")
+    limits.check(isinstance(dst, NkiTensor) and dst.buffer is psum, ins,
+                 f"writes its result to PSUM; dst is {dst!r}")
+    limits.check(dst.dtype in (torch.float32, torch.bfloat16), ins, f"dst is {dst.dtype}; it must be fp32 or bf16")
+    fmax = limits.MX_MOVING_FMAX_FP32 if dst.dtype == torch.float32 else limits.MX_MOVING_FMAX_BF16
+    limits.check(n <= fmax, ins, f"moving free size {n} (shape {moving.shape}) exceeds {fmax} for a {dst.dtype} "
+                                 f"dst (8 PSUM banks)")
+    limits.check(dst.numel() == m * n and dst.shape[0] == m, ins,
+                 f"dst has shape {dst.shape}; stationary {stationary.shape} x moving {moving.shape} gives ({m}, {n})")
+    if tile_position or tile_size:
+        limits.check(bool(tile_position) and bool(tile_size), ins, "tile_position and tile_size are set together")
+        (row0, col0), (rows, cols) = tile_position, tile_size
+        limits.check(rows in limits.MX_ROW_TILES and cols == 128 and col0 == 0, ins,
+                     f"tile_size {tuple(tile_size)} / tile_position {tuple(tile_position)}: row tiling only, "
+                     f"(32, 64 or 128 rows, 128 columns) from column 0")
+        limits.check(row0 % rows == 0 and row0 + rows <= limits.PMAX and k <= rows, ins,
+                     f"a {k}-partition stationary in the {rows}-row tile at row {row0}: the start is a multiple of "
+                     f"the tile's rows, the tile within the 128 rows, and the stationary fits it")
+    s = _mx_values(stationary, stationary_scale, ins).permute(0, 2, 1).reshape(k * 4, m)
+    mv = _mx_values(moving, moving_scale, ins).permute(0, 2, 1).reshape(k * 4, n)
+    add = bool(accumulate) if accumulate is not None else written(dst)
+    record(ins, "tensor", moving, flops=2 * 4 * k * m * n)
+    write(dst, (s.t() @ mv).reshape(dst.shape), ins, accumulate=add)
+    return dst
+
+
 def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, **_kw):
     """NeuronCore-v4's Scalar Engine activation with two tensor-scalar stages (an error here)."""
     raise limits.needs_v4("activate2", "activate2")
@@ -1024,7 +1134,7 @@ for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activat
               "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8", "nc_stream_shuffle",
               "nc_match_replace8", "bn_stats", "bn_aggr", "range_select", "rng", "set_rng_seed", "rand_set_state",
               "rand_get_state", "dropout", "tensor_scalar_cumulative", "nc_n_gather", "local_gather",
-              "nonzero_with_count", "sequence_bounds"):
+              "nonzero_with_count", "sequence_bounds", "quantize_mx", "nc_matmul_mx"):
     globals()[_name] = instruction(globals()[_name])
 del _name
 
