@@ -289,6 +289,20 @@ def test_nested_checks_and_a_check_in_a_session_record_the_same_compile_calls_an
     assert not hasattr(tracking, "graphs")
 
 
+def test_frames_of_code_dynamo_made_with_an_unhashable_constant_are_placed():
+    """`model.compile()` compiles nn.Module's _call_impl into code whose constants include a dict: the check's
+    frame walk (which line is the user's) raised 'unhashable type: dict' inside Dynamo's compile callback. Code
+    objects also compare equal across files: a cache by code placed the second file's as the first's."""
+    from nativelab.check import source
+
+    user = compile("y = 1", __file__, "exec")
+    for code, internal in ((user, False), (user.replace(co_filename=torch.__file__), True)):
+        odd = code.replace(co_consts=(*code.co_consts, {"a": 1}))
+        with pytest.raises(TypeError):
+            hash(odd)
+        assert source._is_internal(odd) is source._is_internal(code) is internal
+
+
 def test_a_script_that_profiles_itself_checked(tmp_path):
     name = "profiles_itself.py"
     env = dict(os.environ, NATIVELAB_QUIET="1", PYTHONPATH=SRC)

@@ -13,7 +13,8 @@ profiling session, each see every call):
   sessions also use): Python offers no hook while torch.compile(fn) runs (its API-usage log fires once per
   process; sys.monitoring is Python 3.12's), so the line is read from the function's source: a
   `@torch.compile` decorator on it, or the one `torch.compile(<its name>, ...)` call in its file or the file
-  that called it; else its def line. A function compiled but never called is not recorded (it never reaches
+  that called it; else its def line (the line that called it, for a function of PyTorch's own, as
+  `model.compile()` compiles nn.Module's `_call_impl`). A function compiled but never called is not recorded (it never reaches
   the device), nor one Dynamo serves from a cache filled before the check.
 
 Any backend is seen this way (neuron, Inductor, a user's function: its name); Inductor keeps the mode only as the
@@ -29,7 +30,7 @@ import sys
 import torch
 
 from . import _private
-from .source import Site, user_site
+from .source import Site, _is_internal, user_site
 
 
 class CompileCalls:
@@ -51,7 +52,7 @@ class CompileCalls:
 
     def _registered(self, module, name, submodule):
         """A child registered on any module: torch.compile(module) making its wrapper is one."""
-        if _private.is_compiled_module(module) and name == _private.COMPILED_MODULE_CHILD:
+        if name == _private.COMPILED_MODULE_CHILD and _private.is_compiled_module(module):
             ctx, _ = _private.dynamo_context_on_stack(sys._getframe(1))
             if ctx is not None:
                 self._record(ctx, user_site())
@@ -61,10 +62,14 @@ class CompileCalls:
         """Dynamo starts compiling a frame (a compiled function's first, or a module's first forward), called
         from `call_site`."""
         ctx, fn = _private.dynamo_context_on_stack(sys._getframe(1))
-        if ctx is not None and id(ctx) not in self._seen:
-            code = fn.__code__ if fn is not None else None
-            def_site = Site(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else None
-            self._record(ctx, compile_line(def_site, call_site) or def_site or call_site)
+        if ctx is None or id(ctx) in self._seen:
+            return
+        code = fn.__code__ if fn is not None else None
+        if code is None or _is_internal(code):  # `model.compile()` compiles nn.Module's _call_impl: the user's call
+            self._record(ctx, call_site)
+            return
+        def_site = Site(code.co_filename, code.co_firstlineno, code.co_name)
+        self._record(ctx, compile_line(def_site, call_site) or def_site)
 
     def _record(self, ctx, site: Site | None) -> None:
         if id(ctx) in self._seen:

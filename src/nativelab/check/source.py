@@ -38,7 +38,7 @@ _INTERNAL_DIRS = tuple(
 # Wrappers PyTorch's own calls go through (typing_extensions.deprecated wraps torch.distributed's
 # all_gather_into_tensor and reduce_scatter_tensor): their frames are not the user's.
 _INTERNAL_FILES = tuple(os.path.splitext(m.__file__)[0] for m in _wrapper_modules())
-_internal: dict = {}  # code object -> bool
+_internal: dict = {}  # file -> bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +55,12 @@ class Site:
 
 
 def _is_internal(code) -> bool:
-    hit = _internal.get(code)
+    # Cached by file, all it depends on: code objects hash their constants (Dynamo's code for `model.compile()`
+    # holds a dict: unhashable) and compare equal across files.
+    f = code.co_filename
+    hit = _internal.get(f)
     if hit is None:
-        f = code.co_filename
-        hit = _internal[code] = _is_internal_path(f) or f.endswith("nativelab/__init__.py")
+        hit = _internal[f] = _is_internal_path(f) or f.endswith("nativelab/__init__.py")
     return hit
 
 
