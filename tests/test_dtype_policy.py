@@ -27,6 +27,23 @@ def test_float64_is_computed_in_float32():
     assert (x * 1)[0].item() != 1.0
 
 
+def test_numbers_beyond_the_narrow_dtype_saturate_so_bounds_still_bound():
+    """A Python number beyond int32's (float32's) range beside a narrowed int64 (float64) tensor: CPU's kernel,
+    given the int32 tensor, refused it ("value cannot be converted to type int without overflow"); saturated,
+    the results are CPU's for values the device holds."""
+    i = torch.tensor([5, -7, 2**20], dtype=torch.int64)
+    f = torch.tensor([5.0, -7.0, 2.0**100], dtype=torch.float64)  # values float32 holds exactly
+    imax, imin = torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min
+    fmax, fmin = torch.finfo(torch.float64).max, torch.finfo(torch.float64).min
+    for got, want in [
+        (i.to("neuron").clamp(max=imax), i.clamp(max=imax)),
+        (i.to("neuron").clamp(imin, 6), i.clamp(imin, 6)),
+        (f.to("neuron").clamp(min=fmin), f.clamp(min=fmin)),
+        (f.to("neuron").clamp_(-1.0, fmax), f.clone().clamp_(-1.0, fmax)),
+    ]:
+        assert torch.equal(got.cpu(), want)
+
+
 def test_zero_dim_and_out_arguments_are_not_cast():
     s = torch.tensor(2**40, dtype=torch.int64).to("neuron")
     assert (s + 1).cpu().item() == 2**40 + 1  # 0-d: exact

@@ -165,8 +165,12 @@ def finish_policy(rec, hargs: list) -> bool:
     for i in narrow:
         a = hargs[i]
         hargs[i] = _narrow(a) if isinstance(a, _Tensor) else [_narrow(t) for t in a]
-    if narrow and not rec.mutable:  # (an op that writes its arguments: call_narrowed's own rule)
-        _follow_narrowed(rec, hargs, {t.dtype for i in narrow for t in tensors((hargs[i],))}, set(narrow))
+    if narrow:
+        computed = {t.dtype for i in narrow for t in tensors((hargs[i],))}
+        if not rec.mutable:  # (an op that writes its arguments: call_narrowed's own rule for 0-d operands)
+            _follow_narrowed(rec, hargs, computed, set(narrow))
+        else:
+            _saturate_numbers(rec, hargs, computed)
     if rec.int64_args:
         widen_indices(rec, hargs)
     return bool(narrow)
@@ -184,6 +188,34 @@ def _follow_narrowed(rec, hargs: list, narrowed: set, skip: set) -> None:
         if (j not in skip and j not in indices and isinstance(a, _Tensor) and a.dim() == 0
                 and a.dtype in wide):
             hargs[j] = a.to(NARROW[a.dtype])
+    _saturate_numbers(rec, hargs, narrowed)
+
+
+_INT32 = torch.iinfo(torch.int32)
+_FLOAT32 = torch.finfo(torch.float32)
+_number_args: dict = {}  # op name -> positions of its Scalar arguments
+
+
+def _saturate_numbers(rec, hargs: list, narrowed: set) -> None:
+    """Python numbers in Scalar arguments beyond the range of the narrow dtype computed saturate to it: CPU's
+    kernel checks that a Scalar fits its tensor's dtype, so `x.clamp(max=iinfo(int64).max)` on int64 and
+    `x.clamp(min=finfo(float64).min)` on float64 raised "value cannot be converted to type int without overflow"
+    where CPU computes them; saturated, a bound beyond every value the device holds stays beyond them (a wrapped
+    one, iinfo(int64).max as int32's -1, would clamp silently)."""
+    pos = _number_args.get(rec.name)
+    if pos is None:
+        args = _private.op_schema(rec.op).arguments
+        pos = _number_args[rec.name] = tuple(
+            i for i, a in enumerate(args) if str(a.type) in ("number", "Optional[number]")
+        )
+    for j in pos:
+        if j >= len(hargs):
+            break
+        v = hargs[j]
+        if type(v) is int and torch.int32 in narrowed and not _INT32.min <= v <= _INT32.max:
+            hargs[j] = max(_INT32.min, min(_INT32.max, v))
+        elif type(v) is float and torch.float32 in narrowed and _FLOAT32.max < abs(v) < float("inf"):
+            hargs[j] = max(_FLOAT32.min, min(_FLOAT32.max, v))
 
 
 def widen_results(res, args):
