@@ -140,6 +140,16 @@ def test_new_prompt_length_under_inference_mode_compiles_again():
         assert compiled.generate(prompt, 3) == eager.generate(prompt, 3), prompt
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_a_mode_other_than_default_warns_and_compiles_as_default(mode):
+    # The real backend: "Only default applies. Other modes log a warning and fall back to default".
+    torch._dynamo.reset()
+    x = torch.randn(5)
+    with pytest.warns(UserWarning, match=f"mode='{mode}'.* has no effect"):
+        out = torch.compile(lambda t: t * 2 + 1, backend="neuron", mode=mode)(x.to("neuron"))
+    assert torch.equal(out.cpu(), x * 2 + 1)
+
+
 def test_unknown_option_is_a_clear_error():
     f = torch.compile(lambda x: x + 1, backend="neuron", options={"max_autotune_everything": True})
     with pytest.raises(Exception, match="unsupported options"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 
 import torch
 import torch.fx
@@ -31,6 +32,12 @@ KNOWN_OPTIONS = {"freezing"}
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The Dynamo backend registered as "neuron"."""
     options = dict(kwargs.pop("options", None) or {})
+    mode = kwargs.pop("mode", None)
+    if mode not in (None, "default"):
+        # As the real backend: "Only default applies. Other modes log a warning and fall back to default"
+        # (AWS's Neuron torch.compile reference; `nativelab check` reports the call too).
+        warnings.warn(f"neuron backend: torch.compile(mode={mode!r}) has no effect; compiling with the default mode",
+                      stacklevel=2)
     options.update(kwargs)
     unknown = set(options) - KNOWN_OPTIONS
     if unknown:
