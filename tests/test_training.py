@@ -44,6 +44,35 @@ def test_training_matches_cpu(opt_factory):
         torch.testing.assert_close(p_dev.cpu(), p_ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_fused_adamw_runs_on_the_device_and_equals_cpus(amsgrad):
+    # Hugging Face Trainer's optim="adamw_torch_fused": torch._fused_adamw_, which the real device implements
+    # (native_ops.txt), is queued on the device like any native op, not a CPU fallback; CPU's fused step, bit for
+    # bit, over steps with a Tensor and a float lr.
+    import torch_neuronx
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g)]
+    grads = [[torch.randn(p.shape, generator=g) for p in params] for _ in range(3)]
+    out = {}
+    torch_neuronx.clear_op_tracking()
+    for device in ("cpu", "neuron"):
+        ps = [p.clone().to(device).requires_grad_() for p in params]
+        for lr in (0.1, torch.tensor(0.05)):
+            opt = torch.optim.AdamW(ps, lr=lr.to(device) if isinstance(lr, torch.Tensor) else lr,
+                                    weight_decay=0.1, amsgrad=amsgrad, fused=True)
+            for step in grads:
+                for p, gr in zip(ps, step):
+                    p.grad = gr.to(device)
+                opt.step()
+        out[device] = [p.detach().cpu() for p in ps]
+    for dev, ref in zip(out["neuron"], out["cpu"]):
+        assert torch.equal(dev, ref)
+    counts = torch_neuronx.get_op_counts()
+    assert counts["device"]["aten::_fused_adamw_"] == 3 and counts["device"]["aten::_fused_adamw_.tensor_lr"] == 3
+    assert not [op for op in counts["fallback"] if "adam" in op]
+
+
 def test_eager_lab_loop_with_int32_labels_decreases_every_epoch():
     torch.manual_seed(0)
     device = torch.device("neuron")

@@ -70,8 +70,8 @@ def route(op, graph: bool = False) -> str:
     (`compiler/partition.py`) ask.
 
     Eager (the real device's op registrations): an overload in `native_ops.txt` (an entry without an overload
-    covers them all) that returns tensors. In a compiled graph (`graph=True`) the device's graph compiler
-    lowers every overload of an op it knows, and the data movement (`DATA_MOVEMENT`) that eager dispatch
+    covers them all) that returns tensors, or only writes its arguments. In a compiled graph (`graph=True`)
+    the device's graph compiler lowers every overload of an op it knows, and the data movement (`DATA_MOVEMENT`) that eager dispatch
     answers with the runtime's own kernels or composites."""
     schema = _private.op_schema(op)
     mutable = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
@@ -83,9 +83,9 @@ def route(op, graph: bool = False) -> str:
             return "view"
         return "native" if base in NATIVE_BASES or base in DATA_MOVEMENT else "fallback"
     name = base if schema.overload_name == "" else f"{base}.{schema.overload_name}"
-    if (name in NATIVE_OPS or base in NATIVE_OPS) and not op.is_view and schema.returns and all(
+    if (name in NATIVE_OPS or base in NATIVE_OPS) and not op.is_view and (schema.returns or mutable) and all(
         str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns
-    ):
+    ):  # (an op that only writes its arguments, `_foreach_add_`, `_fused_adamw_`, returns nothing)
         return "native"
     return "fallback"
 
@@ -155,6 +155,8 @@ class OpRecord:
 
     def alias_returns(self, args: list):
         """What an op that writes its arguments returns: the arguments its returns alias."""
+        if not self.returns_alias:  # (`_foreach_add_`: nothing)
+            return None
         rets = [args[i] for i in self.returns_alias]
         return rets[0] if len(rets) == 1 else tuple(rets)
 
