@@ -127,8 +127,8 @@ def test_the_cpp_key_takes_the_python_paths_rule_for_floats():
 
     op = torch.ops.aten.arange.start_out
     assert schema.record_for(op).out_args
-    assert dispatch.fast_route("aten::arange", "start_out")[2][2] is True
-    assert dispatch.fast_route("aten::add_", "Tensor")[2][2] is False
+    assert dispatch.fast_route("aten::arange", "start_out")[3] is True
+    assert dispatch.fast_route("aten::add_", "Tensor")[3] is False
     src = (CSRC / "ops.cpp").read_text()
     assert "e->key_floats = true" not in src  # the C++ side no longer derives the rule from the schema itself
     for fast in (True, False):
@@ -137,3 +137,105 @@ def test_the_cpp_key_takes_the_python_paths_rule_for_floats():
                 out = torch.empty(0, device="neuron")
                 torch.arange(0.0, 2.0, step, out=out)
                 assert out.cpu().tolist() == torch.arange(0.0, 2.0, step).tolist(), (fast, step)
+
+
+# -- The call's signature key: built once, in C++ (ops.cpp build_key), for the C++ kernel's spec cache and the
+# Python path's (OpRecord.meta_cache): the Python path is handed the key, it does not build one of its own.
+
+def _calls():
+    a = torch.linspace(-1, 1, 24).reshape(4, 6).to("neuron")
+    b, c = a * 3, a.flip(0)
+    return a, c, [
+        ("aten::mul.Tensor", lambda: a * 2),  # a wrapped number
+        ("aten::add.Tensor", lambda: torch.add(a, b, alpha=0.5)),  # a float left out of the key
+        ("aten::cat", lambda: torch.cat([a, b], 1)),  # a tensor list
+        ("aten::sum.dim_IntList", lambda: a.sum((0,), keepdim=True)),  # an int list, a bool
+        ("aten::clamp", lambda: a.clamp(min=-0.5)),  # an optional number
+        ("aten::mul_.Tensor", lambda: c.mul_(a)),  # an op that writes its argument
+    ]
+
+
+def test_both_paths_cache_a_signature_under_the_one_key(monkeypatch):
+    from nativelab.device import dispatch, schema
+
+    if not state.device.fast_path or state.device.sync:
+        import pytest
+
+        pytest.skip("NATIVELAB_FAST_PATH=0 or NATIVELAB_SYNC=1: every op takes the Python path")
+    a, c, calls = _calls()
+    c0 = c.cpu()
+    with state.device.mode(fast_path=False):  # the Python path sees each signature first (and caches it)
+        want = [(name, call().cpu()) for name, call in calls]
+    python_path = []
+    real = dispatch._device_kernel
+    monkeypatch.setattr(dispatch, "_device_kernel", lambda op, *a, **k: python_path.append(op) or real(op, *a, **k))
+    got = [(name, call().cpu()) for name, call in calls]  # the C++ kernel finds each under its key: all queued
+    assert python_path == []
+    torch.testing.assert_close(c.cpu(), c0 * a.cpu() * a.cpu())  # (written twice)
+    for (name, g), (_, w) in zip(got, want):
+        if name != "aten::mul_.Tensor":
+            torch.testing.assert_close(g, w)
+        keys = state.device.rt.spec_keys(name)
+        op = next(op for op, rec in schema.records.items() if rec.name == name)
+        assert keys and set(keys) <= set(schema.records[op].meta_cache), name  # one key, both caches
+
+
+def test_a_key_that_would_differ_between_the_paths(monkeypatch):
+    # arange.start_out keys its floats (they size out=), add_ does not (an optimizer's new step size is the same
+    # signature): a new step is a new signature on both paths, a new alpha on neither. Had either path its own
+    # rule, one of these would be asked of Python again, or would reuse the first call's output size.
+    from nativelab.device import dispatch
+
+    python_path = []
+    real = dispatch._device_kernel
+    monkeypatch.setattr(dispatch, "_device_kernel", lambda op, *a, **k: python_path.append(str(op)) or real(op, *a, **k))
+    x = torch.ones(8, device="neuron")
+    with state.device.mode(fast_path=False):
+        x.add_(x, alpha=0.5)
+        out = torch.empty(0, device="neuron")
+        torch.arange(0.0, 2.0, 1.0, out=out)
+    python_path.clear()
+    x.add_(x, alpha=0.25)
+    assert python_path == [] or not state.device.fast_path  # the same signature: the C++ kernel queues it
+    out = torch.empty(0, device="neuron")
+    torch.arange(0.0, 2.0, 0.5, out=out)
+    assert "aten.arange.start_out" in python_path  # a new one: Python runs its first call
+    assert out.cpu().tolist() == [0.0, 0.5, 1.0, 1.5]
+    assert x.cpu().tolist() == [1.5 * 1.25] * 8
+
+
+def test_the_python_paths_own_calls_are_keyed_too():
+    # Advanced indexing takes CPU indices of any size (OpRecord.cpu_ok): the C++ kernel leaves such calls to
+    # Python, with their keys, which hold the CPU index's shape: another length is another output size.
+    d = torch.arange(6.0, device="neuron")
+    for n in (2, 3, 2, 5):
+        idx = torch.arange(n)
+        assert d[idx].cpu().tolist() == list(range(n)), n  # aten::index.Tensor
+        d.index_put_((idx,), torch.ones(n, device="neuron"), accumulate=True)
+        d -= torch.cat([torch.ones(n), torch.zeros(6 - n)]).to("neuron")
+    assert d.cpu().tolist() == torch.arange(6.0).tolist()
+
+
+def test_every_argument_kind_of_a_native_op_is_one_the_key_holds():
+    # build_key keys tensors, lists (of tensors, optional tensors, ints, floats, bools, numbers), ints (dtypes,
+    # layouts, memory formats), floats, bools, complex numbers, strings, devices and generators; an op with an
+    # argument of another kind would run uncached (dispatch._device_kernel, key None).
+    from nativelab.device import schema
+
+    keyed = {"Tensor", "int", "float", "bool", "number", "complex", "str", "Device", "Generator", "ScalarType",
+             "Layout", "MemoryFormat", "SymInt"}
+    seen = set()
+    for name in schema.NATIVE_OPS:
+        base, _, overload = name.partition(".")
+        packet = getattr(torch.ops.aten, base.split("::", 1)[1], None)
+        for ov in ([overload] if overload else list(packet.overloads()) if packet is not None else []):
+            op = getattr(packet, ov or "default", None)
+            if op is None or schema.route(op) != "native":
+                continue
+            for a in schema.op_schema(op).arguments:
+                t = a.type
+                while t.kind() in ("OptionalType", "ListType"):
+                    t = t.getElementType()
+                seen.add(str(t))
+    assert seen and seen <= keyed, seen - keyed
+    assert {"Tensor", "int", "float", "number"} <= seen

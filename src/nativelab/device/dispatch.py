@@ -38,43 +38,33 @@ _no_context = contextlib.nullcontext()
 # used directly.
 
 
-def _device_index(args, cpu_ok: tuple = (), written: tuple = ()) -> int:
-    """The device all tensor arguments live on; CUDA's rules: CPU tensors only as 0-d scalars read by the op
-    (or where `cpu_ok` positions allow them)."""
-    return _key_and_index(args, cpu_ok, True, written)[1]
-
-
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
 _NUMBERS = (int, float, bool, complex)
 _scalars: dict = {}
 
 
-def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True, written: tuple = ()) -> tuple[tuple, int]:
-    """One pass over an op's arguments: the metadata key of the call, and the device it runs on (every
-    device tensor on one core; CPU tensors only as 0-d scalars the op reads, as on CUDA, or in the `cpu_ok`
-    positions: a 0-d CPU tensor in a `written` position, `nonzero(x, out=torch.empty((), dtype=torch.long))`,
-    was written on the host while CUDA refuses it). Fused because it runs per op."""
+def _device_index(args, cpu_ok: tuple = (), written: tuple = ()) -> int:
+    """The device all tensor arguments live on (-1: none), by CUDA's rules: every device tensor on one core; CPU
+    tensors only as 0-d scalars the op reads, or in the `cpu_ok` positions (a 0-d CPU tensor in a `written`
+    position, `nonzero(x, out=torch.empty((), dtype=torch.long))`, was written on the host while CUDA refuses it).
+
+    The call's signature key is not made here: the C++ kernel builds it (csrc/ops.cpp `build_key`, the one key of
+    both paths) and hands it to `device_kernel`. What stays in Python is this check, which raises CUDA's error at
+    the call and knows the positions where an op takes CPU tensors (schema.py's OpRecord.cpu_ok); the C++ kernel
+    only leaves such calls to Python."""
     index = -1
     cpu_bad = None
-    key = []
     for pos, a in enumerate(args):
-        ta = type(a)
-        if ta in _PLAIN:
-            # a float's value is left out unless the op sizes out= arguments (arange.start_out): optimizers pass
-            # a new step size every step, a new cache entry each (fast_route hands the C++ key the same rule)
-            key.append(float if ta is float and not key_floats else a)
+        if type(a) in _PLAIN:
             continue
-        if ta is _Tensor or ta is torch.nn.Parameter or isinstance(a, _Tensor):
-            items, single = (a,), True
+        if isinstance(a, _Tensor):
+            items = (a,)
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], (_Tensor, type(None))):
-            items, single = a, False
+            items = a
         else:
-            key.append(_sig(a))
             continue
-        sub = []
         for t in items:
             if t is None:
-                sub.append(None)
                 continue
             d = t.device
             if d.type == DEVICE:
@@ -87,14 +77,12 @@ def _key_and_index(args, cpu_ok: tuple = (), key_floats: bool = True, written: t
                     )
             elif cpu_bad is None and (t.dim() != 0 or pos in written) and pos not in cpu_ok:
                 cpu_bad = d
-            sub.append((t.dtype, t.shape, t.stride(), d))
-        key.append(sub[0] if single else tuple(sub))
     if cpu_bad is not None and index >= 0:
         raise RuntimeError(
             f"Expected all tensors to be on the same device, but found at least two devices, "
             f"{DEVICE}:{index} and {cpu_bad}!"
         )
-    return tuple(key), index
+    return index
 
 
 # The dtypes PyTorch gives a Python number it wraps into a tensor (c10::scalar_to_tensor)
@@ -146,18 +134,6 @@ def _to_meta(x):
     if isinstance(x, torch.device) and x.type == DEVICE:
         return _meta
     return x
-
-
-def _sig(x):
-    """A hashable key of a non-tensor argument (tensors are keyed by `_key_and_index`)."""
-    if type(x) in _PLAIN:
-        return x
-    if isinstance(x, (list, tuple)):
-        return tuple(_sig(y) for y in x)
-    if isinstance(x, torch.Generator):
-        return "gen"
-    return x
-
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -494,10 +470,10 @@ def _one_to_device(rec, i, r, args, index):
 # The boxed kernel behind every op on the device.
 
 
-def direct_kernels() -> dict:
+def direct_kernels() -> list:
     """Native ops whose functional form PyTorch would otherwise route through `empty` + the `.out` op
     (structured kernels): registering them directly saves an allocation, a resize and a dispatch."""
-    found = {}
+    found = []
     for name in schema.NATIVE_OPS:
         base, _, overload = name.partition(".")
         packet = getattr(torch.ops.aten, base.split("::", 1)[1], None)
@@ -512,39 +488,36 @@ def direct_kernels() -> dict:
             except RuntimeError:  # a TorchScript-only overload such as aten::le.int
                 continue
             if structured or str(op) in policy.OVER_COMPOSITE:
-                found[op] = _bind(op)
+                found.append(op)
     for name in policy.HOST_OVER_COMPOSITE:
-        op = getattr(getattr(torch.ops.aten, name.split(".")[1]), name.split(".")[2])
-        found[op] = _bind(op)
+        found.append(getattr(getattr(torch.ops.aten, name.split(".")[1]), name.split(".")[2]))
     return found
 
 
-
-
-def _bind(op):
-    def kernel(*args, **kwargs):
-        return device_kernel(op, *args, **kwargs)
-
-    return kernel
-
-def device_kernel(op, *args, **kwargs):
+def device_kernel(op, key, *args, **kwargs):
+    """The Python kernel the C++ one (csrc/ops.cpp) calls for what it leaves to Python. `key`: the call's
+    signature key (bytes) that the C++ kernel built for a native op, the one both paths cache under; None for a
+    view or a fallback, or a call with an argument the key cannot hold (run uncached)."""
     hook = observe.dispatch  # a watching tool (nativelab.check) sees the call from the user's stack
     if hook is not None:
-        return hook(op, args, kwargs, lambda: _device_kernel(op, *args, **kwargs))
-    return _device_kernel(op, *args, **kwargs)
+        return hook(op, args, kwargs, lambda: _device_kernel(op, key, *args, **kwargs))
+    return _device_kernel(op, key, *args, **kwargs)
 
 
-def _device_kernel(op, *args, **kwargs):
+def _device_kernel(op, key, *args, **kwargs):
     rec = _records.get(op) or schema.record_for(op)
     full = rec.normalise(args, kwargs)
     for i in rec.tensor_pos:
         if i < len(full) and type(full[i]) in _NUMBERS:
             full[i] = _scalar_tensor(full[i])  # a wrapped scalar the dispatcher turned into a number
     route = rec.route
-    if route == "native":
-        key, index = _key_and_index(full, rec.cpu_ok, rec.out_args, rec.mutable)
-        return _native(rec, full, guard.current_index() if index < 0 else index, key)
     index = _device_index(full, rec.cpu_ok, rec.mutable)
+    if route == "native":
+        if index < 0:
+            index = guard.current_index()
+        if key is None:  # nothing to cache it under: each call runs at once, checked as a first call
+            return run_on_host(rec.name, rec, full, index, fallback=False, check=True)
+        return _native(rec, full, index, key)
     if route == "view":
         return _view(rec, full, index)
     res = run_on_host(rec.name, rec, full, index)
@@ -578,36 +551,33 @@ def resize_(t: torch.Tensor, shape, memory_format=None) -> torch.Tensor:
 
 
 def fast_route(name: str, overload: str):
-    """For the C++ kernel, once per op overload: (the OpOverload, its tracking name, its route), the route being
+    """For the C++ kernel, once per op overload: (the OpOverload, its tracking name, its route, its key). The route:
     None (every call through Python), ('f', out= overload name or '') for a functional op queued with its
-    outputs, or ('m', the argument each return is, whether its float arguments are part of the signature key:
-    `rec.out_args`, the Python path's rule) for an op that writes its arguments."""
+    outputs, or ('m', the argument each return is) for an op that writes its arguments. The key: None (a view
+    or a fallback: its calls are not keyed), else whether float arguments' values are part of the call's
+    signature key (`rec.out_args`: they may size out= arguments); the C++ kernel then keys every call, for its
+    own cache and for the Python path's."""
     ns, _, base = name.partition("::")
     op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
     rec = schema.record_for(op)
+    keyed = rec.out_args if rec.route == "native" else None
     if rec.route != "native" or rec.random or rec.cpu_ok or rec.name in policy.RUN_AT_ONCE:
-        return op, rec.name, None
+        return op, rec.name, None, keyed
     if rec.mutable:
         if rec.returns_alias and all(i is not None for i in rec.returns_alias):
-            return op, rec.name, ("m", tuple(rec.returns_alias), rec.out_args)
-        return op, rec.name, None
-    return op, rec.name, ("f", schema.op_schema(rec.out_op).overload_name if rec.out_op is not None else "")
+            return op, rec.name, ("m", tuple(rec.returns_alias)), keyed
+        return op, rec.name, None, keyed
+    out = schema.op_schema(rec.out_op).overload_name if rec.out_op is not None else ""
+    return op, rec.name, ("f", out), keyed
 
 
-def fast_spec(op, *args):
-    """For the C++ kernel, once per call signature (dtypes, shapes, strides, the other arguments): None (this
-    signature goes through Python: `policy.plan` has work, no meta kernel, an out=
-    argument to resize), False (not yet: this call through Python, ask again), else (kind, [(shape, stride,
-    dtype) of each output])."""
-    rec = _records[op]
-    full = list(args)
-    for i in rec.tensor_pos:
-        if i < len(full) and type(full[i]) in _NUMBERS:
-            full[i] = _scalar_tensor(full[i])  # as _device_kernel sees it, so that the signature keys agree
-    # The spec the Python path validated by running the signature's first call (_first_call): until then,
-    # False: this call goes to Python, which runs it at once, and the C++ kernel asks again next time.
-    key, _ = _key_and_index(full, rec.cpu_ok, rec.out_args)
-    spec = rec.meta_cache.get(key, _MISSING)
+def fast_spec(op, key: bytes):
+    """For the C++ kernel, once per call signature (its key: dtypes, shapes, strides, the other arguments): None
+    (this signature goes through Python: `policy.plan` has work, no meta kernel, an out= argument to resize),
+    False (not yet: this call through Python, ask again), else (kind, [(shape, stride, dtype) of each output])."""
+    # The spec the Python path validated by running the signature's first call (_first_call), under the same
+    # key: until then, False: this call goes to Python, which runs it at once, and the C++ kernel asks again.
+    spec = _records[op].meta_cache.get(key, _MISSING)
     if spec is _MISSING:
         return False
     if spec is None:  # no usable meta kernel: the Python path runs it on the host

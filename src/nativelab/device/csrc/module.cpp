@@ -152,6 +152,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // ops.cpp
   m.def("install_kernels", &install_kernels, "register the device's op kernel (fallback + the named ops)");
   m.def("set_fast", &set_fast, "whether ops may take the C++ path (off while a tool watches or in sync mode)");
+  m.def("spec_keys", &spec_keys, "the call signatures the C++ kernel cached for an op: their keys, the bytes the "
+        "Python path is handed (the one key, built in ops.cpp)");
   m.def("install_runtime_kernels", &install_runtime_kernels,
         "take over runtime_ops kernels (name -> Python kernel) that C++ serves; returns the names taken");
   m.def("set_noticed", &set_noticed, "the emulated-device notice was printed: allocations may skip Python");

@@ -4,7 +4,7 @@
 // and GEMM policies); this file does the per-call work of the common case without entering the interpreter:
 // the signature key, the cached output spec, allocation on the core, host views and queueing. Anything
 // unusual (a first call of a signature, fallbacks, random ops, the dtype policy, a watching tool, sync mode)
-// goes to the Python kernel, dispatch.device_kernel.
+// goes to the Python kernel, dispatch.device_kernel, with the call's key built here (the one key: build_key).
 #include "queue.h"
 
 #include <ATen/ExpandUtils.h>
@@ -73,6 +73,7 @@ struct OpEntry {
   std::optional<c10::OperatorHandle> out_op;
   std::vector<int> out_map;  // per argument of the out= form: >= 0 an input, < 0 output -(k+1)
   std::vector<int> returns_alias;  // a mutating op: the argument each return is
+  bool keyed = false;  // a native op: its calls are keyed (build_key), for this file's cache and Python's
   bool key_floats = false;  // an out= op: its float arguments can size the outputs (arange.start_out): Python's
   std::unordered_map<std::vector<int64_t>, Spec, KeyHash> specs;
   struct CountSlot* counted = nullptr;  // its executed count
@@ -103,9 +104,9 @@ void bump(CountSlot* s) {
 std::mutex g_mu;  // never held while taking the GIL
 std::unordered_map<const void*, OpEntry*> g_entries;
 std::atomic<bool> g_fast{false};
-py::object* g_python_kernel = nullptr;  // dispatch.device_kernel(op, *args, **kwargs)
-py::object* g_decide = nullptr;         // dispatch.fast_route(op_name, overload) -> (op, name, route)
-py::object* g_spec = nullptr;           // dispatch.fast_spec(op, *args) -> None | (kind, [(sizes, strides, dtype)])
+py::object* g_python_kernel = nullptr;  // dispatch.device_kernel(op, key, *args, **kwargs)
+py::object* g_decide = nullptr;         // dispatch.fast_route(op_name, overload) -> (op, name, route, keyed)
+py::object* g_spec = nullptr;           // dispatch.fast_spec(op, key) -> None | False | (kind, [(sizes, strides, dtype)])
 
 OpEntry* entry_for(const c10::OperatorHandle& op) {
   const void* key = &op.schema();
@@ -123,6 +124,9 @@ OpEntry* entry_for(const c10::OperatorHandle& op) {
     e->py_op = new py::object(d[0]);
     e->name = d[1].cast<std::string>();
     e->counted = count_slot(e->name);
+    py::object keyed = d[3];  // None, or whether floats are part of the key (schema.py's OpRecord.out_args)
+    e->keyed = !keyed.is_none();
+    e->key_floats = e->keyed && keyed.cast<bool>();
     py::object route = d[2];
     if (route.is_none()) {
       e->route = Route::kPython;
@@ -132,7 +136,6 @@ OpEntry* entry_for(const c10::OperatorHandle& op) {
       if (kind == "m") {
         e->route = Route::kMutating;
         for (auto h : py::reinterpret_borrow<py::tuple>(r[1])) e->returns_alias.push_back(h.cast<int>());
-        e->key_floats = r[2].cast<bool>();  // schema.py's OpRecord.out_args, as the Python path keys it
       } else {
         e->route = Route::kFunctional;
         const auto out = r[1].cast<std::string>();
@@ -158,80 +161,141 @@ OpEntry* entry_for(const c10::OperatorHandle& op) {
 }
 
 // ---- the per-call signature -----------------------------------------------------------------------------
+// The one key of a call signature, for both paths: the C++ kernel's spec cache (OpEntry::specs) and the Python
+// path's (schema.py's OpRecord.meta_cache, which dispatch.py fills and fast_spec reads), handed to Python as the
+// key's bytes. It is complete for every call Python keys; whether the fast path may take the call is decided
+// while it is built (`fast`): tensors strided, plain, on one core or 0-d CPU scalars, arguments of the kinds the
+// fast path hands on as they are.
 
 inline void put_tensor_meta(std::vector<int64_t>& key, const at::Tensor& t) {
   key.push_back(static_cast<int64_t>(t.scalar_type()));
   key.push_back(t.dim());
   for (auto s : t.sizes()) key.push_back(s);
-  for (auto s : t.strides()) key.push_back(s);
+  if (t.layout() == c10::kStrided) {
+    for (auto s : t.strides()) key.push_back(s);
+  }
 }
 
-// A tensor argument the fast path takes: on the device (one core for the whole call) or a 0-d CPU scalar.
-inline bool put_tensor(std::vector<int64_t>& key, const at::Tensor& t, int& index) {
+inline void put_tensor(std::vector<int64_t>& key, const at::Tensor& t, int& index, bool& fast) {
   if (!t.defined()) {
     key.push_back(-1);
-    return true;
+    return;
   }
   const auto dev = t.device();
-  if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || t._is_zerotensor()) return false;
+  if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || t._is_zerotensor()) {
+    // (Python's meta kernels see through conj and neg bits; a zero tensor or another layout is Python's case)
+    key.push_back(-1000 - 8 * static_cast<int64_t>(t.layout()) - 4 * t.is_conj() - 2 * t.is_neg() - t._is_zerotensor());
+    fast = false;
+  }
   if (dev.type() == kDevice) {
     if (index < 0) index = dev.index();
-    else if (index != dev.index()) return false;  // Python raises the device-mismatch error
+    else if (index != dev.index()) fast = false;  // Python raises the device-mismatch error
     key.push_back(-100 - dev.index());
   } else if (dev.is_cpu() && t.dim() == 0) {
     key.push_back(-90);
-  } else {
-    return false;
+  } else {  // a CPU operand where the op allows one (index_put_'s indices) or the error Python raises
+    key.push_back(-60 - static_cast<int64_t>(dev.type()));
+    fast = false;
   }
   put_tensor_meta(key, t);
+}
+
+inline int64_t bits_of(double d) {
+  int64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  return bits;
+}
+
+// false: an argument of a kind this does not key (none of native_ops.txt's ops has one: tests/test_engine.py)
+bool put_other(std::vector<int64_t>& key, const c10::IValue& v, int& index, bool floats, bool& fast);
+
+inline bool put_value(std::vector<int64_t>& key, const c10::IValue& v, int& index, bool floats, bool& fast) {
+  if (v.isTensor()) {
+    put_tensor(key, v.toTensor(), index, fast);
+  } else if (v.isNone()) {
+    key.push_back(-2);
+  } else if (v.isInt()) {  // ints, dtypes, layouts and memory formats
+    key.push_back(-3);
+    key.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    // Its value is left out unless the op sizes out= arguments (arange.start_out): the output metadata of
+    // functional and in-place ops does not depend on a float's value (shape-giving floats come in lists, keyed
+    // by value), and optimizers pass a new step size at every step.
+    key.push_back(-4);
+    if (floats) key.push_back(bits_of(v.toDouble()));
+  } else if (v.isBool()) {
+    key.push_back(-5);
+    key.push_back(v.toBool());
+  } else if (v.isIntList()) {
+    key.push_back(-6);
+    auto l = v.toIntList();
+    key.push_back(static_cast<int64_t>(l.size()));
+    for (int64_t x : l) key.push_back(x);
+  } else if (v.isTensorList()) {
+    key.push_back(-7);
+    auto l = v.toTensorList();
+    key.push_back(static_cast<int64_t>(l.size()));
+    for (size_t j = 0; j < l.size(); ++j) put_tensor(key, l.get(j), index, fast);
+  } else if (v.isString()) {
+    key.push_back(-8);
+    key.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+  } else {
+    return put_other(key, v, index, floats, fast);
+  }
   return true;
 }
 
-bool build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int& index, bool floats) {
-  key.reserve(48);
-  for (size_t i = 0; i < n; ++i) {
-    const auto& v = args[i];
-    if (v.isTensor()) {
-      if (!put_tensor(key, v.toTensor(), index)) return false;
-    } else if (v.isNone()) {
-      key.push_back(-2);
-    } else if (v.isInt()) {
-      key.push_back(-3);
-      key.push_back(v.toInt());
-    } else if (v.isDouble()) {
-      // Its value is left out unless the op sizes out= arguments (arange.start_out): the output metadata of
-      // functional and in-place ops does not depend on a float's value (shape-giving floats come in lists,
-      // which go to Python), and optimizers pass a new step size at every step.
-      key.push_back(-4);
-      if (floats) {
-        double d = v.toDouble();
-        int64_t bits;
-        std::memcpy(&bits, &d, sizeof bits);
-        key.push_back(bits);
-      }
-    } else if (v.isBool()) {
-      key.push_back(-5);
-      key.push_back(v.toBool());
-    } else if (v.isIntList()) {
-      key.push_back(-6);
-      auto l = v.toIntList();
-      key.push_back(static_cast<int64_t>(l.size()));
-      for (int64_t x : l) key.push_back(x);
-    } else if (v.isTensorList()) {
-      key.push_back(-7);
-      auto l = v.toTensorList();
-      key.push_back(static_cast<int64_t>(l.size()));
-      for (size_t j = 0; j < l.size(); ++j) {
-        if (!put_tensor(key, l.get(j), index)) return false;
-      }
-    } else if (v.isString()) {
-      key.push_back(-8);
-      key.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
-    } else {
-      return false;  // generators, devices, optional-tensor lists, complex scalars ...: Python
+// Kinds the fast path leaves to Python (it would have to convert them for the queued op), keyed by value
+bool put_other(std::vector<int64_t>& key, const c10::IValue& v, int& index, bool floats, bool& fast) {
+  fast = false;
+  if (v.isDoubleList()) {  // scale factors: they size the output
+    key.push_back(-9);
+    auto l = v.toDoubleList();
+    key.push_back(static_cast<int64_t>(l.size()));
+    for (double x : l) key.push_back(bits_of(x));
+  } else if (v.isBoolList()) {
+    key.push_back(-10);
+    auto l = v.toBoolList();
+    key.push_back(static_cast<int64_t>(l.size()));
+    for (bool x : l) key.push_back(x);
+  } else if (v.isList()) {  // Tensor?[] (advanced indexing), Scalar[]
+    key.push_back(-11);
+    auto l = v.toListRef();
+    key.push_back(static_cast<int64_t>(l.size()));
+    for (const auto& x : l) {
+      if (!put_value(key, x, index, floats, fast)) return false;
     }
+  } else if (v.isComplexDouble()) {
+    const auto c = v.toComplexDouble();
+    key.push_back(-12);
+    key.push_back(bits_of(c.real()));
+    key.push_back(bits_of(c.imag()));
+  } else if (v.isDevice()) {
+    const auto d = v.toDevice();
+    key.push_back(-13);
+    key.push_back(static_cast<int64_t>(d.type()));
+    key.push_back(d.index());
+  } else if (v.isGenerator()) {  // its state is read at the call, not part of the signature
+    key.push_back(-14);
+  } else {
+    return false;
   }
-  return index >= 0;
+  return true;
+}
+
+enum class Keyed { kFast, kPython, kNone };  // the fast path may take it / the key is Python's only / no key
+
+Keyed build_key(const c10::IValue* args, size_t n, std::vector<int64_t>& key, int& index, bool floats) {
+  key.reserve(48);
+  bool fast = true;
+  for (size_t i = 0; i < n; ++i) {
+    if (!put_value(key, args[i], index, floats, fast)) return Keyed::kNone;
+  }
+  return fast && index >= 0 ? Keyed::kFast : Keyed::kPython;
+}
+
+py::bytes key_bytes(const std::vector<int64_t>& key) {
+  return py::bytes(reinterpret_cast<const char*>(key.data()), key.size() * sizeof(int64_t));
 }
 
 // ---- host views -----------------------------------------------------------------------------------------
@@ -309,13 +373,9 @@ py::object to_python(const c10::IValue& v) {
   return torch::jit::toPyObject(v);
 }
 
-Spec python_spec(OpEntry* e, const c10::OperatorHandle& op, const c10::IValue* args, size_t n) {
-  const auto& arguments = op.schema().arguments();
+Spec python_spec(OpEntry* e, const std::vector<int64_t>& key) {
   py::gil_scoped_acquire gil;
-  py::tuple pargs(n + 1);
-  pargs[0] = *e->py_op;
-  for (size_t i = 0; i < n; ++i) pargs[i + 1] = to_python(args[i], arguments[i]);
-  py::object r = (*g_spec)(*pargs);
+  py::object r = (*g_spec)(*e->py_op, key_bytes(key));
   Spec s;
   if (r.is_none()) return s;
   if (PyBool_Check(r.ptr())) {
@@ -340,22 +400,21 @@ Spec python_spec(OpEntry* e, const c10::OperatorHandle& op, const c10::IValue* a
 }
 
 // Call a Python kernel with an op's boxed arguments (keyword-only ones by name) and push what it returns.
-// `first`, when set, goes before the arguments (the OpOverload, for dispatch.device_kernel).
-void call_python(const py::object& fn, const py::object* first, const c10::OperatorHandle& op,
+// `lead`: what goes before the arguments (the OpOverload and the call's key, for dispatch.device_kernel).
+void call_python(const py::object& fn, std::initializer_list<py::handle> lead, const c10::OperatorHandle& op,
                  torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
   const size_t n = arguments.size();
-  py::gil_scoped_acquire gil;
   auto* args = stack->data() + stack->size() - n;
   size_t npos = 0;
   while (npos < n && !arguments[npos].kwarg_only()) ++npos;
-  const size_t lead = first != nullptr ? 1 : 0;
-  py::tuple pargs(npos + lead);
-  if (first != nullptr) pargs[0] = *first;
+  py::tuple pargs(npos + lead.size());
+  size_t j = 0;
+  for (auto h : lead) pargs[j++] = h;
   py::dict kwargs;
   for (size_t i = 0; i < n; ++i) {
-    if (i < npos) pargs[i + lead] = to_python(args[i], arguments[i]);
+    if (i < npos) pargs[i + lead.size()] = to_python(args[i], arguments[i]);
     else kwargs[py::str(arguments[i].name())] = to_python(args[i], arguments[i]);
   }
   py::object out = fn(*pargs, **kwargs);
@@ -371,18 +430,19 @@ void call_python(const py::object& fn, const py::object* first, const c10::Opera
   }
 }
 
-void run_python(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  call_python(*g_python_kernel, e->py_op, op, stack);
+// The Python kernel, with the call's key (None: an op Python does not key, or an argument the key cannot hold)
+void run_python(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::vector<int64_t>* key) {
+  py::gil_scoped_acquire gil;
+  py::object k = key != nullptr ? py::object(key_bytes(*key)) : py::none();
+  call_python(*g_python_kernel, {*e->py_op, k}, op, stack);
 }
 
 // ---- the fast path --------------------------------------------------------------------------------------
 
-bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::vector<int64_t>& key,
+              int index) {
   const size_t n = op.schema().arguments().size();
   c10::IValue* args = stack->data() + stack->size() - n;
-  std::vector<int64_t> key;
-  int index = -1;
-  if (!build_key(args, n, key, index, e->key_floats)) return false;
   const Spec* spec = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -390,11 +450,11 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
     if (it != e->specs.end()) spec = &it->second;
   }
   if (spec == nullptr) {  // first call of this signature: Python works out the outputs and the policies
-    Spec s = python_spec(e, op, args, n);
+    Spec s = python_spec(e, key);
     if (s.later) return false;  // the signature's first call: Python runs it at once (dispatch._first_call)
     std::lock_guard<std::mutex> lock(g_mu);
     if (e->specs.size() >= kMaxSpecs) return false;  // a signature zoo: Python (and its own cache) serves it
-    spec = &e->specs.emplace(std::move(key), std::move(s)).first->second;  // node-based: stays put
+    spec = &e->specs.emplace(key, std::move(s)).first->second;  // node-based: stays put
   }
   if (!spec->fast) return false;
 
@@ -441,8 +501,16 @@ bool run_fast(OpEntry* e, const c10::OperatorHandle& op, torch::jit::Stack* stac
 void device_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
   OpEntry* e = entry_for(op);
   DispatchNote note(e->name.c_str());  // what a crash report names
-  if (e->route != Route::kPython && g_fast.load(std::memory_order_relaxed) && run_fast(e, op, stack)) return;
-  run_python(e, op, stack);
+  if (!e->keyed) return run_python(e, op, stack, nullptr);  // a view or a fallback: no signature cache
+  const size_t n = op.schema().arguments().size();
+  std::vector<int64_t> key;
+  int index = -1;
+  const Keyed k = build_key(stack->data() + stack->size() - n, n, key, index, e->key_floats);
+  if (k == Keyed::kFast && e->route != Route::kPython && g_fast.load(std::memory_order_relaxed) &&
+      run_fast(e, op, stack, key, index)) {
+    return;
+  }
+  run_python(e, op, stack, k == Keyed::kNone ? nullptr : &key);
 }
 
 // ---- the runtime's own ops: allocation and copies ---------------------------------------------------------
@@ -456,7 +524,8 @@ CountSlot* const g_copy_count = count_slot(kCopyName);
 void count(const std::string& name) { bump(count_slot(name)); }
 
 void python_runtime(const char* name, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  call_python(*g_runtime.at(name), nullptr, op, stack);
+  py::gil_scoped_acquire gil;
+  call_python(*g_runtime.at(name), {}, op, stack);
 }
 
 std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
@@ -637,6 +706,20 @@ void install_kernels(py::function python_kernel, py::function decide, py::functi
 }
 
 void set_fast(bool on) { g_fast.store(on); }
+
+py::list spec_keys(const std::string& name) {
+  std::vector<std::vector<int64_t>> keys;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (const auto& kv : g_entries) {
+      if (kv.second->name != name) continue;
+      for (const auto& spec : kv.second->specs) keys.push_back(spec.first);
+    }
+  }
+  py::list out;
+  for (const auto& k : keys) out.append(key_bytes(k));
+  return out;
+}
 
 void count_executed(const std::string& name) { count(name); }
 

@@ -87,6 +87,9 @@ uint64_t profiler_correlation() noexcept;  // profiler_plugin.cpp: the calling t
 void install_kernels(pybind11::function python_kernel, pybind11::function decide, pybind11::function spec,
                      const std::vector<std::string>& direct);
 void set_fast(bool on);
+// The call signatures the C++ kernel cached for an op ('aten::add.Tensor'): each key's bytes, as the Python path
+// is handed them (dispatch.device_kernel's `key`, schema.py's OpRecord.meta_cache)
+pybind11::list spec_keys(const std::string& name);
 // runtime_ops.py's kernels that the C++ kernels take over (serving their common case, calling them for the
 // rest): returns the names taken
 std::vector<std::string> install_runtime_kernels(const pybind11::dict& kernels);
