@@ -78,6 +78,17 @@ def test_histc_checks_of_values_raise_at_the_call_like_cuda():
     torch.neuron.synchronize()  # nothing failing was queued
 
 
+def test_vector_norm_of_an_empty_tensor_checks_its_ord_at_the_call():
+    """`ord` is a float, which the signature key leaves out: after ord=2 over an empty dim passed, ord=-1 (no
+    identity) still raises at the call, as on CUDA."""
+    e = torch.empty(0, 3, device="neuron")
+    for _ in range(2):
+        assert torch.linalg.vector_norm(e, ord=2.0, dim=0).cpu().tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(RuntimeError, match="cannot compute the -1 norm"):
+        torch.linalg.vector_norm(e, ord=-1.0, dim=0)
+    torch.neuron.synchronize()  # nothing failing was queued
+
+
 def test_sync_mode_raises_at_the_op():
     r = run_python(
         "import torch, nativelab\n"

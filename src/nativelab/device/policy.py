@@ -308,6 +308,16 @@ def call_narrowed(rec, hargs: list):
 RUN_AT_ONCE = frozenset({"aten::histc", "aten::histc.out"})
 
 
+def _empty_input(args) -> bool:
+    return isinstance(args[0], _Tensor) and args[0].numel() == 0
+
+
+# Native ops that run at once when a call's arguments say so; such a call signature is never cached, so the C++
+# kernel keeps sending it to Python. linalg_vector_norm of an empty tensor checks its `ord`, a float the key
+# leaves out (`ord=-1` over an empty dim has no identity), so after an `ord=2` call passed it would be queued.
+RUN_AT_ONCE_WHEN = {"aten::linalg_vector_norm": _empty_input}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # CPU-output dtypes.
 
