@@ -17,6 +17,7 @@ write-after-read and write-after-write on overlapping regions of the same tensor
 queues (16 per core [trn2]) are one lane of the core's HBM bandwidth that is not in program order: a
 transfer takes the first free stretch of bandwidth after its inputs are ready (a load for the next tile
 does not wait behind the store of the previous one). Independent work on different engines overlaps.
+A dma_compute moves every source's bytes through its engine (AWS gives no cost of its own).
 What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank conflicts, DMA descriptor
 and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
 LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and

@@ -14,7 +14,7 @@ import torch
 import weakref
 
 from . import limits, mx, trace
-from ._private import is_view
+from ._private import is_fake, is_view
 
 _bound: dict = {}  # id -> weakref of every tensor that is (or was) some storage's value (cleared per trace)
 
@@ -176,6 +176,8 @@ class NkiTensor:
     @property
     def data(self) -> torch.Tensor:
         value = self.storage.tensor
+        if _indirect(self.chain) is not None:  # depends on the offsets' current values too: not cached
+            return _apply(value, self.chain)
         c = self._cache
         if c is not None and c[0] is value:
             return c[1]
@@ -286,20 +288,28 @@ class NkiTensor:
             raise limits.fail("reshape", f"{self!r} is not contiguous: a reshape of it is not a view") from None
         return NkiTensor(self.storage, self.chain + (("view", shape),), self.indexed)
 
-    def ap(self, pattern, offset: int = 0, dtype=None, **unsupported) -> "NkiTensor":
+    def ap(self, pattern, offset: int = 0, dtype=None, scalar_offset=None, vector_offset=None, indirect_dim=0,
+           **_unused) -> "NkiTensor":
         """The hardware access pattern [[step, num], ...] (outermost first) from `offset`, in elements of the
-        flattened allocation: element [i0, i1, ...] is flat[offset + sum(i_k * step_k)]."""
-        if unsupported.get("scalar_offset") is not None or unsupported.get("vector_offset") is not None:
-            raise limits.fail("ap", "indirect access patterns (scalar_offset / vector_offset) are not emulated")
+        flattened allocation: element [i0, i1, ...] is flat[offset + sum(i_k * step_k)]. With a runtime
+        offset (an SBUF tile of integers), the pattern moves by it along `indirect_dim` of the allocation
+        (times the elements to that dimension's right): scalar_offset, one (1, 1) value for the whole
+        pattern; vector_offset, one value per index of the pattern's first dimension (a gather / scatter
+        of rows: its own step is the allocation's row size; indirect_dim 0 only)."""
         base = self.storage
         packed, dtype = (dtype, dtype.carrier) if isinstance(dtype, mx.PackedDtype) else (None, dtype)
         numel = math.prod(base.shape) * base.meta.element_size() // (
             torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size())
         steps = [int(p[0]) for p in pattern]
         nums = [int(p[1]) for p in pattern]
-        offset = int(offset) + (self.layout().storage_offset() if dtype is None else 0)
-        last = offset + sum((n - 1) * s for s, n in zip(steps, nums) if n > 0 and s > 0)
-        first = offset + sum((n - 1) * s for s, n in zip(steps, nums) if n > 0 and s < 0)
+        offset = int(offset or 0) + (self.layout().storage_offset() if dtype is None else 0)
+        runtime = None
+        if scalar_offset is not None or vector_offset is not None:
+            runtime = _runtime_offsets(base, nums, dtype, scalar_offset, vector_offset, int(indirect_dim))
+            dtype = dtype if dtype is not None else base.dtype  # (marks the view's elements as not the tile's)
+        static = list(zip(steps, nums))[1:] if runtime is not None and runtime.vector else list(zip(steps, nums))
+        last = offset + sum((n - 1) * s for s, n in static if n > 0 and s > 0)
+        first = offset + sum((n - 1) * s for s, n in static if n > 0 and s < 0)
         limits.check(first >= 0 and last < numel, "ap",
                      f"access pattern {[[s, n] for s, n in zip(steps, nums)]} from offset {offset} reaches "
                      f"element {last if last >= numel else first} of {base.describe()} ({base.buffer}), "
@@ -309,8 +319,13 @@ class NkiTensor:
             limits.check(steps[0] == per_partition, "ap",
                          f"the partition step of an {base.buffer} access pattern must be the tensor's free size "
                          f"{per_partition} (partitions are read contiguously), got {steps[0]}")
-        chain = (("ap", tuple(nums), tuple(steps), offset, dtype),) + ((("packed", packed),) if packed else ())
+        ap = ("ap", tuple(nums), tuple(steps), offset, dtype) + ((runtime,) if runtime is not None else ())
+        chain = (ap,) + ((("packed", packed),) if packed else ())
         return NkiTensor(base, chain, True)
+
+    def is_indirect(self) -> bool:
+        """The view moves by offsets read at run time (.ap's scalar_offset / vector_offset)."""
+        return _indirect(self.chain) is not None
 
     def view(self, dtype) -> "NkiTensor":
         if isinstance(dtype, mx.PackedDtype):  # the bits reinterpreted as packed MX elements
@@ -397,11 +412,17 @@ def _apply(t: torch.Tensor, chain) -> torch.Tensor:
         elif kind == "view":
             t = t.reshape(op[1]) if not t.is_contiguous() else t.view(op[1])
         elif kind == "ap":
-            _, nums, steps, offset, dtype = op
+            nums, steps, offset, dtype = op[1:5]
             flat = t.contiguous().view(-1)
             if dtype is not None and dtype != flat.dtype:
                 flat = flat.view(dtype)
-            t = torch.as_strided(flat, nums, steps, flat.storage_offset() + offset)
+            if len(op) > 5 and flat.device.type != "meta":  # runtime offsets: a gather
+                t = flat[_indirect_index(op, flat)]
+            elif len(op) > 5:  # the layout: the static part (a vector offset's rows all at `offset`)
+                t = torch.as_strided(flat, nums, (0,) + tuple(steps[1:]) if op[5].vector else steps,
+                                     flat.storage_offset() + offset)
+            else:
+                t = torch.as_strided(flat, nums, steps, flat.storage_offset() + offset)
         elif kind == "dtype":
             t = t.view(op[1])
         elif kind == "expand":
@@ -413,6 +434,74 @@ def _apply(t: torch.Tensor, chain) -> torch.Tensor:
         elif kind == "flatten":
             t = t.flatten(op[1], op[2])
     return t
+
+
+class _RuntimeOffsets:
+    """An access pattern's runtime offsets: the SBUF tile holding them, whether one per index of the
+    pattern's first dimension (vector) or one for all (scalar), and the elements one offset unit moves.
+    Compared by identity: a view's chain holds it."""
+
+    __slots__ = ("tile", "vector", "stride")
+
+    def __init__(self, tile, vector: bool, stride: int):
+        self.tile, self.vector, self.stride = tile, vector, stride
+
+
+def _runtime_offsets(base: Storage, nums, dtype, scalar_offset, vector_offset, dim: int) -> _RuntimeOffsets:
+    """Checks .ap's runtime offsets (AWS's "NKI Access Patterns" guide) and describes them."""
+    limits.check(scalar_offset is None or vector_offset is None, "ap",
+                 "takes at most one of scalar_offset and vector_offset")
+    tile = vector_offset if vector_offset is not None else scalar_offset
+    what = "vector_offset" if vector_offset is not None else "scalar_offset"
+    limits.check(isinstance(tile, NkiTensor) and tile.buffer.on_chip and tile.buffer.name == "sbuf", "ap",
+                 f"{what} must be an SBUF tile of integers, got {tile!r}")
+    limits.check(isinstance(tile.dtype, torch.dtype) and not tile.dtype.is_floating_point, "ap",
+                 f"{what} must hold integers, got {tile.dtype}")
+    limits.check(0 <= dim < len(base.shape), "ap", f"indirect_dim {dim} is not a dimension of {base.describe()}")
+    if vector_offset is not None:
+        limits.check(dim == 0, "ap", f"a vector_offset moves along indirect_dim 0 only, got {dim}")
+        limits.check(not base.buffer.on_chip, "ap", f"a vector_offset gathers rows of an HBM tensor; "
+                                                    f"{base.describe()} is in {base.buffer}")
+        limits.check(tile.shape[0] == nums[0] and tile.numel() == nums[0], "ap",
+                     f"vector_offset {tile.shape} must hold one offset per index of the pattern's first "
+                     f"dimension ({nums[0]}, 1)")
+    else:
+        limits.check(tile.numel() == 1, "ap", f"scalar_offset must be one value (1, 1), got {tile.shape}")
+        limits.check(not (base.buffer.on_chip and dim == 0), "ap",
+                     f"on {base.buffer} a scalar_offset cannot move along the partition dimension (indirect_dim 0)")
+    units = math.prod(base.shape[dim + 1:]) * base.meta.element_size()
+    size = torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size()
+    return _RuntimeOffsets(tile, vector_offset is not None, units // size)
+
+
+def _indirect(chain):
+    for op in chain:
+        if op[0] == "ap" and len(op) > 5:
+            return op[5]
+    return None
+
+
+def _indirect_index(op, flat: torch.Tensor) -> torch.Tensor:
+    """The flat element each position of an access pattern with runtime offsets reads: the static pattern
+    plus offset * stride (per index of the first dimension for a vector offset)."""
+    nums, steps, offset, runtime = op[1], op[2], op[3], op[5]
+    dev = flat.device
+    idx = torch.full((1,) * len(nums), offset, dtype=torch.int64, device=dev)
+    for k, (s, n) in enumerate(zip(steps, nums)):
+        if k == 0 and runtime.vector:
+            continue
+        shape = [1] * len(nums)
+        shape[k] = n
+        idx = idx + (torch.arange(n, dtype=torch.int64, device=dev) * s).reshape(shape)
+    moved = runtime.tile.data.to(torch.int64)
+    moved = moved.reshape([nums[0]] + [1] * (len(nums) - 1)) if runtime.vector else moved.reshape((1,) * len(nums))
+    idx = (idx + moved * runtime.stride).expand(nums)
+    if idx.device.type != "meta" and not is_fake(idx) and idx.numel():
+        lo, hi = int(idx.min()), int(idx.max())  # interpreted: the offsets' values are known here
+        limits.check(lo >= 0 and hi < flat.numel(), "ap",
+                     f"runtime offsets {moved.reshape(-1).tolist()[:8]} move the access pattern to element "
+                     f"{hi if hi >= flat.numel() else lo} of a tensor of {flat.numel()} elements (out of bounds)")
+    return idx
 
 
 def view_of(t: torch.Tensor, chain) -> torch.Tensor:
@@ -439,7 +528,10 @@ def covers_all(t: NkiTensor) -> bool:
 
 
 def _region(t: NkiTensor):
-    """(storage, first element, last element) of the view, for the cost model's dependencies."""
+    """(storage, first element, last element) of the view, for the cost model's dependencies (all of it
+    for a view that moves by runtime offsets)."""
+    if _indirect(t.chain) is not None:
+        return t.storage.uid, 0, t.storage.meta.numel() - 1
     v = t.layout()
     lo = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s < 0 and n > 0)
     hi = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s > 0 and n > 0)
@@ -451,6 +543,9 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
     written."""
     st = t.storage
     tr = trace.active()
+    runtime = _indirect(t.chain)
+    if runtime is not None:
+        read(runtime.tile, instruction)  # the offsets are read too
     if tr is not None:
         if tr.fuser is not None:
             tr.fuser.before_read(st)  # deferred matmuls and stores into it land first
@@ -558,17 +653,21 @@ def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor) -> None:
     (as_strided_scatter): PyTorch cannot trace an in-place write through an as_strided view."""
     st = t.storage
     k = next(i for i, op in enumerate(t.chain) if op[0] == "ap")
-    _, nums, steps, offset, dtype = t.chain[k]
+    nums, steps, offset, dtype = t.chain[k][1:5]
     flat = _apply(st.tensor, t.chain[:k]).contiguous().view(-1)
     if flat.storage_offset():
         flat = flat.clone()
     if dtype is not None and dtype != flat.dtype:
         flat = flat.view(dtype)
+    idx = _indirect_index(t.chain[k], flat) if len(t.chain[k]) > 5 else None  # runtime offsets: a scatter
     region = value
     if t.chain[k + 1:]:  # indexed further after the access pattern: update that part of the region
-        region = torch.as_strided(flat, nums, steps, offset).clone()
+        region = (flat[idx] if idx is not None else torch.as_strided(flat, nums, steps, offset)).clone()
         _apply(region, t.chain[k + 1:]).copy_(value)
-    new = torch.as_strided_scatter(flat, region.to(flat.dtype), nums, steps, offset)
+    if idx is not None:
+        new = flat.index_put((idx.reshape(-1),), region.reshape(-1).to(flat.dtype))
+    else:
+        new = torch.as_strided_scatter(flat, region.to(flat.dtype), nums, steps, offset)
     if dtype is not None and dtype != st.dtype:
         new = new.view(st.dtype)
     new = new.view(st.shape)

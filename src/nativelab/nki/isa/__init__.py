@@ -129,6 +129,40 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, dst_rmw_op=None, oob_mode=None, dge
     return dst
 
 
+DMA_COMPUTE_MAX_SRCS = 16  # the nki.isa.dma_compute page: "The max number of source tensors in srcs is 16"
+
+
+def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=None, name=None, **_kw):
+    """dst = srcs[0] + srcs[1] + ... computed inside a DMA engine, in fp32, rounded once to dst's dtype
+    (HBM or SBUF; reduce_op nl.add and scales of 1.0 only, as the page says). With a runtime-offset view
+    (.ap(vector_offset=...)) as dst and one source it is a read-modify-write: a scatter-add into HBM rows,
+    or a gather-add of HBM rows into SBUF."""
+    ins = "dma_compute"
+    srcs = list(srcs)
+    limits.check(1 <= len(srcs) <= DMA_COMPUTE_MAX_SRCS, ins,
+                 f"takes 1 to {DMA_COMPUTE_MAX_SRCS} source tensors, got {len(srcs)}")
+    limits.check(as_op(reduce_op).name == "add", ins, f"reduce_op must be nl.add, got {reduce_op!r}")
+    limits.check(scales is None or all(float(x) == 1.0 for x in scales), ins,
+                 f"scales must all be 1.0 (or None), got {list(scales) if scales is not None else None}")
+    limits.check(bool(unique_indices), ins, "unique_indices=False (repeated scatter indices) is not supported")
+    for what, t in [("dst", dst)] + [(f"srcs[{i}]", t) for i, t in enumerate(srcs)]:
+        limits.check(isinstance(t, NkiTensor), ins, f"{what} must be an NKI tensor, got {type(t).__name__}")
+        limits.check(t.buffer is not psum, ins, f"{what} is in PSUM; DMA engines reach HBM and SBUF")
+        limits.check(t.numel() == dst.numel(), ins,
+                     f"{what} has {t.numel()} elements ({t.shape}); every tensor must have dst's {dst.numel()}")
+        if t.buffer.on_chip:
+            limits.check_partitions(ins, what, t.shape)
+    total = read(srcs[0], ins).float().reshape(dst.shape)
+    for t in srcs[1:]:
+        total = total + read(t, ins).float().reshape(dst.shape)
+    record(ins, "dma", dst)
+    tr = trace.active()
+    if tr is not None and tr.instructions:  # the engine streams every source through it
+        tr.instructions[-1].elements = sum(t.numel() * t.data.element_size() for t in srcs)
+    write(dst, total, ins)
+    return dst
+
+
 def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, dge_mode=None, name=None, **_kw):
     """A DMA that transposes: dst = src with its axes reversed (or permuted by `axes`); 2- and 4-byte types."""
     limits.check(src.data.element_size() in (2, 4), "dma_transpose",
@@ -1134,7 +1168,7 @@ for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activat
               "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8", "nc_stream_shuffle",
               "nc_match_replace8", "bn_stats", "bn_aggr", "range_select", "rng", "set_rng_seed", "rand_set_state",
               "rand_get_state", "dropout", "tensor_scalar_cumulative", "nc_n_gather", "local_gather",
-              "nonzero_with_count", "sequence_bounds", "quantize_mx", "nc_matmul_mx"):
+              "nonzero_with_count", "sequence_bounds", "quantize_mx", "nc_matmul_mx", "dma_compute"):
     globals()[_name] = instruction(globals()[_name])
 del _name
 

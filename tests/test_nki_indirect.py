@@ -1,0 +1,147 @@
+"""Access patterns that move by offsets read at run time (.ap's scalar_offset / vector_offset: the gathers
+and scatters of AWS's "NKI Access Patterns" guide) and nisa.dma_compute (the DMA engines' sum, and its
+read-modify-write through such a view), against PyTorch indexing of the same tensors, interpreted on CPU and
+neuron tensors and compiled; their errors name the line; the cost model orders a DMA after its offsets."""
+
+import inspect
+
+import pytest
+import torch
+
+from nativelab import nki
+from nativelab.nki import isa as nisa
+from nativelab.nki import language as nl
+
+sim = nki.simulate
+
+
+def _line_of(fn, text):
+    lines, start = inspect.getsourcelines(fn.fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+@nki.jit
+def _gather(a, rows):
+    """Row rows[p] of a into partition p (a vector offset), then those rows scaled back into a copy of a."""
+    n, f = rows.shape[0], a.shape[1]
+    idx = nl.load(rows)
+    got = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=got, src=a.ap([[f, n], [1, f]], 0, vector_offset=idx, indirect_dim=0))
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=got)
+    return out
+
+
+@nki.jit
+def _scatter_add(a, rows, upd):
+    """A copy of a with upd added into rows `rows` (dma_compute's scatter read-modify-write)."""
+    n, f = upd.shape
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=a)
+    idx, u = nl.load(rows), nl.load(upd)
+    target = out.ap([[f, n], [1, f]], 0, vector_offset=idx, indirect_dim=0)
+    nisa.dma_compute(dst=target, srcs=[target, u], reduce_op=nl.add)
+    return out
+
+
+@nki.jit
+def _window(k, start):
+    """k[b, start : start + 16, :] for each batch b: a scalar offset along dim 1 (attention's KV window)."""
+    b, s, d = k.shape
+    at = nl.load(start)
+    out = nl.ndarray((b, 16, d), dtype=k.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(b):
+        t = nl.ndarray((16, d), dtype=k.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=k.ap([[d, 16], [1, d]], offset=i * s * d, scalar_offset=at, indirect_dim=1))
+        nisa.dma_copy(dst=out[i], src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_a_vector_offset_gathers_rows_and_a_scalar_offset_moves_the_window(dtype, device):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(40, 24, generator=g).to(dtype)
+    rows = torch.tensor([[7], [0], [39], [7], [12]], dtype=torch.int32)
+    got = sim(_gather)(a.to(device), rows.to(device)).cpu()
+    assert torch.equal(got, a[rows[:, 0].long()])
+    k = torch.randn(3, 50, 8, generator=g).to(dtype)
+    start = torch.tensor([[21]], dtype=torch.int32)
+    assert torch.equal(sim(_window)(k.to(device), start.to(device)).cpu(), k[:, 21:37])
+
+
+def test_dma_compute_scatter_adds_rows_in_fp32_and_sums_sources():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(32, 16, generator=g).to(torch.bfloat16)
+    rows = torch.tensor([[3], [30], [9]], dtype=torch.int32)
+    upd = torch.randn(3, 16, generator=g).to(torch.bfloat16)
+    ref = a.clone()
+    ref[rows[:, 0].long()] = (a[rows[:, 0].long()].float() + upd.float()).to(torch.bfloat16)  # one rounding
+    assert torch.equal(sim(_scatter_add)(a, rows, upd), ref)
+    assert torch.equal(_scatter_add(a, rows, upd), ref)  # compiled: the gather, the sum, the scatter
+
+
+@nki.jit
+def _sum3(x, y, z):
+    out = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    nisa.dma_compute(out, [x, y, z], nl.add)
+    return out
+
+
+def test_dma_compute_sums_in_fp32_and_rounds_once():
+    x = torch.full((4, 8), 1.0)
+    y = torch.full((4, 8), 3 * 2.0 ** -10)  # rounded after each add: bf16(1 + 3 2^-10) = 1, twice; once: 1 + 2^-7
+    ref = (x + y + y).to(torch.bfloat16)
+    assert torch.equal(sim(_sum3)(x, y, y), ref) and ref[0, 0].item() == 1.0078125
+
+
+@nki.jit
+def _two_rows(a, rows):
+    idx = nl.load(rows)
+    t = nl.ndarray((2, 8), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a.ap([[8, 2], [1, 8]], 0, vector_offset=idx, indirect_dim=0))  # LIMIT
+    return a
+
+
+@nki.jit
+def _too_many_sources(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_compute(out, [x] * 17, nl.add)  # LIMIT
+    return out
+
+
+@pytest.mark.parametrize("kernel,args,expected", [
+    (_two_rows, (torch.zeros(4, 8), torch.tensor([[1], [4]], dtype=torch.int32)),
+     ["runtime offsets [1, 4]", "element 39", "of 32 elements (out of bounds)"]),
+    (_two_rows, (torch.zeros(4, 8), torch.tensor([[1], [2], [3]], dtype=torch.int32)),
+     ["vector_offset (3, 1)", "one offset per index of the pattern's first dimension (2, 1)"]),
+    (_too_many_sources, (torch.zeros(2, 2),), ["dma_compute", "1 to 16 source tensors, got 17"]),
+])
+def test_runtime_offset_and_dma_compute_errors_name_the_line(kernel, args, expected):
+    with pytest.raises(nki.NkiError) as e:
+        sim(kernel)(*args)
+    wanted = [f"test_nki_indirect.py:{_line_of(kernel, '# LIMIT')}", *expected]
+    assert [w for w in wanted if w not in str(e.value)] == [], str(e.value)
+
+
+@nki.jit
+def _computed_rows(a):
+    idx = nl.ndarray((4, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(idx, [[1, 1]], 0, 2)  # rows 0, 2, 4, 6
+    got = nl.ndarray((4, 64), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=got, src=a.ap([[64, 4], [1, 64]], 0, vector_offset=idx, indirect_dim=0))
+    out = nl.ndarray((4, 64), dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=got)
+    return out
+
+
+def test_a_gather_waits_for_its_offsets_and_dma_compute_moves_every_source():
+    """The cost model: the gathering DMA starts when the iota that computed its offsets ends; dma_compute's
+    bytes are its sources' (each streamed through the engine) at a core's share of 2.9 TB/s."""
+    a = torch.arange(8 * 64, dtype=torch.float32).reshape(8, 64)
+    assert torch.equal(sim(_computed_rows)(a), a[[0, 2, 4, 6]])
+    events = _computed_rows.estimate(a).events
+    (_, _, _, iota_end, _), (name, _, dma_start, _, _) = events[0], events[1]
+    assert events[0][0] == "iota" and name == "dma_copy" and dma_start >= iota_end > 0
+    est = _sum3.estimate(torch.empty(128, 64), torch.empty(128, 64), torch.empty(128, 64))
+    assert est.busy["dma"] == pytest.approx(3 * 128 * 64 * 4 / (2.9e12 / 8))
