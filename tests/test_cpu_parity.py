@@ -258,3 +258,21 @@ def test_group_norm_gradients_of_a_channels_last_input_keep_its_layout_as_on_cpu
     for want, got in zip(*grads):
         assert got.stride() == want.stride()
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", [
+    lambda x, out: torch.sum(x, 0, out=out), lambda x, out: torch.cumsum(x, 0, out=out),
+], ids=["sum", "cumsum"])
+@pytest.mark.parametrize("out_dtype", [torch.int64, torch.int32])
+def test_a_float64_reduction_into_an_integer_out_computes_in_outs_dtype_as_on_cpu(op, out_dtype):
+    """CPU's out= kernel computes in out's dtype (each element truncated, then summed); the dtype policy's
+    functional form summed the narrowed floats and truncated the sum: sum(x, 0, out=int64) of float64 came back
+    off by up to 2 (found by an OpInfo sweep of float64 inputs with a wrong-dtype out=)."""
+    x = (torch.arange(25, dtype=torch.float64).view(5, 5) % 7 - 3) * 0.7 + 0.6  # sums of truncations differ
+    shape = (5,) if op(x, torch.empty(0, dtype=out_dtype)).dim() == 1 else (5, 5)
+    want = torch.zeros(shape, dtype=out_dtype)
+    op(x, want)
+    for _ in range(2):  # the signature's first call and a queued one
+        got = torch.zeros(shape, dtype=out_dtype, device=DEV)
+        op(x.to(DEV), got)
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)

@@ -47,6 +47,7 @@ INT64_INDEX_ARGS = {
     "multilabel_margin_loss_backward": ("target",),
 }
 NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+WIDE = {n: w for w, n in NARROW.items()}
 
 
 def is_narrowed(dtype) -> bool:
@@ -264,7 +265,13 @@ def call_narrowed(rec, hargs: list):
             fargs = [hargs[rec.arg_pos[a.name]] for a in fschema.arguments]
             npos = sum(1 for a in fschema.arguments if not a.kwarg_only)
             res = fn(*fargs[:npos], **{a.name: v for a, v in zip(fschema.arguments[npos:], fargs[npos:])})
-            for i, r in zip(rec.mutable, (res,) if isinstance(res, _Tensor) else res):
+            pairs = list(zip(rec.mutable, (res,) if isinstance(res, _Tensor) else res))
+            if any(hargs[i].dtype not in (r.dtype, WIDE.get(r.dtype)) for i, r in pairs):
+                # an out= of another kind than the result (sum or cumsum of float64 into an int64 out): CPU's
+                # out= kernel computes in out's dtype (it truncates each element, then sums), which a cast of the
+                # float result would not; the out= kernel runs on the narrowed inputs, as CPU's would
+                return rec.call(hargs)
+            for i, r in pairs:
                 out = hargs[i]
                 if out.shape != r.shape:
                     out.resize_(r.shape)
