@@ -30,3 +30,26 @@ def test_import_torch_does_not_import_dynamo():
 def test_device_capability():
     caps = torch.accelerator.get_device_capability()
     assert {torch.float32, torch.bfloat16, torch.int32}.issubset(caps["supported_dtypes"])
+
+
+def test_dynamo_fake_tensors_keep_a_device_tensors_backend_metadata():
+    # What torch._utils.set_tensor_metadata gave the device tensor is on Dynamo's fake copy of it, as on OpenReg;
+    # a tensor without any, and a CPU tensor (CPU keeps no such metadata), give {} on both.
+    captured = []
+
+    def capture(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                captured.append(torch._utils.get_tensor_metadata(node.meta["example_value"]))
+        return gm.forward
+
+    @torch.compile(backend=capture, fullgraph=True)
+    def fn(x, y, z):
+        return x + y + z.to(x.device)
+
+    x, y, z = torch.empty(3, device="neuron"), torch.empty(3, device="neuron"), torch.empty(3)
+    flags = {"version_number": True, "format_number": False}
+    torch._utils.set_tensor_metadata(x, flags)
+    torch._utils.set_tensor_metadata(z, flags)
+    fn(x, y, z)
+    assert captured == [torch._utils.get_tensor_metadata(t) for t in (x, y, z)] == [flags, {}, {}]

@@ -599,3 +599,19 @@ def test_cpp_backend_meta_registry_as_csrc_calls_it():
     t = torch.empty(2, device="neuron")
     torch._utils.set_tensor_metadata(t, {"canary": True})
     assert torch._utils.get_tensor_metadata(t) == {"canary": True}
+
+
+def test_fake_tensor_converter_and_tensor_metadata_calls():
+    """device/_private.fakes_keep_backend_meta wraps FakeTensorConverter.from_real_tensor(self, fake_mode, t, ...)
+    and copies torch._C._get_tensor_metadata(t) onto its result with torch._C._set_tensor_metadata."""
+    import inspect
+
+    from torch._subclasses import fake_tensor
+
+    wrapped = fake_tensor.FakeTensorConverter.from_real_tensor
+    assert getattr(wrapped, "_nl_keeps_backend_meta", False)  # installed when the device registered
+    original = next(c.cell_contents for c in wrapped.__closure__ if inspect.isfunction(c.cell_contents))
+    assert list(inspect.signature(original).parameters)[:3] == ["self", "fake_mode", "t"]
+    t = torch.empty(2, device="neuron")
+    torch._C._set_tensor_metadata(t, {"canary": True})
+    assert torch._C._get_tensor_metadata(t) == {"canary": True}

@@ -171,6 +171,29 @@ def keep_out_of_fused_transformer_paths() -> None:
     br._privateuse1_backend_name = "privateuseone"
 
 
+def fakes_keep_backend_meta(device_type: str) -> None:
+    """Fake copies of the device's tensors (Dynamo's example values, AOTAutograd's inputs) carry the tensor's
+    backend metadata (`torch._utils.set_tensor_metadata`, csrc/backend_meta.cpp), as OpenReg's do: torch 2.13's
+    `FakeTensorConverter.from_real_tensor` builds them from meta tensors and never asks the backend."""
+    from torch._subclasses import fake_tensor
+
+    converter = fake_tensor.FakeTensorConverter
+    original = converter.from_real_tensor
+    if getattr(original, "_nl_keeps_backend_meta", False):
+        return
+
+    def from_real_tensor(self, fake_mode, t, *args, **kwargs):
+        out = original(self, fake_mode, t, *args, **kwargs)
+        if t.device.type == device_type:
+            meta = torch._C._get_tensor_metadata(t)
+            if meta:
+                torch._C._set_tensor_metadata(out, meta)
+        return out
+
+    from_real_tensor._nl_keeps_backend_meta = True
+    converter.from_real_tensor = from_real_tensor
+
+
 def after_import(name: str, fn) -> None:
     """Call fn(module) once the module `name` is imported (now, if it already is), without importing it."""
     import importlib.abc

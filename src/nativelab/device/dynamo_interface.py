@@ -1,5 +1,6 @@
 """torch._dynamo's device interface for `neuron`: what Dynamo and Inductor ask of a device (current device,
-streams, events, synchronize, properties), answered by `torch.neuron`.
+streams, events, synchronize, properties), answered by `torch.neuron`; and the fake tensors Dynamo makes of
+device tensors keep their backend metadata.
 
 Registered when `torch._dynamo.device_interface` is first imported, not at `import torch`: importing Dynamo
 takes about 1.7 s, which every program that never compiles would pay.
@@ -72,3 +73,4 @@ def install(num_cores: int) -> None:
             di.register_interface_for_device(name, interface)
 
     _private.after_import("torch._dynamo.device_interface", register)
+    _private.fakes_keep_backend_meta("neuron")  # (fake_tensor is imported with torch: nothing to wait for)
