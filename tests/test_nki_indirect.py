@@ -145,3 +145,62 @@ def test_a_gather_waits_for_its_offsets_and_dma_compute_moves_every_source():
     assert events[0][0] == "iota" and name == "dma_copy" and dma_start >= iota_end > 0
     est = _sum3.estimate(torch.empty(128, 64), torch.empty(128, 64), torch.empty(128, 64))
     assert est.busy["dma"] == pytest.approx(3 * 128 * 64 * 4 / (2.9e12 / 8))
+
+
+@nki.jit
+def _selects(a, k, at):
+    """a.vector_select(0, rows) and k.select(1, <runtime index>), and the index through a register."""
+    rows = nl.load(at)
+    got = nl.ndarray((2, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=got, src=a.vector_select(0, rows))
+    one = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=one, src=at[1:2, :])
+    col = nl.ndarray((k.shape[0], k.shape[2]), dtype=k.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=col, src=k.select(1, one))
+    reg = nisa.register_alloc(one)
+    col2 = nl.ndarray((k.shape[0], k.shape[2]), dtype=k.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=col2, src=k.ap([[k.shape[1] * k.shape[2], k.shape[0]], [1, k.shape[2]]], 0,
+                                     scalar_offset=reg, indirect_dim=1))
+    back = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.register_store(back, reg)
+    outs = [nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm) for t in (got, col, col2, back)]
+    for o, t in zip(outs, (got, col, col2, back)):
+        nisa.dma_copy(dst=o, src=t)
+    assert a.vector_select(0, rows).is_indirect() and not a.select(0, 1).is_indirect()
+    return tuple(outs)
+
+
+def test_select_vector_select_and_a_register_as_runtime_offset():
+    g = torch.Generator().manual_seed(2)
+    a, k = torch.randn(10, 6, generator=g), torch.randn(4, 9, 5, generator=g)
+    at = torch.tensor([[8], [3]], dtype=torch.int32)
+    got, col, col2, back = sim(_selects)(a, k, at)
+    assert torch.equal(got, a[[8, 3]]) and torch.equal(col, k[:, 3]) and torch.equal(col2, k[:, 3])
+    assert back.item() == 3
+
+
+@nki.jit
+def _register_loops(x, n, with_loaded_bound):
+    """A loop bounded by a register set from an immediate runs; one bounded by a loaded register errs."""
+    t = nl.load(x)
+    bound = nisa.register_alloc()
+    nisa.register_move(bound, 3)
+    for _ in nl.dynamic_range(bound):
+        t = nl.add(t, 1.0)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, t)
+    if with_loaded_bound:
+        loaded = nisa.register_alloc(nl.load(n))
+        for _ in nl.dynamic_range(loaded):  # LIMIT
+            pass
+    return out
+
+
+def test_a_loop_on_a_register_loaded_at_run_time_is_one_clear_error():
+    n = torch.tensor([[2]], dtype=torch.int32)
+    assert torch.equal(sim(_register_loops)(torch.zeros(2, 4), n, False), torch.full((2, 4), 3.0))
+    with pytest.raises(nki.NkiError) as e:
+        sim(_register_loops)(torch.zeros(2, 4), n, True)
+    wanted = [f"test_nki_indirect.py:{_line_of(_register_loops, '# LIMIT')}", "nl.dynamic_range",
+              "known only at run time"]
+    assert [w for w in wanted if w not in str(e.value)] == [], str(e.value)

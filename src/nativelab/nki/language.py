@@ -180,12 +180,15 @@ def static_range(start, stop=None, step=1, **_hints):
 
 
 def dynamic_range(start, stop=None, step=1):
-    """A loop the hardware runs with bounds known at run time (VirtualRegister bounds); with Python integer
-    bounds, as here, it runs as sequential_range. Register bounds are not emulated."""
+    """A loop the hardware runs with bounds known at run time (VirtualRegister bounds); here it runs as
+    sequential_range, with integer bounds or registers whose value is known when tracing (a register
+    loaded from memory is an error: see tensor.VirtualRegister)."""
+    start, stop = (b.static("nl.dynamic_range") if isinstance(b, tensor.VirtualRegister) else b for b in (start, stop))
+    limits.check(not isinstance(step, tensor.VirtualRegister), "nl.dynamic_range",
+                 "step must be a compile-time positive integer, not a register")
     for b in (start, stop, step):
         if b is not None and not isinstance(b, (int, np.integer)):
-            raise limits.fail("nl.dynamic_range", f"bounds read from registers ({b!r}) are not emulated; "
-                                                  f"give Python integers")
+            raise limits.fail("nl.dynamic_range", f"bounds must be integers or registers, got {b!r}")
     limits.check(int(step) > 0, "nl.dynamic_range", f"step must be a positive compile-time integer, got {step}")
     return _loop(int(start), None if stop is None else int(stop), int(step))
 

@@ -324,8 +324,39 @@ class NkiTensor:
         return NkiTensor(base, chain, True)
 
     def is_indirect(self) -> bool:
-        """The view moves by offsets read at run time (.ap's scalar_offset / vector_offset)."""
+        """The view moves by offsets read at run time (.ap's scalar_offset / vector_offset, select with a
+        tile, vector_select)."""
         return _indirect(self.chain) is not None
+
+    def select(self, dim: int, index) -> "NkiTensor":
+        """One index along `dim`, that dimension removed: a Python integer, or a (1, 1) SBUF tile of one
+        read at run time (not the partition dimension on chip; one runtime selection per view)."""
+        dim = dim % self.ndim
+        if not isinstance(index, NkiTensor):
+            index = int(index)
+            limits.check(0 <= index < self.shape[dim], "select",
+                         f"index {index} is outside dimension {dim} of {self.shape}")
+            key = (slice(None),) * dim + (index,)
+            return NkiTensor(self.storage, self.chain + (("index", key),), True)
+        limits.check(not (self.buffer.on_chip and dim == 0), "select",
+                     f"on {self.buffer} a runtime select cannot take the partition dimension (dim 0)")
+        return self._runtime_view("select", dim, index, vector=False)
+
+    def vector_select(self, dim: int, vector_offset: "NkiTensor") -> "NkiTensor":
+        """Row vector_offset[p] of an HBM view for each p (a gather / scatter of rows): dimension 0 becomes
+        vector_offset's partitions."""
+        limits.check(dim == 0, "vector_select", f"selects along dimension 0 only, got {dim}")
+        return self._runtime_view("vector_select", 0, vector_offset, vector=True)
+
+    def _runtime_view(self, what: str, dim: int, tile, vector: bool) -> "NkiTensor":
+        limits.check(not self.is_indirect(), what, f"{self!r} already moves by runtime offsets (one per view)")
+        v = self.layout()
+        nums = [tile.shape[0] if vector and k == 0 else n for k, n in enumerate(v.shape) if vector or k != dim]
+        steps = [st for k, st in enumerate(v.stride()) if vector or k != dim]
+        runtime = _check_offsets(what, self.storage, nums, tile, vector, dim == 0)
+        runtime.stride = v.stride()[dim]
+        return NkiTensor(self.storage, (("ap", tuple(nums), tuple(steps), v.storage_offset(), v.dtype, runtime),)
+                         + ((("packed", self.packed),) if self.packed is not None else ()), True)
 
     def view(self, dtype) -> "NkiTensor":
         if isinstance(dtype, mx.PackedDtype):  # the bits reinterpreted as packed MX elements
@@ -436,6 +467,41 @@ def _apply(t: torch.Tensor, chain) -> torch.Tensor:
     return t
 
 
+class VirtualRegister:
+    """An engine sequencer's 32-bit register (nisa.register_alloc): a compile-time integer (from an
+    immediate or another such register) or a value read from memory at run time (nisa.register_load),
+    which a trace holds as a tensor. Usable as .ap's scalar_offset; as a loop bound or a condition only
+    while its value is known when the kernel is traced."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value=None):
+        self.value = value
+
+    @property
+    def data(self) -> torch.Tensor:
+        v = self.value
+        return v if isinstance(v, torch.Tensor) else torch.tensor([[0 if v is None else int(v)]], dtype=torch.int32)
+
+    def static(self, what: str) -> int:
+        """The value as a Python integer; a value loaded at run time is an error naming `what`."""
+        limits.check(self.value is not None, what, "reads a register that was never given a value")
+        limits.check(not isinstance(self.value, torch.Tensor), what,
+                     "a register loaded from memory (nisa.register_load) is known only at run time: a loop or a "
+                     "condition on it (nl.dynamic_range, while) is not emulated, since a kernel is traced once "
+                     "into one graph; bounds known when tracing (register_alloc(int), register_move) work")
+        return int(self.value)
+
+    def __bool__(self):
+        return self.static("while / if on a register") != 0
+
+    def __index__(self):
+        return self.static("a register used as an integer")
+
+    def __repr__(self):
+        return f"VirtualRegister({self.value if not isinstance(self.value, torch.Tensor) else 'runtime'})"
+
+
 class _RuntimeOffsets:
     """An access pattern's runtime offsets: the SBUF tile holding them, whether one per index of the
     pattern's first dimension (vector) or one for all (scalar), and the elements one offset unit moves.
@@ -451,27 +517,37 @@ def _runtime_offsets(base: Storage, nums, dtype, scalar_offset, vector_offset, d
     """Checks .ap's runtime offsets (AWS's "NKI Access Patterns" guide) and describes them."""
     limits.check(scalar_offset is None or vector_offset is None, "ap",
                  "takes at most one of scalar_offset and vector_offset")
-    tile = vector_offset if vector_offset is not None else scalar_offset
-    what = "vector_offset" if vector_offset is not None else "scalar_offset"
-    limits.check(isinstance(tile, NkiTensor) and tile.buffer.on_chip and tile.buffer.name == "sbuf", "ap",
-                 f"{what} must be an SBUF tile of integers, got {tile!r}")
-    limits.check(isinstance(tile.dtype, torch.dtype) and not tile.dtype.is_floating_point, "ap",
-                 f"{what} must hold integers, got {tile.dtype}")
     limits.check(0 <= dim < len(base.shape), "ap", f"indirect_dim {dim} is not a dimension of {base.describe()}")
-    if vector_offset is not None:
-        limits.check(dim == 0, "ap", f"a vector_offset moves along indirect_dim 0 only, got {dim}")
-        limits.check(not base.buffer.on_chip, "ap", f"a vector_offset gathers rows of an HBM tensor; "
+    vector = vector_offset is not None
+    limits.check(not vector or dim == 0, "ap", f"a vector_offset moves along indirect_dim 0 only, got {dim}")
+    runtime = _check_offsets("ap", base, nums, vector_offset if vector else scalar_offset, vector, dim == 0)
+    units = math.prod(base.shape[dim + 1:]) * base.meta.element_size()
+    size = torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size()
+    runtime.stride = units // size
+    return runtime
+
+
+def _check_offsets(what: str, base: Storage, nums, tile, vector: bool, partition_dim: bool) -> _RuntimeOffsets:
+    """A runtime offsets' tile: SBUF integers, one per row of a gather from HBM (vector) or one in all."""
+    name = "vector_offset" if vector else "scalar_offset"
+    if isinstance(tile, VirtualRegister):  # a register (nisa.register_load): one value
+        limits.check(not vector, what, "a vector offset is a tile of one offset per row, not a register")
+        return _RuntimeOffsets(tile, False, 0)
+    limits.check(isinstance(tile, NkiTensor) and tile.buffer.on_chip and tile.buffer.name == "sbuf", what,
+                 f"{name} must be an SBUF tile of integers, got {tile!r}")
+    limits.check(isinstance(tile.dtype, torch.dtype) and not tile.dtype.is_floating_point, what,
+                 f"{name} must hold integers, got {tile.dtype}")
+    if vector:
+        limits.check(not base.buffer.on_chip, what, f"a vector offset gathers rows of an HBM tensor; "
                                                     f"{base.describe()} is in {base.buffer}")
-        limits.check(tile.shape[0] == nums[0] and tile.numel() == nums[0], "ap",
+        limits.check(tile.shape[0] == nums[0] and tile.numel() == nums[0], what,
                      f"vector_offset {tile.shape} must hold one offset per index of the pattern's first "
                      f"dimension ({nums[0]}, 1)")
     else:
-        limits.check(tile.numel() == 1, "ap", f"scalar_offset must be one value (1, 1), got {tile.shape}")
-        limits.check(not (base.buffer.on_chip and dim == 0), "ap",
-                     f"on {base.buffer} a scalar_offset cannot move along the partition dimension (indirect_dim 0)")
-    units = math.prod(base.shape[dim + 1:]) * base.meta.element_size()
-    size = torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size()
-    return _RuntimeOffsets(tile, vector_offset is not None, units // size)
+        limits.check(tile.numel() == 1, what, f"scalar_offset must be one value (1, 1), got {tile.shape}")
+        limits.check(not (base.buffer.on_chip and partition_dim), what,
+                     f"on {base.buffer} a scalar_offset cannot move along the partition dimension (dim 0)")
+    return _RuntimeOffsets(tile, vector, 0)
 
 
 def _indirect(chain):
@@ -544,7 +620,7 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
     st = t.storage
     tr = trace.active()
     runtime = _indirect(t.chain)
-    if runtime is not None:
+    if runtime is not None and isinstance(runtime.tile, NkiTensor):
         read(runtime.tile, instruction)  # the offsets are read too
     if tr is not None:
         if tr.fuser is not None:

@@ -12,7 +12,7 @@ import torch
 from .. import limits, mx, trace
 from ..core import compute, fill, instruction, ndarray, record
 from ..ops import as_op
-from ..tensor import NkiTensor, note_write, psum, read, read_float, sbuf, write, written
+from ..tensor import NkiTensor, VirtualRegister, note_write, psum, read, read_float, sbuf, write, written
 from . import prng
 from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
 
@@ -1157,6 +1157,51 @@ def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stati
     return dst
 
 
+# --- engine sequencer registers
+
+
+def register_alloc(x=None) -> VirtualRegister:
+    """A virtual register, uninitialised or holding the integer x (or a one-element tile's value)."""
+    reg = VirtualRegister()
+    if isinstance(x, NkiTensor):
+        register_load(reg, x)
+    elif x is not None:
+        reg.value = int(x)
+    return reg
+
+
+def register_move(dst: VirtualRegister, src) -> VirtualRegister:
+    """dst = src: a compile-time integer or another register's value."""
+    limits.check(isinstance(dst, VirtualRegister), "register_move", f"dst must be a register, got {dst!r}")
+    dst.value = src.value if isinstance(src, VirtualRegister) else int(src)
+    return dst
+
+
+def _register_and_element(ins: str, reg, t, reg_what: str, t_what: str) -> None:
+    """A register and the one 32-bit element in HBM or SBUF it is loaded from or stored to."""
+    limits.check(isinstance(reg, VirtualRegister), ins, f"{reg_what} must be a register, got {reg!r}")
+    limits.check(isinstance(t, NkiTensor) and t.numel() == 1 and t.buffer is not psum, ins,
+                 f"{t_what} must be one element in HBM or SBUF, got {t!r}")
+    limits.check(isinstance(t.dtype, torch.dtype) and t.data.element_size() <= 4, ins,
+                 f"a register holds up to 32 bits; {t_what} is {t.dtype}")
+
+
+def register_load(dst: VirtualRegister, src: NkiTensor) -> VirtualRegister:
+    """dst = the one (32-bit) value of src (HBM or SBUF), known at run time."""
+    _register_and_element("register_load", dst, src, "dst", "src")
+    dst.value = read(src, "register_load").reshape(1, 1).to(torch.int32)
+    return dst
+
+
+def register_store(dst: NkiTensor, src: VirtualRegister) -> NkiTensor:
+    """dst (one element, HBM or SBUF) = the register's value."""
+    ins = "register_store"
+    _register_and_element(ins, src, dst, "src", "dst")
+    limits.check(src.value is not None, ins, "stores a register that was never given a value")
+    write(dst, src.data.to(dst.data.device).reshape(dst.shape), ins)
+    return dst
+
+
 def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, **_kw):
     """NeuronCore-v4's Scalar Engine activation with two tensor-scalar stages (an error here)."""
     raise limits.needs_v4("activate2", "activate2")
@@ -1168,7 +1213,8 @@ for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activat
               "affine_select", "select_reduce", "tensor_tensor_scan", "max8", "nc_find_index8", "nc_stream_shuffle",
               "nc_match_replace8", "bn_stats", "bn_aggr", "range_select", "rng", "set_rng_seed", "rand_set_state",
               "rand_get_state", "dropout", "tensor_scalar_cumulative", "nc_n_gather", "local_gather",
-              "nonzero_with_count", "sequence_bounds", "quantize_mx", "nc_matmul_mx", "dma_compute"):
+              "nonzero_with_count", "sequence_bounds", "quantize_mx", "nc_matmul_mx", "dma_compute", "register_load",
+              "register_store"):
     globals()[_name] = instruction(globals()[_name])
 del _name
 
