@@ -276,3 +276,26 @@ def test_a_float64_reduction_into_an_integer_out_computes_in_outs_dtype_as_on_cp
         got = torch.zeros(shape, dtype=out_dtype, device=DEV)
         op(x.to(DEV), got)
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_linear_cross_entropy_bf16_with_the_same_options_as_cpu_matches_cpu_bit_for_bit():
+    """PyTorch picks the chunked LinearCrossEntropyLoss's accumulation per device type (`acc_policy='auto'`:
+    'accurate' with fp32 accumulation on CPU; an unlisted type such as neuron gets 'compact' and acc_dtype None,
+    bf16 buffers), so its bf16 gradients on the device differ from CPU's by design (up to 8% on small ones in
+    PyTorch's test_cpu_gpu_parity), as they would on the real device. Given CPU's options, the device computes
+    CPU's result exactly: no rounding point of its own."""
+    torch.manual_seed(0)
+    x, target = torch.randn(8, 8, dtype=torch.bfloat16), torch.randint(0, 4, (8,))
+    opts = nn.LinearCrossEntropyOptions(allow_retain_graph=True, batch_chunk_size=2, acc_policy="accurate",
+                                        acc_dtype=torch.float32)
+    results = []
+    for dev in ("cpu", DEV):
+        torch.manual_seed(1)
+        m = nn.LinearCrossEntropyLoss(8, 4, bias=True, dtype=torch.bfloat16, options=opts).to(dev)
+        xi = x.clone().to(dev).requires_grad_()
+        for _ in range(3):  # gradients accumulate, as in the parity test
+            loss = m(xi, target.to(dev))
+            loss.backward(torch.tensor(1.3, dtype=torch.bfloat16, device=dev))
+        results.append([t.cpu() for t in (loss, xi.grad, m.linear.weight.grad, m.linear.bias.grad)])
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
