@@ -256,3 +256,62 @@ def test_an_estimate_does_not_depend_on_which_tiles_python_freed():
     kernel.estimate(*shapes(512))  # another trace in between: Python hands out other ids next time
     kernel._traces.clear()
     assert kernel.estimate(*shapes(1024)).seconds == first
+
+
+@nki.jit
+def _computed_times_loaded_transposed(x, w):
+    """exp(x).T @ w.T: the stationary side computed on chip (one [p, K tiles, M] tile), the moving side w
+    [N, K] loaded transposed by DMA into one [p, K tiles, N] tile, K summed in one PSUM tile."""
+    k, m = x.shape
+    n, p = w.shape[0], 128
+    kt = (k + p - 1) // p
+    out = nl.ndarray((m, n), dtype=x.dtype, buffer=nl.shared_hbm)
+    xs = nl.ndarray((p, kt, m), dtype=x.dtype, buffer=nl.sbuf)
+    wt = nl.ndarray((p, kt, n), dtype=w.dtype, buffer=nl.sbuf)
+    for i in nl.affine_range(kt):
+        k0 = i * p
+        nk = min(k, k0 + p) - k0
+        nisa.activation(dst=xs[0:nk, i, :], op=nl.exp, data=nl.load(x[k0:k0 + nk, :]))
+        nisa.dma_transpose(dst=wt[0:nk, i, :], src=w[:, k0:k0 + nk])
+    acc = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
+    for i in nl.affine_range(kt):
+        nk = min(k, i * p + p) - i * p
+        nisa.nc_matmul(dst=acc, stationary=xs[0:nk, i, :], moving=wt[0:nk, i, :])
+    res = nl.ndarray(acc.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nl.store(out, res)
+    return out
+
+
+def _reads_argument(gm: torch.fx.GraphModule, index: int) -> bool:
+    """Every live GEMM has an operand that is a view of the graph's `index`-th argument (no copy of it)."""
+    graph = copy.deepcopy(gm.graph)
+    graph.eliminate_dead_code()
+    arg = [n for n in graph.nodes if n.op == "placeholder"][index]
+    views = {torch.ops.aten.view.default, torch.ops.aten.as_strided.default, torch.ops.aten.t.default,
+             torch.ops.aten.permute.default, torch.ops.aten.slice.Tensor, torch.ops.aten.select.int,
+             torch.ops.aten.alias.default}
+
+    def root(n):
+        while n.op == "call_function" and n.target in views:
+            n = n.args[0]
+        return n
+
+    gemms = [n for n in graph.nodes if n.target is torch.ops.aten.mm.default]
+    return bool(gemms) and all(any(root(a) is arg for a in g.args[:2]) for g in gemms)
+
+
+@pytest.mark.parametrize("k, m, n", [(300, 40, 200), (256, 1, 500), (384, 3, 512)])
+def test_a_weight_loaded_transposed_is_read_where_it_is(k, m, n):
+    """One side of the GEMM copies an argument (a weight loaded transposed), the other is computed: the
+    one GEMM reads the argument itself (the transposed copy is dead code) against the computed tiles
+    stacked, with a ragged last K tile (300) and one-token products (m 1, 3)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(k, m, dtype=torch.bfloat16) * 0.5, torch.randn(n, k, dtype=torch.bfloat16)
+    (fused, unfused, simulated), code = _three_ways(_computed_times_loaded_transposed, x, w)
+    torch.testing.assert_close(unfused, simulated, rtol=1e-2, atol=1e-2)  # Inductor's exp: last bits
+    _same_sum_rounded(fused, unfused, torch.exp(x.float()), w.T)
+    torch.testing.assert_close(fused.float(), (torch.exp(x.double()).T @ w.double().T).float(), rtol=2e-2,
+                               atol=2e-1)
+    assert _gemms(code) == 1
+    assert _reads_argument(code, 1)

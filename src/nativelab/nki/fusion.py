@@ -7,6 +7,10 @@ K tiles that sit at a constant stride in one SBUF tile (the [partition, k tile, 
 adjacent slices of one tile), viewed as one [K, free] operand without a copy. The accumulation is fp32 as in
 PSUM; only the order of its additions differs from tile order.
 
+Where one side's tiles are element-for-element copies of a kernel argument at affine positions (a weight
+loaded transposed by dma_transpose, 128 rows at a time), the GEMM reads the argument itself, whatever the
+other side is: the on-chip copy is then dead code, so a launch never transposes its weights.
+
 A fused GEMM of bf16 operands whose fp32 result is then only rounded to bf16 (tensor_copy of the PSUM tile
 into a bf16 tile) is recorded as a bf16 GEMM instead: oneDNN accumulates it in fp32 and rounds once, the same
 value up to the order of the additions, and on AMX it runs ~5x faster (device/gemm_policy.py; where the
@@ -228,6 +232,32 @@ class PsumFuser:
             self.pending.append(entry)
         entry.append(_Operand(stationary, s_value, k, m), _Operand(moving, m_value, k, n))
 
+    def _pairs(self, p: _Pending):
+        """The GEMMs that compute a PSUM tile's deferred products, as (stationary [K, M], moving [K, N])
+        pairs: where one side's tiles copy an argument at affine positions, one GEMM reads the argument
+        itself (the copy is then dead code: a weight loaded transposed is never transposed) and the other
+        side's tiles are stacked (a copy: for a GEMV only of its vector side, which is small); else one
+        GEMM per run of tiles that stack as views (a GEMV: per product). Returns (pairs, both sides'
+        argument descriptors when the GEMM reads two arguments, thin)."""
+        s0, m0 = p.products[0]
+        thin = min(s0.value.shape[1], m0.value.shape[1]) < _THIN  # a GEMV-like product: see _THIN
+        sides = [[s for s, _ in p.products], [m for _, m in p.products]]
+        args = [self._argument_view(sides[0]), self._argument_view(sides[1])]
+        if args[0] is not None and args[1] is not None:
+            return [(args[0][0], args[1][0])], (args[0][1], args[1][1]), thin
+        for j in (0, 1):
+            other = sides[1 - j]
+            if args[j] is not None and (not thin or other[0].value.shape[1] < _THIN):
+                stacked = other[0].value if len(other) == 1 else torch.cat([a.value for a in other])
+                return [(args[0][0], stacked) if j == 0 else (stacked, args[1][0])], None, thin
+        if thin:  # one GEMM per product (stacking would copy the matrix side), a copied argument in place
+            return [tuple(self._one(a) for a in pair) for pair in p.products], None, thin
+        return [r.operands() for r in p.runs], None, thin
+
+    def _one(self, a: _Operand) -> torch.Tensor:
+        arg = self._argument_view([a])
+        return a.value if arg is None else arg[0]
+
     def flush(self) -> None:
         if not self.pending:
             return
@@ -236,19 +266,7 @@ class PsumFuser:
             st = p.storage()
             if st is None:
                 continue
-            # read the arguments themselves where the tiles are copies of them (the copies are then dead
-            # code), else the tiles, one GEMM per run
-            s_arg = self._argument_view([s for s, _ in p.products])
-            m_arg = self._argument_view([m for _, m in p.products]) if s_arg is not None else None
-            desc = (s_arg[1], m_arg[1]) if m_arg is not None else None
-            s0, m0 = p.products[0]
-            thin = min(s0.value.shape[1], m0.value.shape[1]) < _THIN  # a GEMV-like product: see _THIN
-            if m_arg is not None:
-                pairs = [(s_arg[0], m_arg[0])]
-            elif thin:
-                pairs = [(s.value, m.value) for s, m in p.products]
-            else:
-                pairs = [r.operands() for r in p.runs]
+            pairs, desc, thin = self._pairs(p)
             total = None
             for s, mv in pairs:
                 y = s.float().t() @ mv.float()
@@ -264,9 +282,9 @@ class PsumFuser:
                 st.rounded = (st.tensor, _bf16_gemm(pairs))
 
 
-# Below this many columns on either side (a decode step's one token) a product reads its tiles where they are:
-# stacking the K tiles into one operand copies the whole weight every launch, and the copy costs more than the
-# GEMMs it merges (decode layer kernel, bf16, 2-core Xeon AVX-512 + AMX: 34.8 ms stacked against 5.0 ms unfused).
+# Below this many columns on either side (a decode step's one token) a product reads its tiles where they are
+# (or the argument they copy): stacking the matrix side's K tiles into one operand copies the whole weight every
+# launch, and the copy costs more than the GEMMs it merges (decode layer kernel, bf16, 2-core Xeon AVX-512 + AMX: 34.8 ms stacked against 5.0 ms unfused).
 _THIN = 16
 
 
