@@ -44,6 +44,21 @@ def test_repeated_launches_match_and_the_key_tells_arguments_apart():
     assert _scale_rows[2] is _scale_rows[2]
 
 
+def test_keyword_launches_take_the_known_launch_with_their_own_tensors():
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    _scale_rows._launches.clear()
+    torch.testing.assert_close(_scale_rows(x, factor=2.0), x * 2.0)  # traces (or finds the trace), keys it
+    torch.testing.assert_close(_scale_rows(x=x, factor=2.0), x * 2.0)
+    assert len(_scale_rows._launches) == 2  # each way of passing the arguments is a key of its own
+    known = dict(_scale_rows._launches)
+    for t in (y, x, y):  # another tensor through the same key: its values, not the first launch's
+        torch.testing.assert_close(_scale_rows(t, factor=2.0), t * 2.0)
+        torch.testing.assert_close(_scale_rows(factor=2.0, x=t), t * 2.0)
+        torch.testing.assert_close(_scale_rows(x=t, factor=2.0), t * 2.0)
+    assert len(_scale_rows._launches) == 3 and all(_scale_rows._launches[k] is v for k, v in known.items())
+    torch.testing.assert_close(_scale_rows(y, factor=3), y * 3)  # an int, not the float 3.0: its own trace
+
+
 def test_repeated_launches_on_the_device_are_each_a_kernel():
     import nativelab
 

@@ -42,6 +42,7 @@ class _Signature:
     """What a trace depends on: the grid, each tensor argument's shape and dtype, every other value."""
 
     def __init__(self, fn, grid, args, kwargs):
+        self.fn = fn
         self.bound = _parameters(fn).bind(*args, **kwargs)
         self.names = list(self.bound.arguments)
         self.values = list(self.bound.arguments.values())
@@ -141,12 +142,13 @@ def _build_result(spec, outs, ins):
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def _launch_key(args) -> tuple | None:
-    """A launch's positional arguments as a key (each tensor's shape, dtype, device and contiguity; each
-    plain value with its type): what the full signature (`_Signature`, ~10 us) depends on, for real tensors; None when the
-    arguments need the full one (keywords, NumPy arrays, fake tensors, other objects)."""
+def _launch_key(args, kwargs) -> tuple | None:
+    """A launch's arguments as a key (each tensor's shape, dtype, device and contiguity; each plain value
+    with its type; keywords by name, in the order given): what the full signature (`_Signature`, ~10 us)
+    depends on, for real tensors; None when the arguments need the full one (NumPy arrays, fake tensors,
+    other objects)."""
     key = []
-    for a in args:
+    for a in itertools.chain(args, kwargs.values()):
         if isinstance(a, torch.Tensor):
             if is_fake(a):
                 return None
@@ -155,7 +157,25 @@ def _launch_key(args) -> tuple | None:
             key.append((type(a), a))
         else:
             return None
-    return tuple(key)
+    return (tuple(key), tuple(kwargs)) if kwargs else tuple(key)
+
+
+def _tensor_places(sig: _Signature, n_args: int, kwargs) -> list | None:
+    """Where each of the signature's tensors is in a launch's (args, kwargs): a position, or a keyword's
+    name; None if one is inside *args / **kwargs (the full signature then)."""
+    params = list(_parameters(sig.fn).parameters.values())
+    places = []
+    for i in sig.tensor_pos:
+        name = sig.names[i]
+        if name in kwargs:
+            places.append(name)
+            continue
+        j = next((j for j, q in enumerate(params) if q.name == name), None)
+        if j is None or j >= n_args or params[j].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                               inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            return None
+        places.append(j)
+    return places
 
 
 class JitKernel:
@@ -167,7 +187,7 @@ class JitKernel:
         self.options = options
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._traces = traces if traces is not None else {}
-        # (grid, _launch_key) -> (traced, tensor positions): a launch of a known signature skips the rest
+        # (grid, _launch_key) -> (traced, where its tensors are): a launch of a known signature skips the rest
         self._launches = launches if launches is not None else {}
         self._grids: dict = {}  # kernel[grid] objects, made once per grid (`kernel[g](...)` at every launch)
         self._label = f"kernel:{self.name}"
@@ -190,10 +210,10 @@ class JitKernel:
 
     @torch.compiler.disable  # Dynamo does not trace into a kernel: it is one opaque call (use @nki_op)
     def __call__(self, *args, **kwargs):
-        key = _launch_key(args) if not kwargs else None
+        key = _launch_key(args, kwargs)
         known = self._launches.get((self.grid, key)) if key is not None else None
         if known is not None:
-            return self._launch(known[0], [args[i] for i in known[1]], False)
+            return self._launch(known[0], [kwargs[i] if type(i) is str else args[i] for i in known[1]], False)
         numpy_mode = any(isinstance(a, np.ndarray) for a in list(args) + list(kwargs.values()))
         if numpy_mode:  # standalone NKI: NumPy arrays in and out, run on the CPU
             args = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
@@ -228,8 +248,9 @@ class JitKernel:
             self._compile(sig, traced)
             if settings.NKI_PROFILE.get():
                 print(traced.estimate(self.name).summary(), file=sys.stderr)
-        if key is not None and contiguous and not numpy_mode:  # the next launch like this one goes straight in
-            self._launches[(self.grid, key)] = (traced, sig.tensor_pos)
+        places = _tensor_places(sig, len(args), kwargs) if key is not None and contiguous and not numpy_mode else None
+        if places is not None:  # the next launch like this one goes straight in
+            self._launches[(self.grid, key)] = (traced, places)
         return self._launch(traced, tensors, numpy_mode)
 
     def _launch(self, traced: _Traced, tensors, numpy_mode: bool):
