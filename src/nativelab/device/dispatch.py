@@ -494,7 +494,9 @@ def direct_kernels() -> list:
                 found.append(op)
     for name in policy.HOST_OVER_COMPOSITE:
         found.append(getattr(getattr(torch.ops.aten, name.split(".")[1]), name.split(".")[2]))
-    return found
+    # Once each: the op table names some overloads both alone and under their base name, and a second
+    # registration of the same kernel makes the dispatcher warn "Overriding a previously registered kernel".
+    return list(dict.fromkeys(found))
 
 
 def device_kernel(op, key, *args, **kwargs):
