@@ -239,3 +239,71 @@ def test_every_argument_kind_of_a_native_op_is_one_the_key_holds():
                 seen.add(str(t))
     assert seen and seen <= keyed, seen - keyed
     assert {"Tensor", "int", "float", "number"} <= seen
+
+
+# -- Where an op runs is read from its schema's type objects: a list of tensors prints as "List[Tensor]", so a
+# comparison with the text "Tensor[]" sent every foreach op returning a list to the CPU.
+
+def test_foreach_ops_run_where_native_ops_txt_says():
+    from nativelab.device import schema, tracking
+
+    listed = schema.NATIVE_OPS
+    torch.manual_seed(0)
+    xs = [torch.randn(5), torch.randn(2, 3)]
+    ys = [torch.randn(5), torch.randn(2, 3)]
+    for fast in (True, False):
+        with state.device.mode(fast_path=fast):
+            dx = [t.to("neuron") for t in xs]
+            dy = [t.to("neuron") for t in ys]
+            torch.neuron.synchronize()
+            tracking.clear_op_tracking()
+            got = []
+            for _ in range(2):  # a signature's first call, then a queued one
+                cx = [t.clone() for t in xs]
+                torch._foreach_add_(cx, ys, alpha=0.5)
+                torch._foreach_mul_(cx, [2.0, 3.0])
+                want = [*cx, *torch._foreach_add(xs, ys), *torch._foreach_mul(xs, 1.5), *torch._foreach_norm(xs)]
+                d = [t.clone() for t in dx]
+                torch._foreach_add_(d, dy, alpha=0.5)
+                torch._foreach_mul_(d, [2.0, 3.0])
+                got = [*d, *torch._foreach_add(dx, dy), *torch._foreach_mul(dx, 1.5), *torch._foreach_norm(dx)]
+                assert all(g.device.type == "neuron" for g in got)
+                for g, w in zip(got, want):
+                    torch.testing.assert_close(g.cpu(), w)
+            ran = ["aten::_foreach_add_.List", "aten::_foreach_mul_.ScalarList", "aten::_foreach_add.List",
+                   "aten::_foreach_mul.Scalar", "aten::_foreach_norm.Scalar"]
+            assert all(name in listed for name in ran)
+            counts = tracking.get_op_counts()["device"]
+            assert all(counts.get(name) == 2 for name in ran), (fast, counts)
+            assert not any("foreach" in name for name in tracking.get_fallback_ops()), fast
+    for name in ("aten::_foreach_add.List", "aten::_foreach_norm.Scalar"):
+        base, overload = name.split("::")[1].split(".")
+        rec = schema.record_for(getattr(getattr(torch.ops.aten, base), overload))
+        assert rec.route == "native" and rec.out_op is None  # (its out= list is not one output per result)
+
+
+def test_an_optimizers_new_scalars_are_one_signature(monkeypatch):
+    # Adam's foreach step divides by a list of bias corrections that changes every step: a Scalar[]'s floats are
+    # left out of the key as a float argument's are, so the C++ kernel queues every step after the first.
+    from nativelab.device import dispatch, schema
+
+    if not state.device.fast_path or state.device.sync:
+        import pytest
+
+        pytest.skip("NATIVELAB_FAST_PATH=0 or NATIVELAB_SYNC=1: every op takes the Python path")
+    xs = [torch.full((3,), 8.0), torch.full((2, 2), 4.0)]
+    d = [t.to("neuron") for t in xs]
+    torch._foreach_div_(d, [2.0, 4.0])  # the signature's first call
+    torch._foreach_div_(xs, [2.0, 4.0])
+    rec = schema.record_for(torch.ops.aten._foreach_div_.ScalarList)
+    before = len(rec.meta_cache)
+    python_path = []
+    real = dispatch._device_kernel
+    monkeypatch.setattr(dispatch, "_device_kernel", lambda op, *a, **k: python_path.append(op) or real(op, *a, **k))
+    for k in range(1, 6):
+        scalars = [1.0 + 1.0 / k, 1.0 - 1.0 / (k + 1)]
+        torch._foreach_div_(d, scalars)
+        torch._foreach_div_(xs, scalars)
+    assert python_path == [] and len(rec.meta_cache) == before
+    for g, w in zip(d, xs):
+        torch.testing.assert_close(g.cpu(), w)

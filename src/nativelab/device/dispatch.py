@@ -490,7 +490,9 @@ def direct_kernels() -> list:
                 structured = _private.has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutogradNonFunctional")
             except RuntimeError:  # a TorchScript-only overload such as aten::le.int
                 continue
-            if structured or str(op) in policy.OVER_COMPOSITE:
+            # (a foreach op's CompositeExplicitAutograd kernel, the slow path CPU takes, would run it as one op per
+            # tensor: the device has foreach kernels, as CUDA does, and runs each call as one op)
+            if structured or str(op) in policy.OVER_COMPOSITE or base.startswith("aten::_foreach_"):
                 found.append(op)
     for name in policy.HOST_OVER_COMPOSITE:
         found.append(getattr(getattr(torch.ops.aten, name.split(".")[1]), name.split(".")[2]))
@@ -568,8 +570,8 @@ def fast_route(name: str, overload: str):
     keyed = rec.out_args if rec.route == "native" else None
     if rec.route != "native" or rec.random or rec.cpu_ok or rec.name in policy.RUN_AT_ONCE:
         return op, rec.name, None, keyed
-    if rec.mutable:
-        if rec.returns_alias and all(i is not None for i in rec.returns_alias):
+    if rec.mutable:  # (an op that returns nothing, `_foreach_add_`, is queued the same way)
+        if all(i is not None for i in rec.returns_alias):
             return op, rec.name, ("m", tuple(rec.returns_alias)), keyed
         return op, rec.name, None, keyed
     out = schema.op_schema(rec.out_op).overload_name if rec.out_op is not None else ""

@@ -63,6 +63,23 @@ def op_base_name(op) -> str:
     return op.name().partition(".")[0]
 
 
+def _is_tensor(t) -> bool:
+    return t.kind() == "TensorType"
+
+
+def _is_tensors(t) -> bool:
+    """A schema type that is a tensor or a list of them (`Tensor`, `Tensor[]`), read from the type object: its
+    text is not one spelling (a list prints as "List[Tensor]")."""
+    return _is_tensor(t) or (t.kind() == "ListType" and _is_tensor(t.getElementType()))
+
+
+def _is_index_list(t) -> bool:
+    """`Tensor?[]`, advanced indexing's indices."""
+    if t.kind() != "ListType" or t.getElementType().kind() != "OptionalType":
+        return False
+    return _is_tensor(t.getElementType().getElementType())
+
+
 def route(op, graph: bool = False) -> str:
     """Where an ATen op overload runs: "view" (metadata only, on the same device memory), "native" (the device
     computes it: queued) or "fallback" (the CPU computes it, the queue drained, recorded for
@@ -84,7 +101,7 @@ def route(op, graph: bool = False) -> str:
         return "native" if base in NATIVE_BASES or base in DATA_MOVEMENT else "fallback"
     name = base if schema.overload_name == "" else f"{base}.{schema.overload_name}"
     if (name in NATIVE_OPS or base in NATIVE_OPS) and not op.is_view and (schema.returns or mutable) and all(
-        str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns
+        _is_tensors(r.type) for r in schema.returns
     ):  # (an op that only writes its arguments, `_foreach_add_`, `_fused_adamw_`, returns nothing)
         return "native"
     return "fallback"
@@ -123,11 +140,11 @@ class OpRecord:
         self.gen_pos = self.arg_pos.get("generator")
         self.random = self.gen_pos is not None or rng.is_random(op)
         self.cpu_ok = tuple(
-            i for i, a in enumerate(args) if a.name in _CPU_INDEX_ARGS and str(a.type) == "List[Optional[Tensor]]"
+            i for i, a in enumerate(args) if a.name in _CPU_INDEX_ARGS and _is_index_list(a.type)
         )
         self.functional = _MISSING  # an out= op's functional form, looked up when the dtype policy needs it
         # Tensor arguments the dispatcher may hand us as Python numbers (wrapped scalars)
-        self.tensor_pos = tuple(i for i, a in enumerate(args) if str(a.type) == "Tensor")
+        self.tensor_pos = tuple(i for i, a in enumerate(args) if _is_tensor(a.type))
         self.npos = sum(1 for a in args if not a.kwarg_only)
         self.kwnames = tuple(a.name for a in args if a.kwarg_only)
         self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
@@ -182,6 +199,10 @@ def _out_variant(op):
     """The `out=` overload of a functional op (mul.Tensor -> mul.out), so queued work writes its result
     straight into the device output instead of into a temporary that is then copied."""
     schema = _private.op_schema(op)
+    if not all(_is_tensor(r.type) for r in schema.returns):
+        # A list result (`_foreach_add.List`) has one out= list for all of it: the queued op computes it and the
+        # results are copied into the outputs
+        return None, ()
     want = [(a.name, str(a.type)) for a in schema.arguments]
     for name in op.overloadpacket.overloads():
         cand = _private.op_schema(getattr(op.overloadpacket, name))

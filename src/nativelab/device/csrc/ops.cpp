@@ -219,8 +219,8 @@ inline bool put_value(std::vector<int64_t>& key, const c10::IValue& v, int& inde
     key.push_back(v.toInt());
   } else if (v.isDouble()) {
     // Its value is left out unless the op sizes out= arguments (arange.start_out): the output metadata of
-    // functional and in-place ops does not depend on a float's value (shape-giving floats come in lists, keyed
-    // by value), and optimizers pass a new step size at every step.
+    // functional and in-place ops does not depend on a float's value (shape-giving floats come in float[]
+    // lists, keyed by value), and optimizers pass a new step size at every step.
     key.push_back(-4);
     if (floats) key.push_back(bits_of(v.toDouble()));
   } else if (v.isBool()) {
@@ -245,10 +245,11 @@ inline bool put_value(std::vector<int64_t>& key, const c10::IValue& v, int& inde
   return true;
 }
 
-// Kinds the fast path leaves to Python (it would have to convert them for the queued op), keyed by value
+// The rarer kinds. The fast path hands non-tensor arguments to the queued op as they are: lists of numbers it
+// takes; tensors inside a generic list (Tensor?[]), devices (the queued op would make device tensors), generators
+// and complex numbers it leaves to Python.
 bool put_other(std::vector<int64_t>& key, const c10::IValue& v, int& index, bool floats, bool& fast) {
-  fast = false;
-  if (v.isDoubleList()) {  // scale factors: they size the output
+  if (v.isDoubleList()) {  // scale factors: they size the output, keyed by value
     key.push_back(-9);
     auto l = v.toDoubleList();
     key.push_back(static_cast<int64_t>(l.size()));
@@ -258,24 +259,28 @@ bool put_other(std::vector<int64_t>& key, const c10::IValue& v, int& index, bool
     auto l = v.toBoolList();
     key.push_back(static_cast<int64_t>(l.size()));
     for (bool x : l) key.push_back(x);
-  } else if (v.isList()) {  // Tensor?[] (advanced indexing), Scalar[]
+  } else if (v.isList()) {  // Tensor?[] (advanced indexing), Scalar[] (its floats as a float argument's)
     key.push_back(-11);
     auto l = v.toListRef();
     key.push_back(static_cast<int64_t>(l.size()));
     for (const auto& x : l) {
+      if (x.isTensor() || x.isNone()) fast = false;
       if (!put_value(key, x, index, floats, fast)) return false;
     }
   } else if (v.isComplexDouble()) {
+    fast = false;
     const auto c = v.toComplexDouble();
     key.push_back(-12);
     key.push_back(bits_of(c.real()));
     key.push_back(bits_of(c.imag()));
   } else if (v.isDevice()) {
+    fast = false;
     const auto d = v.toDevice();
     key.push_back(-13);
     key.push_back(static_cast<int64_t>(d.type()));
     key.push_back(d.index());
   } else if (v.isGenerator()) {  // its state is read at the call, not part of the signature
+    fast = false;
     key.push_back(-14);
   } else {
     return false;
