@@ -16,7 +16,7 @@ import torch.fx
 
 from ..device import cpu_info, gemm_policy, memory, queue, threads
 from ..device.config import DEVICE_NAME
-from . import _private, cache, gemm, metrics, random_ops
+from . import _private, cache, dtype_policy, gemm, metrics, random_ops
 from .runtime import DeviceGraph
 
 COMPILER_VERSION = "nativelab-neuron-cc 4"  # bump when the lowering changes what it generates (3: fp32 GEMMs, 4: run-time thread counts)
@@ -29,6 +29,8 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
     options["freeze"]: the graph's parameters are constants to prepack (Inductor freezing). Inductor cannot
     serialize frozen graphs, so those are compiled in each process (its kernel cache still helps)."""
     freeze = bool(options.get("freeze"))
+    source = gm  # the graph as the program wrote it (nativelab check reads its int64 values from it)
+    gm = dtype_policy.follow_policy(gm)  # int64 / float64 computed narrower where eager ops are (in the key: its code)
     examples = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     cpu_gm = _retarget_to_cpu(gm)
     cpu_inputs = [_cpu_example(v) for v in examples]
@@ -40,7 +42,7 @@ def lower(gm: torch.fx.GraphModule, name: str, options: dict) -> DeviceGraph:
     metrics.current().partitions += 1
     n_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     metrics.log.info("neuron: %s %s (%d ops, key %s) in %.2fs", how, name, n_ops, (key or "-")[:12], seconds)
-    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single, source=gm,
+    return DeviceGraph(f"graph:{name}", artifact, out_specs, aliasing, single, source=source,
                        random=random_ops.draws_random(gm))
 
 

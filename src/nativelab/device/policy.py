@@ -66,6 +66,12 @@ class Plan(NamedTuple):
     # int64 index arguments (not 0-d): int32 on the device, as every int64 tensor; CPU's kernels get them as
     # they are, the same values while they fit (nothing for the Python path to do)
     indices: tuple = ()
+    # 0-d operands that follow the narrowed inputs (`_follow_narrowed`): filled by `graph_plan`, for compiled
+    # graphs; eager code finds them when the op runs (`finish_policy`)
+    follow: tuple = ()
+    # (position, value) of Python numbers saturated to the narrow dtype's range (`_saturate_numbers`): filled by
+    # `graph_plan`, as `follow`
+    numbers: tuple = ()
 
     @property
     def casts(self) -> bool:
@@ -92,6 +98,32 @@ def plan(rec, args) -> Plan | None:
     indices = tuple(i for i in index if native and _narrows(args[i]) and args[i].dtype == torch.int64)
     gemm = upcasts_gemm(rec, args)
     return Plan(narrow, widen, gemm, indices) if narrow or widen or gemm or indices else None
+
+
+# Ops whose route is native but which eager dispatch computes from copies, narrowing nothing: their
+# CompositeExplicitAutograd kernels (empty or clone, then copy_ / fill_ / an in-place op on what they write:
+# masked_fill's written self is not narrowed and its value is 0-d), the runtime's own copy kernels, or a CPU
+# fallback under another name (convolution reaches the device as convolution_overrideable).
+COMPUTED_BY_COPIES = frozenset({
+    "aten::_to_copy", "aten::copy_", "aten::constant_pad_nd", "aten::masked_fill", "aten::repeat",
+    "aten::slice_backward", "aten::convolution", "aten::convolution_backward",
+})
+
+
+def graph_plan(rec, args) -> Plan | None:
+    """The plan of one node of a compiled graph (`args`: its arguments' fake values, in schema order): the
+    eager call's (`plan`), as eager dispatch of the same op computes it, so that compiled code narrows where
+    eager ops do (compiler/dtype_policy.py)."""
+    if rec.name.partition(".")[0] in COMPUTED_BY_COPIES:
+        return None
+    p = plan(rec, args)
+    if p is None or not p.narrow or rec.mutable:  # (an op that writes its arguments: call_narrowed's rule)
+        return p
+    narrowed = {NARROW[t.dtype] if _narrows(t) else t.dtype for i in p.narrow for t in tensors((args[i],))}
+    saturated = list(args)
+    _saturate_numbers(rec, saturated, narrowed)
+    numbers = tuple((j, v) for j, v in enumerate(saturated) if v is not args[j])
+    return p._replace(follow=_followers(rec, args, narrowed, set(p.narrow)), numbers=numbers)
 
 
 def upcasts_gemm(rec, args) -> bool:
@@ -137,11 +169,12 @@ _policy_warned: set = set()
 def _narrow(t):
     if not (isinstance(t, _Tensor) and _narrows(t)):
         return t
-    _warn_policy(t.dtype)
+    warn_narrowed(t.dtype)
     return t.to(NARROW[t.dtype])
 
 
-def _warn_policy(dtype) -> None:
+def warn_narrowed(dtype) -> None:
+    """The real device's warning, once per process and dtype (eager ops and compiled graphs share it)."""
     if dtype in _policy_warned:
         return
     _policy_warned.add(dtype)
@@ -183,13 +216,17 @@ def _follow_narrowed(rec, hargs: list, narrowed: set, skip: set) -> None:
     grad_output and total_weight beside a narrowed float64 input: "expected scalar type Float but found
     Double"; index_put_'s values, `x[idx] = -1` on int64). Where dtypes may differ, CPU casts a 0-d operand to
     the narrow dtype of the others anyway (type promotion), so its value is the same."""
+    for j in _followers(rec, hargs, narrowed, skip):
+        hargs[j] = hargs[j].to(NARROW[hargs[j].dtype])
+    _saturate_numbers(rec, hargs, narrowed)
+
+
+def _followers(rec, args, narrowed: set, skip: set) -> tuple:
+    """The positions `_follow_narrowed` narrows (`args`: host tensors or a graph node's fake values)."""
     wide = {w for w, n in NARROW.items() if n in narrowed}
     indices = {rec.arg_pos[n] for n in rec.arg_pos if "ind" in n} | set(rec.int64_args)
-    for j, a in enumerate(hargs):
-        if (j not in skip and j not in indices and isinstance(a, _Tensor) and a.dim() == 0
-                and a.dtype in wide):
-            hargs[j] = a.to(NARROW[a.dtype])
-    _saturate_numbers(rec, hargs, narrowed)
+    return tuple(j for j, a in enumerate(args) if j not in skip and j not in indices and isinstance(a, _Tensor)
+                 and a.dim() == 0 and a.dtype in wide)
 
 
 _INT32 = torch.iinfo(torch.int32)
