@@ -307,3 +307,16 @@ def test_an_optimizers_new_scalars_are_one_signature(monkeypatch):
     assert python_path == [] and len(rec.meta_cache) == before
     for g, w in zip(d, xs):
         torch.testing.assert_close(g.cpu(), w)
+
+
+def test_no_python_module_builds_a_call_key():
+    # The Python path is handed the C++ kernel's key (device_kernel's and fast_spec's `key`) instead of making its
+    # own from the arguments; fast_spec is not even given them.
+    import inspect
+
+    from nativelab.device import dispatch
+
+    assert list(inspect.signature(dispatch.fast_spec).parameters) == ["op", "key"]
+    assert list(inspect.signature(dispatch.device_kernel).parameters)[:2] == ["op", "key"]
+    for f in _python_sources():
+        assert "_key_and_index" not in f.read_text(), f
