@@ -366,3 +366,26 @@ def test_a_trainer_kept_on_the_cpu_names_training_arguments_device(tmp_path, cap
     assert "use_cpu=True" in f["title"]
     trainer = [e for e in f["details"]["evidence"] if "TrainingArguments.device ('cpu')" in e["why"]]
     assert trainer and trainer[0]["site"].endswith(f":{_line(script, '.train()')}")  # the run's move, at the call
+
+
+def test_eager_launches_beside_a_compiled_model_point_at_the_step_not_at_compiling(tmp_path):
+    # nanoGPT's shape: the model is compiled, the optimizer's per-parameter ops stay eager. "Compile the model"
+    # would be no advice; the compile call is named, and the fused optimizer is.
+    script = tmp_path / "compiled.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)]).to("neuron")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        step = torch.compile(model, backend="neuron")
+        x = torch.randn(2, 4).to("neuron")
+        for _ in range(3):
+            step(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        """))
+    code, r = _check(tmp_path, str(script))
+    assert code == 0
+    f = _one(r, "eager-launch")
+    assert f["line"] == _line(script, "opt.step()")
+    assert f"compiled.py:{_line(script, 'torch.compile(')}" in f["fix"] and "fused=True" in f["fix"]
+    assert "compile the model" not in f["fix"]

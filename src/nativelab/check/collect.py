@@ -403,10 +403,12 @@ def eager_launches(watch: Watch, hw: Trainium2, est: dict) -> list[F.Finding]:
     s, line, code = _site(top[0][0])
     per = _per(watch, n)
     unit = "token" if watch.step_kind == "token" else "step"
+    # A program that already compiles its model launches these ops outside its graphs: "compile the model" is no fix
+    fix = F.EAGER_COMPILED_FIX.format(site=watch.compile_calls[0]["site"]) if watch.compile_calls else F.EAGER_FIX
     return [F.Finding(
         "eager-launch", "warning", f"eager op launches are {eager / total:.0%} of the Trainium2 estimate: {n:,} "
         f"eager ops" + (f" ({per:,.0f} per {unit})" if per is not None else "") + f", {top[0][1]:,} of them here",
-        s, line, top[0][1], F.EAGER_FIX, per, eager, code,
+        s, line, top[0][1], fix, per, eager, code,
         {"share": eager / total, "eager_ops": n,
          "lines": [{"site": str(st) if st else None, "code": st.code() if st else "", "ops": k} for st, k in top]})]
 

@@ -148,6 +148,10 @@ COLLECTIVE_FIX = ("overlap collectives with compute (FSDP2 prefetch, async_op=Tr
 EAGER_FIX = ("each eager op is one launch on the device, and launches are most of this program's time: compile the "
              "model or the step, model = torch.compile(model, backend=\"neuron\") (Trainium needs backend=\"neuron\"), "
              "so these ops run as one device graph per call; the lines issuing the most are in the details")
+EAGER_COMPILED_FIX = ("the program compiles (torch.compile at {site}), and these ops run outside its graphs, one launch "
+                      "each: an optimizer's step issues ops per parameter; the fused optimizer runs each group as one "
+                      "device op (torch.optim.AdamW(params, fused=True)); other code can go into a compiled function; "
+                      "the lines issuing the most are in the details")
 NO_DEVICE_FIX = ("select the device and move the model and every batch to it: device = torch.device('neuron') (or "
                  "torch.accelerator.current_accelerator()), model.to(device), x.to(device); a CUDA script as it is: "
                  "nativelab check --device-from cuda script.py")
