@@ -94,7 +94,7 @@ def test_timed_section_keeps_the_garbage_collector_out_and_restores_it():
         gc.enable()
 
 
-def test_timed_section_reports_other_processes_load():
+def test_timed_section_reports_other_processes_load(tmp_path):
     import subprocess
     import sys
     import time
@@ -102,8 +102,15 @@ def test_timed_section_reports_other_processes_load():
     from nativelab.apps.timed_section import BUSY_CORES, timed_section
 
     # A busy process that is not this one's child (the shell exits at once, so we never reap it): other load.
-    busy = "import time; t = time.time() + 1.5\nwhile time.time() < t: pass"
+    # It says when its loop has started, and the section starts only then: on a loaded machine (CI) its start
+    # can lag, and a section timed before it ran saw no load at all.
+    started = tmp_path / "busy-started"
+    busy = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); t = time.time() + 2.5\nwhile time.time() < t: pass"
     subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{busy}" >/dev/null 2>&1 &'], check=True)
+    deadline = time.time() + 60
+    while not started.exists():
+        assert time.time() < deadline, "the busy process never started"
+        time.sleep(0.01)
     with timed_section() as section:
         time.sleep(1.0)
     assert section.others_cores is not None and section.others_cores >= BUSY_CORES
