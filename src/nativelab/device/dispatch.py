@@ -490,9 +490,9 @@ def direct_kernels() -> list:
                 structured = _private.has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutogradNonFunctional")
             except RuntimeError:  # a TorchScript-only overload such as aten::le.int
                 continue
-            # (a foreach op's CompositeExplicitAutograd kernel, the slow path CPU takes, would run it as one op per
-            # tensor: the device has foreach kernels, as CUDA does, and runs each call as one op)
-            if structured or str(op) in policy.OVER_COMPOSITE or base.startswith("aten::_foreach_"):
+            # (An in-place foreach op is left to its CompositeExplicitAutograd kernel, one op per tensor, each on
+            # the C++ path: registered directly, each call took the Python path and an AdamW step went 2.7 -> 4.8 ms.)
+            if structured or str(op) in policy.OVER_COMPOSITE:
                 found.append(op)
     for name in policy.HOST_OVER_COMPOSITE:
         found.append(getattr(getattr(torch.ops.aten, name.split(".")[1]), name.split(".")[2]))
