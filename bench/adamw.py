@@ -17,6 +17,7 @@ import time
 import torch
 
 import nativelab  # noqa: F401  (registers the device)
+from nativelab.device import cpu_info
 
 
 def make_params(layers: int, width: int, device: str) -> list[torch.Tensor]:
@@ -65,7 +66,7 @@ def main() -> None:
             times[(device, impl)].append(step_time(device, impl, args.steps, args.layers, args.width))
     n = sum(p.numel() for p in make_params(args.layers, args.width, "cpu"))
     print(f"AdamW step, {args.layers * 10} tensors, {n / 1e6:.2f} M parameters, fp32, "
-          f"{torch.get_num_threads()} threads; median of {args.repeats} x {args.steps} steps")
+          f"{torch.get_num_threads()} threads; median of {args.repeats} x {args.steps} steps; {cpu_info.describe()}")
     base = statistics.median(times[("cpu", "fused")])
     for (device, impl), ts in times.items():
         m = statistics.median(ts)

@@ -570,7 +570,7 @@ def fast_route(name: str, overload: str):
     keyed = rec.out_args if rec.route == "native" else None
     if rec.route != "native" or rec.random or rec.cpu_ok or rec.name in policy.RUN_AT_ONCE:
         return op, rec.name, None, keyed
-    if rec.mutable:  # (an op that returns nothing, `_foreach_add_`, is queued the same way)
+    if rec.mutable:  # (an op that returns nothing, `_fused_adamw_`, is queued the same way)
         if all(i is not None for i in rec.returns_alias):
             return op, rec.name, ("m", tuple(rec.returns_alias)), keyed
         return op, rec.name, None, keyed

@@ -223,7 +223,7 @@ def _follow_narrowed(rec, hargs: list, narrowed: set, skip: set) -> None:
 
 def _followers(rec, args, narrowed: set, skip: set) -> tuple:
     """The positions `_follow_narrowed` narrows (`args`: host tensors or a graph node's fake values)."""
-    wide = {w for w, n in NARROW.items() if n in narrowed}
+    wide = {WIDE[n] for n in narrowed if n in WIDE}
     indices = {rec.arg_pos[n] for n in rec.arg_pos if "ind" in n} | set(rec.int64_args)
     return tuple(j for j, a in enumerate(args) if j not in skip and j not in indices and isinstance(a, _Tensor)
                  and a.dim() == 0 and a.dtype in wide)
@@ -231,7 +231,6 @@ def _followers(rec, args, narrowed: set, skip: set) -> tuple:
 
 _INT32 = torch.iinfo(torch.int32)
 _FLOAT32 = torch.finfo(torch.float32)
-_number_args: dict = {}  # op name -> positions of its Scalar arguments
 
 
 def _saturate_numbers(rec, hargs: list, narrowed: set) -> None:
@@ -240,13 +239,7 @@ def _saturate_numbers(rec, hargs: list, narrowed: set) -> None:
     `x.clamp(min=finfo(float64).min)` on float64 raised "value cannot be converted to type int without overflow"
     where CPU computes them; saturated, a bound beyond every value the device holds stays beyond them (a wrapped
     one, iinfo(int64).max as int32's -1, would clamp silently)."""
-    pos = _number_args.get(rec.name)
-    if pos is None:
-        args = _private.op_schema(rec.op).arguments
-        pos = _number_args[rec.name] = tuple(
-            i for i, a in enumerate(args) if str(a.type) in ("number", "Optional[number]")
-        )
-    for j in pos:
+    for j in rec.number_pos:
         if j >= len(hargs):
             break
         v = hargs[j]

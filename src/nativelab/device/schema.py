@@ -73,6 +73,13 @@ def _is_tensors(t) -> bool:
     return _is_tensor(t) or (t.kind() == "ListType" and _is_tensor(t.getElementType()))
 
 
+def _is_number(t) -> bool:
+    """`Scalar` or `Scalar?` (a Python number the caller passes)."""
+    if t.kind() == "OptionalType":
+        t = t.getElementType()
+    return t.kind() == "NumberType"
+
+
 def _is_index_list(t) -> bool:
     """`Tensor?[]`, advanced indexing's indices."""
     if t.kind() != "ListType" or t.getElementType().kind() != "OptionalType":
@@ -112,7 +119,7 @@ class OpRecord:
 
     __slots__ = (
         "op", "name", "route", "arg_pos", "mutable", "returns_alias", "int64_args", "gen_pos", "meta_cache",
-        "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos", "cpu_ok", "functional",
+        "npos", "kwnames", "defaults", "out_op", "out_names", "tensor_pos", "number_pos", "cpu_ok", "functional",
         "random", "out_args", "out_call",
     )
 
@@ -145,6 +152,7 @@ class OpRecord:
         self.functional = _MISSING  # an out= op's functional form, looked up when the dtype policy needs it
         # Tensor arguments the dispatcher may hand us as Python numbers (wrapped scalars)
         self.tensor_pos = tuple(i for i, a in enumerate(args) if _is_tensor(a.type))
+        self.number_pos = tuple(i for i, a in enumerate(args) if _is_number(a.type))  # Scalar arguments
         self.npos = sum(1 for a in args if not a.kwarg_only)
         self.kwnames = tuple(a.name for a in args if a.kwarg_only)
         self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
@@ -172,7 +180,7 @@ class OpRecord:
 
     def alias_returns(self, args: list):
         """What an op that writes its arguments returns: the arguments its returns alias."""
-        if not self.returns_alias:  # (`_foreach_add_`: nothing)
+        if not self.returns_alias:  # (`_fused_adamw_`: nothing)
             return None
         rets = [args[i] for i in self.returns_alias]
         return rets[0] if len(rets) == 1 else tuple(rets)
