@@ -96,3 +96,28 @@ def test_a_reaped_child_counts_as_this_process():
     now = threads.cpu_sample()
     assert child_cpu > 0.3
     assert (now[2] - prev[2]) / threads._TICK >= 0.9 * child_cpu  # ours: in this process's ticks
+
+
+def test_the_users_thread_count_caps_the_next_device_work_as_it_does_the_next_cpu_op(fresh_policy, monkeypatch):
+    """ATen's reductions split their partial sums by the thread count, so device work must run on the count the
+    calling thread has now, as CPU's next op does: a team sized from a count cached up to 0.25 s earlier (or read
+    in another thread: a DataLoader's pin-memory thread sets its own to 1) sums 128 x 784 floats to other bits
+    than CPU's (1 ulp in pytorch/examples' VAE loss)."""
+    from nativelab.device import queue
+
+    monkeypatch.setattr(state.device, "threads", "auto")
+    monkeypatch.setattr(threads, "_cores", lambda: 2)
+    monkeypatch.setattr(threads, "cpu_sample", lambda: None)  # a quiet machine: no other process's load
+    monkeypatch.setattr(threads, "INTERVAL", 1e9)  # no fresh look at the machine between the calls below
+    x = torch.rand(128, 784, generator=torch.Generator().manual_seed(1))
+    want = {}
+    for n in (2, 1):
+        torch.set_num_threads(n)
+        want[n] = x.sum()
+        seen = []
+        queue.launch("op", "probe", lambda: seen.append(torch.get_num_threads()))
+        got = x.to("neuron").sum().cpu()
+        assert seen == [n]
+        assert torch.equal(got, want[n]), (n, got.item(), want[n].item())
+    if torch.equal(want[1], want[2]):  # the bits this CPU's kernel gives at 1 and 2 threads told apart above
+        pytest.skip("this CPU's sum kernel gives the same bits on 1 and 2 threads")

@@ -34,7 +34,8 @@ from . import state
 INTERVAL = 0.25  # seconds between looks at the machine's load
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-_state = {"most": None, "next": 0.0, "last": None, "others": 0.0}  # the load as last seen
+# the machine as last seen: the cores this process may run on ("most"), other processes' load ("others")
+_state = {"most": None, "next": 0.0, "last": None, "others": 0.0}
 
 
 def _cores() -> int:
@@ -81,26 +82,30 @@ def ceiling() -> int:
     if isinstance(mode, int):
         return mode
     if _state["most"] is None:
-        _state["most"] = min(_cores(), torch.get_num_threads())
-    return _state["most"]
+        _state["most"] = _cores()
+    return min(_state["most"], torch.get_num_threads())
 
 
 def size() -> int:
-    """The team size for device work now: refreshed from the machine's load every INTERVAL seconds (a clock
-    read in between)."""
+    """The team size for device work now: the machine's load refreshed every INTERVAL seconds (a clock read in
+    between), capped at each call by the calling thread's own `torch.get_num_threads()`. That count is per
+    thread and the user may change it at any time; ATen's reductions split their partial sums by it, so a team
+    of another size computes other bits than CPU would. Cached for 0.25 s, a `torch.set_num_threads(1)` left
+    device work on 2 threads while CPU ops ran on 1, and a count read in another thread (a DataLoader's
+    pin-memory thread sets its own to 1) sized the main thread's team."""
     now = time.monotonic()
     mode = state.device.threads  # NATIVELAB_THREADS
     if isinstance(mode, int):
         return mode
     if now >= _state["next"]:
         _state["next"] = now + INTERVAL
-        _state["most"] = min(_cores(), torch.get_num_threads())  # torch.set_num_threads(n) by the user caps it
+        _state["most"] = _cores()
         sample = cpu_sample()
         if sample is not None:
             prev, _state["last"] = _state["last"], sample
             if prev is not None:
                 _state["others"] = others(prev, sample)
-    return target(_state["most"], _state["others"])
+    return target(min(_state["most"], torch.get_num_threads()), _state["others"])  # the user's count caps it
 
 
 @contextlib.contextmanager
