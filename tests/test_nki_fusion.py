@@ -315,3 +315,48 @@ def test_a_weight_loaded_transposed_is_read_where_it_is(k, m, n):
                                atol=2e-1)
     assert _gemms(code) == 1
     assert _reads_argument(code, 1)
+
+
+@nki.jit
+def _computed_times_weight_by_column_tiles(x, w):
+    """(2 x).T @ w.T as the LM head computes it: the computed stationary side once ([p, K tiles, M]), the
+    weight w [N, K] streamed 512 rows at a time (loaded transposed), each column tile its own PSUM tile,
+    rounded to bf16 and stored into its columns of the output."""
+    k, m = x.shape
+    n, p, f = w.shape[0], 128, 512
+    kt = (k + p - 1) // p
+    out = nl.ndarray((m, n), dtype=x.dtype, buffer=nl.shared_hbm)
+    xs = nl.ndarray((p, kt, m), dtype=x.dtype, buffer=nl.sbuf)
+    for i in nl.affine_range(kt):
+        k0 = i * p
+        nk = min(k, k0 + p) - k0
+        nisa.tensor_scalar(dst=xs[0:nk, i, :], data=nl.load(x[k0:k0 + nk, :]), op0=nl.multiply, operand0=2.0)
+    for j in nl.affine_range((n + f - 1) // f):
+        n0 = j * f
+        nn = min(n, n0 + f) - n0
+        wt = nl.ndarray((p, kt, nn), dtype=w.dtype, buffer=nl.sbuf)
+        for i in nl.affine_range(kt):
+            k0 = i * p
+            nisa.dma_transpose(dst=wt[0:min(k, k0 + p) - k0, i, :], src=w[n0:n0 + nn, k0:min(k, k0 + p)])
+        acc = nl.ndarray((m, nn), dtype=nl.float32, buffer=nl.psum)
+        for i in nl.affine_range(kt):
+            nk = min(k, i * p + p) - i * p
+            nisa.nc_matmul(dst=acc, stationary=xs[0:nk, i, :], moving=wt[0:nk, i, :])
+        y = nl.ndarray((m, nn), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=y, src=acc)
+        nisa.dma_copy(dst=out[:, n0:n0 + nn], src=y)
+    return out
+
+
+@pytest.mark.parametrize("k, m, n", [(200, 1, 1100), (128, 3, 1024)])
+def test_column_tiles_of_a_computed_times_a_weight_store_as_one_gemm(k, m, n):
+    """Each output column tile is its own PSUM tile against the same computed stacked side: their stores
+    merge into one GEMM over the whole weight (read where it is), with a ragged last K tile (200) and a ragged
+    last column tile (1100 = 2 x 512 + 76); one- and three-token products."""
+    torch.manual_seed(0)
+    x, w = torch.randn(k, m, dtype=torch.bfloat16) * 0.5, torch.randn(n, k, dtype=torch.bfloat16)
+    (fused, unfused, simulated), code = _three_ways(_computed_times_weight_by_column_tiles, x, w)
+    torch.testing.assert_close(unfused, simulated, rtol=0, atol=0)
+    _same_sum_rounded(fused, unfused, 2 * x.float(), w.T)  # (2 x is exact in bf16)
+    assert _gemms(code) == 1
+    assert _reads_argument(code, 1)

@@ -112,6 +112,10 @@ class PsumFuser:
         self.pending: list[_Pending] = []
         self.stores: list[_Store] = []
         self.written_inputs = set(written_inputs)  # arguments the kernel writes: their copies may go stale
+        # computed operands stacked along K, by the views they stack: the LM head's 63 vocab tiles read one
+        # stacked activation, so their stores can merge into one GEMM (_Computed); dropped when a tile the
+        # stack read is written (its bases are kept, so an id is never reused while the entry lives)
+        self.stacks: dict = {}
 
     # --- copies of arguments (Storage.origin)
 
@@ -166,6 +170,9 @@ class PsumFuser:
     def before_write(self, storage) -> None:
         """A write is about to change `storage`: what deferred work reads or writes it lands first."""
         self.flush()  # (every deferred matmul: its tiles may be the ones written)
+        if self.stacks:
+            self.stacks = {key: e for key, e in self.stacks.items()
+                           if not any(b is storage.tensor for b in e.bases)}
         if any(x.storage is storage for x in self.stores):
             self.flush_stores(storage)
 
@@ -248,11 +255,28 @@ class PsumFuser:
         for j in (0, 1):
             other = sides[1 - j]
             if args[j] is not None and (not thin or other[0].value.shape[1] < _THIN):
-                stacked = other[0].value if len(other) == 1 else torch.cat([a.value for a in other])
-                return [(args[0][0], stacked) if j == 0 else (stacked, args[1][0])], None, thin
+                stacked = self._stack(other)
+                if stacked is None:
+                    v = other[0].value if len(other) == 1 else torch.cat([a.value for a in other])
+                    return [(args[0][0], v) if j == 0 else (v, args[1][0])], None, thin
+                desc = (args[0][1], stacked) if j == 0 else (stacked, args[1][1])
+                return [(args[0][0], stacked.value) if j == 0 else (stacked.value, args[1][0])], desc, thin
         if thin:  # one GEMM per product (stacking would copy the matrix side), a copied argument in place
             return [tuple(self._one(a) for a in pair) for pair in p.products], None, thin
         return [r.operands() for r in p.runs], None, thin
+
+    def _stack(self, operands) -> "_Computed | None":
+        """The operands stacked along K as one tensor, the same object for the same views of unchanged tiles
+        (None where a view is not at fixed strides in its tile: no key)."""
+        if any(a.base is None for a in operands):
+            return None
+        key = tuple((id(a.base), a.offset, a.strides, tuple(a.value.shape)) for a in operands)
+        e = self.stacks.get(key)
+        if e is None:
+            # a copy even of one tile: a later in-place write to the tile must not change a deferred store
+            v = operands[0].value.clone() if len(operands) == 1 else torch.cat([a.value for a in operands])
+            e = self.stacks[key] = _Computed(v, [a.base for a in operands])
+        return e
 
     def _one(self, a: _Operand) -> torch.Tensor:
         arg = self._argument_view([a])
@@ -274,7 +298,7 @@ class PsumFuser:
             assign(NkiTensor(st, p.chain), total, "nc_matmul", accumulate=p.add)
             if p.add or p.chain:
                 continue
-            if desc is not None:
+            if desc is not None and len(pairs) == 1:
                 st.gemm = (st.tensor, desc, torch.float32)
             if (len(pairs) == 1 or not thin) and all(s.dtype == torch.bfloat16 and mv.dtype == torch.bfloat16
                                                      for s, mv in pairs):
@@ -288,8 +312,23 @@ class PsumFuser:
 _THIN = 16
 
 
+class _Computed:
+    """A GEMM operand computed on chip, stacked along K ([K, F]): a descriptor like an argument's (arg, start,
+    row step, column step, rows, columns) whose value is its own; stores merge only the same object."""
+
+    __slots__ = ("value", "bases")
+
+    def __init__(self, value: torch.Tensor, bases):
+        self.value, self.bases = value, bases
+
+    def __getitem__(self, i):
+        return (self, 0, 0, 0, self.value.shape[0], self.value.shape[1])[i]
+
+
 def _view(desc) -> torch.Tensor:
-    """The [rows, columns] view of an argument a GEMM operand descriptor names."""
+    """The [rows, columns] view of an argument a GEMM operand descriptor names (a computed one: its value)."""
+    if isinstance(desc, _Computed):
+        return desc.value
     arg, start, rs, cs, k, f = desc
     base = arg.tensor
     flat = base.view(-1) if base.is_contiguous() else base.reshape(-1)
@@ -307,25 +346,18 @@ class _Store:
 
 def _merge(stores: list[_Store]) -> _Store | None:
     """One store for output tiles that cover a block exactly once, each the product of the block's rows of
-    one operand and columns of the other (the tiles of one GEMM); else None."""
+    one operand and columns of the other (the tiles of one GEMM; a computed operand the same for all of
+    them); else None."""
     if len(stores) < 2:
         return None
     x0 = stores[0]
-    (a_arg, _, a_rs, a_cs, k, _), (b_arg, _, b_rs, b_cs, _, _) = x0.a, x0.b
-    if a_cs <= 0 or b_cs <= 0:
+    if any(x.strides != x0.strides for x in stores):
         return None
-    for x in stores:
-        if (x.strides != x0.strides or x.a[0] is not a_arg or x.b[0] is not b_arg or x.a[2:5] != (a_rs, a_cs, k)
-                or x.b[2:5] != (b_rs, b_cs, k)):
-            return None
-    a0 = min(x.a[1] for x in stores)
-    b0 = min(x.b[1] for x in stores)
-    at = []
-    for x in stores:
-        (da, ra), (db, rb) = divmod(x.a[1] - a0, a_cs), divmod(x.b[1] - b0, b_cs)
-        if ra or rb:
-            return None
-        at.append((da, db))
+    sides = [_tile_positions([x.a for x in stores]), _tile_positions([x.b for x in stores])]
+    if sides[0] is None or sides[1] is None:
+        return None
+    (a_at, a_desc), (b_at, b_desc) = sides
+    at = list(zip(a_at, b_at))
     o0 = x0.offset - at[0][0] * x0.strides[0] - at[0][1] * x0.strides[1]
     if o0 < 0 or any(x.offset != o0 + i * x0.strides[0] + j * x0.strides[1] for x, (i, j) in zip(stores, at)):
         return None
@@ -336,7 +368,29 @@ def _merge(stores: list[_Store]) -> _Store | None:
         cover[i:i + x.a[5], j:j + x.b[5]] += 1
     if not (cover == 1).all():
         return None
-    return _Store(x0.storage, o0, x0.strides, (a_arg, a0, a_rs, a_cs, k, m), (b_arg, b0, b_rs, b_cs, k, n))
+    return _Store(x0.storage, o0, x0.strides, a_desc(m), b_desc(n))
+
+
+def _tile_positions(descs):
+    """Where each store's operand sits in the merged one (its first row / column), and a function of the merged
+    extent giving the merged descriptor; None if they do not tile one operand (a computed operand: the same
+    object for every store, at 0)."""
+    d0 = descs[0]
+    if isinstance(d0, _Computed):
+        if any(d is not d0 for d in descs):
+            return None
+        return [0] * len(descs), lambda extent: d0
+    arg, _, rs, cs, k, _ = d0
+    if cs <= 0 or any(isinstance(d, _Computed) or d[0] is not arg or d[2:5] != (rs, cs, k) for d in descs):
+        return None
+    start = min(d[1] for d in descs)
+    at = []
+    for d in descs:
+        i, r = divmod(d[1] - start, cs)
+        if r:
+            return None
+        at.append(i)
+    return at, lambda extent: (arg, start, rs, cs, k, extent)
 
 
 def _emit(x: _Store) -> None:
@@ -347,6 +401,10 @@ def _emit(x: _Store) -> None:
         y = a.t() @ b  # fp32 accumulation, one rounding (as fusion's bf16 GEMMs)
     else:
         y = (a.float().t() @ b.float()).to(out.dtype)
+    m, n = y.shape
+    if out.is_contiguous() and x.offset == 0 and y.numel() == out.numel() and (m == 1 or x.strides == (n, 1)):
+        out.copy_(y.view(out.shape))  # the whole output, row-major (one row: any row stride)
+        return
     region = _slice_of(out, x.offset, x.strides, tuple(y.shape))
     if region is not None:
         region.copy_(y)
