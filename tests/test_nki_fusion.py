@@ -283,14 +283,18 @@ def _computed_times_loaded_transposed(x, w):
     return out
 
 
-def _reads_argument(gm: torch.fx.GraphModule, index: int) -> bool:
-    """Every live GEMM has an operand that is a view of the graph's `index`-th argument (no copy of it)."""
+def _reads_argument(gm: torch.fx.GraphModule, index: int, upcast: bool = False) -> bool:
+    """Every live GEMM has an operand that is a view of the graph's `index`-th argument (no copy of it;
+    upcast: or its fp32 conversion)."""
     graph = copy.deepcopy(gm.graph)
     graph.eliminate_dead_code()
     arg = [n for n in graph.nodes if n.op == "placeholder"][index]
     views = {torch.ops.aten.view.default, torch.ops.aten.as_strided.default, torch.ops.aten.t.default,
              torch.ops.aten.permute.default, torch.ops.aten.slice.Tensor, torch.ops.aten.select.int,
              torch.ops.aten.alias.default}
+
+    if upcast:
+        views.add(torch.ops.aten._to_copy.default)
 
     def root(n):
         while n.op == "call_function" and n.target in views:
@@ -360,3 +364,82 @@ def test_column_tiles_of_a_computed_times_a_weight_store_as_one_gemm(k, m, n):
     _same_sum_rounded(fused, unfused, 2 * x.float(), w.T)  # (2 x is exact in bf16)
     assert _gemms(code) == 1
     assert _reads_argument(code, 1)
+
+
+@nki.jit
+def _probs_times_cached_values(p_row, v, v_new):
+    """[2 p, 2 p0] @ [v; v_new] as decode attention computes it: each 128-key block of the probabilities
+    transposed on the Tensor Engine (into another PSUM tile) between the matmuls that accumulate into o_ps,
+    the cache's tiles loaded from v, and one more product of the new token's row."""
+    s, d = v.shape
+    p = 128
+    out = nl.ndarray((1, d), dtype=v.dtype, buffer=nl.shared_hbm)
+    probs = nl.ndarray((1, s), dtype=v.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=probs, data=nl.load(p_row), op0=nl.multiply, operand0=2.0)
+    v_tiles = nl.ndarray((p, (s + p - 1) // p, d), dtype=v.dtype, buffer=nl.sbuf)
+    for i in nl.affine_range((s + p - 1) // p):
+        nisa.dma_copy(dst=v_tiles[0:min(s, i * p + p) - i * p, i, :], src=v[i * p:min(s, i * p + p), :])
+    o_ps = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.psum)
+    for i in nl.affine_range((s + p - 1) // p):
+        ns = min(s, i * p + p) - i * p
+        t_ps = nl.ndarray((ns, 1), dtype=v.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=t_ps, data=probs[:, i * p:i * p + ns])
+        pt = nl.ndarray((ns, 1), dtype=v.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=pt, src=t_ps)
+        nisa.nc_matmul(dst=o_ps, stationary=pt, moving=v_tiles[0:ns, i, :])
+    p_new = nl.ndarray((1, 1), dtype=v.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=p_new, data=nl.load(p_row[:, 0:1]), op0=nl.multiply, operand0=2.0)
+    v_row = nl.ndarray((1, d), dtype=v.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v_row, src=v_new)
+    nisa.nc_matmul(dst=o_ps, stationary=p_new, moving=v_row)
+    o = nl.ndarray((1, d), dtype=v.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=o, src=o_ps)
+    nl.store(out, o)
+    return out
+
+
+def test_transposes_between_accumulating_matmuls_leave_them_pending():
+    """A write into another PSUM tile (the transposes) does not land o_ps's pending products: the cache's
+    three tiles (ragged: 300 = 128 + 128 + 44) are one GEMM reading v itself, the new token's 1 x 1 x 64
+    product a fused multiply (no GEMM), all in one fp32 sum rounded once."""
+    torch.manual_seed(0)
+    p_row = torch.rand(1, 300, dtype=torch.bfloat16)
+    v, v_new = torch.randn(300, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16)
+    (fused, unfused, simulated), code = _three_ways(_probs_times_cached_values, p_row, v, v_new)
+    torch.testing.assert_close(unfused, simulated, rtol=0, atol=0)
+    s = torch.cat([2 * p_row.float().T, 2 * p_row.float()[:, :1]])
+    _same_sum_rounded(fused, unfused, s, torch.cat([v, v_new]).float())
+    assert _gemms(code) == 1
+    assert _reads_argument(code, 1, upcast=True)  # (an fp32 GEMM: a small one-token product, fusion.py)
+
+
+@nki.jit
+def _operand_borrowed_then_its_lender_rewritten(x, w):
+    """b is a copy of a (it borrows a's memory); a matmul reading b is pending when a is rewritten in
+    place (one row): the matmul must see b as it was."""
+    k, m = x.shape
+    out = nl.ndarray((m, w.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    a = nl.ndarray((k, m), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=a, data=nl.load(x), op0=nl.multiply, operand0=2.0)
+    b = nl.ndarray((k, m), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=b, src=a)
+    acc = nl.ndarray((m, w.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=b, moving=nl.load(w))
+    nisa.memset(dst=a[0:1, :], value=0.0)
+    nisa.nc_matmul(dst=acc, stationary=a, moving=nl.load(w))  # accumulates (2 x - its first row zeroed).T @ w
+    res = nl.ndarray(acc.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nl.store(out, res)
+    return out
+
+
+def test_a_pending_operand_keeps_its_value_when_the_memory_it_borrows_is_rewritten():
+    torch.manual_seed(0)
+    x, w = torch.randn(96, 8, dtype=torch.bfloat16), torch.randn(96, 40, dtype=torch.bfloat16)
+    (fused, unfused, simulated), _ = _three_ways(_operand_borrowed_then_its_lender_rewritten, x, w)
+    torch.testing.assert_close(unfused, simulated, rtol=0, atol=0)
+    zeroed = 2 * x.float()
+    zeroed[0] = 0
+    s = torch.cat([2 * x.float(), zeroed])
+    _same_sum_rounded(fused, unfused, s, torch.cat([w, w]).float())
+    _same_sum_rounded(fused, simulated, s, torch.cat([w, w]).float())

@@ -33,10 +33,12 @@ from .tensor import covers_all as _covers
 class _Operand:
     """A matmul operand as issued: its value viewed [K, free], and where it sits in its tile's value."""
 
-    __slots__ = ("value", "base", "offset", "strides", "origin")
+    __slots__ = ("value", "base", "offset", "strides", "origin", "tiles")
 
     def __init__(self, t: NkiTensor, value: torch.Tensor, k: int, f: int):
         self.value = value.reshape(k, f)
+        # the storages whose in-place write would change the value: the tile, and the one whose memory it borrows
+        self.tiles = (t.storage, t.storage.lender)
         o, idx = t.storage.origin, flat_indices(t)
         # (argument storage, [K, F] flat indices in it) when the view is a copy of an argument's elements
         self.origin = (o[0], o[1][idx].reshape(k, f)) if o is not None and idx is not None else None
@@ -168,8 +170,9 @@ class PsumFuser:
         return any(p.storage() is storage for p in self.pending) or any(x.storage is storage for x in self.stores)
 
     def before_write(self, storage) -> None:
-        """A write is about to change `storage`: what deferred work reads or writes it lands first."""
-        self.flush()  # (every deferred matmul: its tiles may be the ones written)
+        """A write is about to change `storage`: the deferred matmuls into it or reading it land first (only
+        those: a transpose into another PSUM tile leaves an accumulation over K tiles pending)."""
+        self.flush(lambda p: p.storage() is storage or any(storage in a.tiles for pair in p.products for a in pair))
         if self.stacks:
             self.stacks = {key: e for key, e in self.stacks.items()
                            if not any(b is storage.tensor for b in e.bases)}
@@ -178,7 +181,7 @@ class PsumFuser:
 
     def before_read(self, storage) -> None:
         if self.pending_into(storage):
-            self.flush()
+            self.flush(lambda p: p.storage() is storage)
             self.flush_stores(storage)
 
     # --- stores of GEMM results into the kernel's outputs, one GEMM over all output tiles
@@ -230,7 +233,7 @@ class PsumFuser:
         """nc_matmul(dst, stationary, moving) issued: dst = [dst +] stationary.T @ moving, later."""
         entry = next((p for p in self.pending if p.storage() is dst.storage), None)
         if entry is not None and entry.chain != dst.chain:
-            self.flush()  # another view of the tile: keep the order of the writes
+            self.flush(lambda p: p is entry)  # another view of the tile: keep the order of the writes
             entry = None
         if entry is None or not add:  # an overwrite drops what was pending for the same view
             if entry is not None:
@@ -261,8 +264,8 @@ class PsumFuser:
                     return [(args[0][0], v) if j == 0 else (v, args[1][0])], None, thin
                 desc = (args[0][1], stacked) if j == 0 else (stacked, args[1][1])
                 return [(args[0][0], stacked.value) if j == 0 else (stacked.value, args[1][0])], desc, thin
-        if thin:  # one GEMM per product (stacking would copy the matrix side), a copied argument in place
-            return [tuple(self._one(a) for a in pair) for pair in p.products], None, thin
+        if thin:  # per run of products whose matrix side is one view of an argument (else per product):
+            return self._thin_runs(p.products), None, thin  # stacking would copy the matrix side
         return [r.operands() for r in p.runs], None, thin
 
     def _stack(self, operands) -> "_Computed | None":
@@ -278,14 +281,44 @@ class PsumFuser:
             e = self.stacks[key] = _Computed(v, [a.base for a in operands])
         return e
 
+    def _thin_runs(self, products):
+        """(stationary, moving) pairs for one-token products: consecutive products whose wide side copies one
+        argument at affine positions (decode attention's V cache tiles) are one GEMM reading the argument,
+        their thin side stacked (small); the others one GEMM each, a copied argument read in place."""
+        wide = 1 if products[0][0].value.shape[1] < _THIN else 0
+        pairs, i = [], 0
+        while i < len(products):
+            j, view = i + 1, None
+            while j <= len(products):
+                v = self._argument_view([pr[wide] for pr in products[i:j]])
+                if v is None:
+                    break
+                view, j = v[0], j + 1
+            j -= 1
+            if view is None or j - i < 2:
+                pairs.append(tuple(self._one(a) for a in products[i]))
+                i += 1
+                continue
+            thin_side = torch.cat([pr[1 - wide].value for pr in products[i:j]])
+            pairs.append((thin_side, view) if wide == 1 else (view, thin_side))
+            i = j
+        return pairs
+
     def _one(self, a: _Operand) -> torch.Tensor:
         arg = self._argument_view([a])
         return a.value if arg is None else arg[0]
 
-    def flush(self) -> None:
+    def flush(self, which=None) -> None:
+        """Emit the deferred matmuls (`which`: only the entries it accepts), in the order they were issued."""
         if not self.pending:
             return
-        pending, self.pending = self.pending, []
+        if which is None:
+            pending, self.pending = self.pending, []
+        else:
+            pending = [p for p in self.pending if which(p)]
+            if not pending:
+                return
+            self.pending = [p for p in self.pending if not any(p is q for q in pending)]
         for p in pending:
             st = p.storage()
             if st is None:
@@ -293,18 +326,34 @@ class PsumFuser:
             pairs, desc, thin = self._pairs(p)
             total = None
             for s, mv in pairs:
-                y = s.float().t() @ mv.float()
+                y = _product(s.float(), mv.float())
                 total = y if total is None else total + y
             assign(NkiTensor(st, p.chain), total, "nc_matmul", accumulate=p.add)
             if p.add or p.chain:
                 continue
             if desc is not None and len(pairs) == 1:
                 st.gemm = (st.tensor, desc, torch.float32)
-            if (len(pairs) == 1 or not thin) and all(s.dtype == torch.bfloat16 and mv.dtype == torch.bfloat16
-                                                     for s, mv in pairs):
+            small = thin and all(s.numel() + mv.numel() <= _SMALL_GEMV for s, mv in pairs)
+            if (len(pairs) == 1 or not thin) and not small and all(
+                    s.dtype == torch.bfloat16 and mv.dtype == torch.bfloat16 for s, mv in pairs):
                 # recorded now, while the operands hold these values; unused, the compiler drops it
                 st.rounded = (st.tensor, _bf16_gemm(pairs))
 
+
+def _product(s: torch.Tensor, mv: torch.Tensor) -> torch.Tensor:
+    """s.T @ mv in fp32; a tiny one (a decode step's new-token score, one row times one column) as a broadcast
+    product and sum, which the compiler fuses with its neighbours instead of calling a GEMM for it."""
+    k, m = s.shape
+    if k * m * mv.shape[1] <= _TINY:
+        return (s[:, :, None] * mv[:, None, :]).sum(0)
+    return s.t() @ mv
+
+
+# A one-token product whose operands hold at most this many elements (a decode step's scores against one head's
+# K cache, 64 x 512) is an fp32 GEMM: oneDNN's bf16 GEMV costs ~30 us a call, the upcast and MKL's fp32 GEMV
+# less; a larger one (a weight, 512 x 512 and up) stays bf16, where upcasting the weight every launch costs more.
+_SMALL_GEMV = 65536
+_TINY = 4096  # multiply-adds: an extern GEMM call costs more than that many fused (2-core Xeon AVX-512)
 
 # Below this many columns on either side (a decode step's one token) a product reads its tiles where they are
 # (or the argument they copy): stacking the matrix side's K tiles into one operand copies the whole weight every
@@ -446,4 +495,6 @@ def _bf16_gemm(pairs) -> torch.Tensor:
         s, mv = pairs[0]
     else:  # a ragged last K tile is a run of its own: one GEMM over all runs (a copy of the operands)
         s, mv = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+    if s.shape[0] * s.shape[1] * mv.shape[1] <= _TINY:  # fused by the compiler (see _product)
+        return _product(s.float(), mv.float()).to(torch.bfloat16)
     return s.t() @ mv
