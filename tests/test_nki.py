@@ -675,3 +675,25 @@ def test_independent_tiles_overlap_on_different_engines():
                                     torch.empty(256, 512, dtype=torch.bfloat16), "default")
     serial = sum(end - start for _, _, start, end, _ in e.events)
     assert max(e.busy.values()) <= e.seconds < 0.9 * serial
+
+
+@nki.jit
+def _find_index8(data, vals):
+    idx = nl.ndarray((data.shape[0], 8), dtype=nl.uint32, buffer=nl.shared_hbm)
+    i = nl.ndarray((data.shape[0], 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(dst=i, data=nl.load(data), vals=nl.load(vals))
+    nl.store(idx, i)
+    return idx
+
+
+@pytest.mark.parametrize("run", ["simulate", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_find_index8_gives_first_occurrences_and_all_ones_where_absent(run):
+    """Each value's first index in its partition (repeated values: the first), 0xFFFFFFFF (-1 as uint32)
+    for a value the partition does not hold, against NumPy."""
+    data = torch.tensor([[3.0, 1.0, 3.0, 2.0, 1.0, 5.0, 0.5, 2.0, 9.0, 7.0],
+                         [0.0, 0.0, 4.0, 4.0, 8.0, 6.0, 6.0, 1.0, 2.0, 3.0]])
+    vals = torch.tensor([[3.0, 1.0, 2.0, 4.0, 9.0, 7.0, 0.5, 5.0], [6.0, 4.0, 0.0, 8.0, 3.0, 2.5, 1.0, 2.0]])
+    got = (sim(_find_index8) if run == "simulate" else _find_index8)(data, vals)
+    want = [[int(np.flatnonzero(r == v)[0]) if (r == v).any() else 2 ** 32 - 1 for v in vs]
+            for r, vs in zip(data.numpy(), vals.numpy())]
+    assert got.to(torch.int64).tolist() == want
