@@ -124,13 +124,16 @@ def test_a_child_started_inside_a_mode_sees_the_environment_not_the_mode(monkeyp
 
 
 WORKER = """
+import sys
 import torch, nativelab
 from nativelab import settings
 from nativelab.device import threads
 from nativelab.kernels.cpu import build
 gib = torch.neuron.get_device_properties(0).total_memory / (1 << 30)
-print(f"worker {settings.NUM_CORES.name}={torch.neuron.device_count()} memory={gib} "
-      f"kernels={build.enabled()} threads={threads.ceiling()}", flush=True)
+line = (f"worker {settings.NUM_CORES.name}={torch.neuron.device_count()} memory={gib} "
+        f"kernels={build.enabled()} threads={threads.ceiling()}\\n")
+sys.stdout.write(line)  # one write: print() writes text and newline apart, and the two workers share stdout
+sys.stdout.flush()
 """
 
 
