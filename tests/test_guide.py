@@ -194,6 +194,9 @@ def check_run(tier: str, fallbacks: str | None = None) -> Callable[[str, Path], 
     def check(out: str, home: Path) -> None:
         lines = _lines(out)
         assert GUIDE_MODEL_LINES[tier] in lines and "Tokens generated: 50" in lines, out
+        for line in ("Size    : small", "Compile : True", "Tokens  : 50", "Params  : 41,556,480  (79.3 MB bfloat16)",
+                     "Warmup...", "Timing...", "Total time      : ", "Generated IDs: "):
+            assert line in out, (tier, line, out)
         assert re.search(r"^Throughput      : [0-9.]+ tok/s$", out, re.M), out
         if fallbacks is not None:  # Step 6: the last line
             assert [ln for ln in lines if ln][-1] == f"CPU fallback ops: {fallbacks}", out
@@ -225,7 +228,7 @@ STEP1 = ("import torch", "cpu_tensor = torch.randn(3, 3)", "print(cpu_tensor.dev
          "portable_tensor = torch.randn(3, 3, device=device)", "print(portable_tensor.device)", "exit()")
 TORCHRUN = ("NEURON_RT_VIRTUAL_CORE_SIZE=2 \\\nNEURON_RT_NUM_CORES=4 \\\ntorchrun \\\n    --nproc_per_node 4 \\\n"
             "    --rdzv_backend c10d \\\n    --rdzv_endpoint localhost:29500 \\\n    distributed_fsdp.py")
-SFT_ENV = (("MAX_STEPS", str(SFT_STEPS)), ("LOG_EVERY", "1"))
+SFT_ENV = (("MAX_STEPS", str(SFT_STEPS)), ("LOG_EVERY", "1"), ("SAMPLE_TOKENS", "4"))
 FALLBACK_LINE = '    print(f"\\nCPU fallback ops: {torch_neuronx.get_fallback_ops()}")'
 
 

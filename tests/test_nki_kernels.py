@@ -123,7 +123,7 @@ def test_op_eager_and_compiled(name, device, dtype):
     got = op(*on)
     assert {g.device.type for g in (got if isinstance(got, tuple) else [got])} == {device}
     _close(got, expected, dtype)
-    if device == "neuron":
+    if device == "neuron" and dtype == torch.bfloat16:  # compiled once per kernel, in the lab's dtype (CI time)
         compiled = torch.compile(lambda *xs: _plus_one(op(*xs)), backend="neuron")
         _close(compiled(*on), expected, dtype, plus=1)
 
@@ -155,7 +155,10 @@ def test_decode_attention_op_eager_and_compiled_on_neuron(dtype):
     args = _decode(dtype, 300)
     ref_caches = [args[3].clone(), args[4].clone()]
     expected = reference_attention_tkg(*args[:3], *ref_caches, args[5])
-    for run in (nki_kernels.attention_tkg, torch.compile(nki_kernels.attention_tkg, backend="neuron")):
+    runs = [nki_kernels.attention_tkg]
+    if dtype == torch.bfloat16:  # compiled in the lab's dtype only (CI time)
+        runs.append(torch.compile(nki_kernels.attention_tkg, backend="neuron"))
+    for run in runs:
         on = [a.to("neuron") for a in args]
         got = run(*on)
         torch.testing.assert_close(got.cpu(), expected, **TOL[dtype])
