@@ -18,6 +18,11 @@ queues (16 per core [trn2]) are one lane of the core's HBM bandwidth that is not
 transfer takes the first free stretch of bandwidth after its inputs are ready (a load for the next tile
 does not wait behind the store of the previous one). Independent work on different engines overlaps.
 A dma_compute moves every source's bytes through its engine (AWS gives no cost of its own).
+An LNC-2 launch (kernel[2]) runs its two programs on two cores in parallel, each with its own engines and
+its own share of HBM bandwidth; the launch takes as long as the slower core. A sendrecv moves its bytes
+over its core's DMA share plus the fixed DMA cost, starting when both cores have reached it; a core_barrier
+costs nothing of its own but holds its engine until both cores reach it, and whatever reads or writes the
+barrier's HBM tensor afterwards waits for it.
 What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank conflicts, DMA descriptor
 and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
 LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and
@@ -80,6 +85,8 @@ def instruction_seconds(ins) -> tuple[float, float]:
         else:  # a transpose is a matmul against identity (fp32 transposes are 2x faster in transpose mode)
             cycles = max(n, MM_INIT_CYCLES) * (2 if ins.dtype == torch.float32 else 1)
         return cycles / (TENSOR_GHZ * 1e9), 0.0
+    if ins.name == "core_barrier":  # a rendezvous: semaphore latency is not modelled
+        return 0.0, 0.0
     if ins.engine == "vector" and ins.name == "quantize_mx":  # no published cost: the one-input rule [trn1]
         return max(n, MIN_II_CYCLES) / (VECTOR_GHZ * 1e9), 0.0  # over src's elements, no bf16 perf mode
     if ins.engine == "vector" and ins.name in VECTOR_CYCLES_PER_ELEMENT:
@@ -97,7 +104,7 @@ def instruction_seconds(ins) -> tuple[float, float]:
         return (GPSIMD_START_CYCLES + n) / (GPSIMD_GHZ * 1e9), 0.0
     if ins.engine == "gpsimd":  # no rule of thumb [trn1]; 128 lanes of 32 bits (8 cores x 16 fp32) at 1.2 GHz
         return max(n, MIN_II_CYCLES) / (GPSIMD_GHZ * 1e9), 0.0
-    if ins.engine == "dma":
+    if ins.engine == "dma" or ins.name == "sendrecv":  # a sendrecv on GpSimd's DMA: the same bytes
         return n / (HBM_BYTES_PER_S / CORES_PER_CHIP), DMA_FIXED_S
     return 0.0, 0.0
 
@@ -108,8 +115,10 @@ class Estimate:
     timeline (one event per instruction: name, engine, start and end in seconds, kernel line)."""
     kernel: str
     seconds: float
-    busy: dict
+    busy: dict  # of the core that finishes last (an LNC-2 launch's two cores run in parallel)
     events: list = field(repr=False, default_factory=list)
+    cores: int = 1  # physical cores the launch runs on: 2 for an LNC-2 launch (kernel[2])
+    event_cores: list = field(repr=False, default_factory=list)  # each event's core, when there are two
 
     @property
     def bound(self) -> str:
@@ -117,17 +126,23 @@ class Estimate:
 
     def summary(self) -> str:
         busy = ", ".join(f"{e} {self.busy[e] * 1e6:.2f}" for e in ENGINES if self.busy.get(e))
-        return (f"nki {self.kernel}: est. trn2 {self.seconds * 1e6:.2f} us on one NeuronCore-v3, "
-                f"{self.bound}-bound (busy us: {busy}; {len(self.events)} instructions)")
+        where = "one NeuronCore-v3" if self.cores == 1 else f"{self.cores} NeuronCore-v3 (LNC-{self.cores})"
+        whose = "busy us" if self.cores == 1 else "the slower core's busy us"
+        return (f"nki {self.kernel}: est. trn2 {self.seconds * 1e6:.2f} us on {where}, "
+                f"{self.bound}-bound ({whose}: {busy}; {len(self.events)} instructions)")
 
     def chrome_trace(self) -> dict:
-        """The timeline as a Chrome / Perfetto trace: one lane (thread) per engine."""
+        """The timeline as a Chrome / Perfetto trace: one lane (thread) per engine, one process per core."""
         lanes = {e: i for i, e in enumerate(ENGINES)}
-        events = [{"ph": "M", "pid": 0, "tid": i, "name": "thread_name", "args": {"name": e}}
-                  for e, i in lanes.items()]
-        events.append({"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"NeuronCore-v3 {self.kernel}"}})
-        for name, engine, start, end, line in self.events:
-            events.append({"ph": "X", "pid": 0, "tid": lanes[engine], "name": name, "ts": start * 1e6,
+        events = []
+        for core in range(self.cores):
+            events += [{"ph": "M", "pid": core, "tid": i, "name": "thread_name", "args": {"name": e}}
+                       for e, i in lanes.items()]
+            label = f"NeuronCore-v3 {self.kernel}" + (f" (core {core})" if self.cores > 1 else "")
+            events.append({"ph": "M", "pid": core, "name": "process_name", "args": {"name": label}})
+        cores = self.event_cores or [0] * len(self.events)
+        for (name, engine, start, end, line), core in zip(self.events, cores):
+            events.append({"ph": "X", "pid": core, "tid": lanes[engine], "name": name, "ts": start * 1e6,
                            "dur": max(end - start, 0.0) * 1e6, "args": {"line": line}})
         return {"traceEvents": events, "displayTimeUnit": "ns"}
 
@@ -159,16 +174,19 @@ class _Bandwidth:
 
 
 def estimate(kernel: str, instructions) -> Estimate:
-    """Schedule the instructions on their engines (see the module docstring) and time them."""
-    free = dict.fromkeys(ENGINES, 0.0)
-    busy = dict.fromkeys(ENGINES, 0.0)
-    dma = _Bandwidth()
+    """Schedule the instructions on their cores' engines (see the module docstring) and time them."""
+    cores = sorted({ins.core for ins in instructions}) or [0]
+    free = {(c, e): 0.0 for c in cores for e in ENGINES}
+    busy = {c: dict.fromkeys(ENGINES, 0.0) for c in cores}
+    dma = {c: _Bandwidth() for c in cores}  # each core its own share of HBM bandwidth
     reads: dict = {}  # storage id -> [(lo, hi, end time)] of the reads so far
     writes: dict = {}  # ... of the writes
     events = []
-    for ins in instructions:
-        occupy, latency = instruction_seconds(ins)
-        ready = free[ins.engine] if ins.engine != "dma" else 0.0
+    event_cores = []
+    waiting: dict = {}  # sync key -> (instruction, ready, occupy, latency, event index) of the first core there
+
+    def ready_of(ins):
+        ready = free[(ins.core, ins.engine)] if ins.engine != "dma" else 0.0
         for sid, lo, hi in ins.reads:  # read after write
             for a_lo, a_hi, end in writes.get(sid, ()):
                 if lo <= a_hi and a_lo <= hi and end > ready:
@@ -178,13 +196,47 @@ def estimate(kernel: str, instructions) -> Estimate:
                 for a_lo, a_hi, end in table.get(sid, ()):
                     if lo <= a_hi and a_lo <= hi and end > ready:
                         ready = end
-        start = dma.place(ready, occupy) if ins.engine == "dma" else ready
-        end = start + occupy + latency
-        free[ins.engine] = start + occupy
-        busy[ins.engine] += occupy
+        return ready
+
+    def place(ins, ready, occupy):
+        start = dma[ins.core].place(ready, occupy) if ins.engine == "dma" else ready
+        free[(ins.core, ins.engine)] = start + occupy
+        busy[ins.core][ins.engine] += occupy
+        return start
+
+    def finish(ins, start, end, index):
         for regions, table in ((ins.reads, reads), (ins.writes, writes)):
             for sid, lo, hi in regions:
                 table.setdefault(sid, []).append((lo, hi, end))
-        events.append((ins.name, ins.engine, start, end, ins.line))
-    total = max((e[3] for e in events), default=0.0)
-    return Estimate(kernel, total, {e: b for e, b in busy.items() if b}, events)
+        events[index] = (ins.name, ins.engine, start, end, ins.line)
+
+    for ins in instructions:
+        occupy, latency = instruction_seconds(ins)
+        ready = ready_of(ins)
+        events.append(None)
+        event_cores.append(ins.core)
+        if ins.sync is not None:
+            other = waiting.pop(ins.sync, None)
+            if other is None:  # the first core at the rendezvous: timed when the second arrives
+                waiting[ins.sync] = (ins, ready, occupy, latency, len(events) - 1)
+                continue
+            o_ins, o_ready, o_occupy, o_latency, o_index = other
+            both = max(ready, o_ready)  # neither goes on before both are there
+            starts = [place(x, both, occ) for x, occ in ((o_ins, o_occupy), (ins, occupy))]
+            end = max(starts[0] + o_occupy + o_latency, starts[1] + occupy + latency)
+            if ins.name == "core_barrier":
+                for x in (o_ins, ins):  # the barrier holds its engine until both cores are there
+                    free[(x.core, x.engine)] = max(free[(x.core, x.engine)], end)
+            finish(o_ins, starts[0], end, o_index)
+            finish(ins, starts[1], end, len(events) - 1)
+            continue
+        start = place(ins, ready, occupy)
+        finish(ins, start, start + occupy + latency, len(events) - 1)
+    for ins, ready, occupy, latency, index in waiting.values():  # unpaired (not from a trace): as issued
+        start = place(ins, ready, occupy)
+        finish(ins, start, start + occupy + latency, index)
+    ends = {c: max((e[3] for e, k in zip(events, event_cores) if k == c), default=0.0) for c in cores}
+    slowest = max(cores, key=lambda c: ends[c])
+    total = ends[slowest]
+    return Estimate(kernel, total, {e: b for e, b in busy[slowest].items() if b}, events,
+                    cores=len(cores), event_cores=event_cores if len(cores) > 1 else [])

@@ -24,7 +24,7 @@ from .. import settings
 from ..compiler import metrics
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
-from . import cost, fusion, limits, trace
+from . import cost, fusion, limits, programs, trace
 from ._private import is_fake
 from .tensor import NkiTensor, Storage, hbm, new_trace, view_of
 
@@ -82,22 +82,16 @@ class _Traced:
 
 
 def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
-    """Run every program instance of the grid (SPMD, one after another) inside trace `tr`."""
+    """Run every program instance of the grid (SPMD) inside trace `tr`: one after another, or, for an
+    LNC-2 launch whose programs wait for each other (sendrecv, core_barrier), switching between them at
+    each rendezvous (nki/programs.py)."""
     new_trace()
     inputs = [NkiTensor(Storage(t, hbm, sig.names[i], input_index=k))
               for k, (i, t) in enumerate(zip(sig.tensor_pos, tensors))]
-    result = None
+    tr.launch = programs.Launch(tr)
     trace._current.append(tr)
     try:
-        programs = itertools.product(*(range(g) for g in tr.grid)) if tr.grid else [()]
-        for pid in programs:
-            tr.program, tr.hbm_allocs_this_program = tuple(pid), 0
-            r = sig.call(fn, inputs)
-            if tr.fuser is not None:  # a program's deferred matmuls and stores land before the next runs
-                tr.fuser.flush()
-                tr.fuser.flush_stores()
-            if result is None:
-                result = r
+        result = tr.launch.run(lambda pid: sig.call(fn, inputs))
     finally:
         trace._current.pop()
     return result, inputs

@@ -1,10 +1,15 @@
 """The state of one kernel trace: which program instance runs, what is allocated and live on chip, what has
 been written, which HBM tensors the kernel returns or writes, and the instructions it issued (for the cost
-model). A kernel is traced once per input signature; nothing here runs at a launch."""
+model). A kernel is traced once per input signature; nothing here runs at a launch.
+
+What belongs to the running program's core (PROGRAM_STATE: its program id, its SBUF/PSUM account, loop
+scopes, engine registers and PRNG state, the instruction call it is in) is swapped by nki/programs.py when
+an LNC-2 launch switches between its two programs; the rest (HBM, outputs, instructions) is shared."""
 
 from __future__ import annotations
 
 import math
+import functools
 from dataclasses import dataclass, field
 
 from . import limits
@@ -40,6 +45,17 @@ class Instruction:
     inputs: int = 1  # tiles streamed in (Vector: two inputs take twice the cycles)
     reads: list = field(default_factory=list)  # (storage id, first, last element) regions read
     writes: list = field(default_factory=list)  # ... and written
+    core: int = 0  # the physical core (rank) that issued it: 0, or 1 in an LNC-2 launch
+    sync: tuple | None = None  # a rendezvous with the other core (sendrecv, core_barrier): the same key on both
+
+
+# what each program instance's core has of its own (Trace attributes swapped at a program switch)
+PROGRAM_STATE = ("program", "hbm_allocs_this_program", "live", "scopes", "depth", "pending_reads",
+                 "pending_writes", "registers")
+
+
+def _live() -> dict:
+    return {"sbuf": 0, "psum": 0, "banks": 0}  # bytes per partition live in SBUF and PSUM, PSUM banks live
 
 
 @dataclass
@@ -51,8 +67,7 @@ class Trace:
     outputs: list = field(default_factory=list)  # storages of the kernel's HBM allocations, in order
     hbm_allocs_this_program: int = 0
     written_inputs: set = field(default_factory=set)  # indices of input tensors the kernel writes
-    live_bytes: dict = field(default_factory=lambda: {"sbuf": 0, "psum": 0})
-    live_banks: int = 0
+    live: dict = field(default_factory=_live)
     peak_bytes: dict = field(default_factory=lambda: {"sbuf": 0, "psum": 0})
     warned: set = field(default_factory=set)
     instructions: list = field(default_factory=list)
@@ -65,6 +80,20 @@ class Trace:
     device: str = "cpu"  # where the trace's tensors are: "meta" (checking pass) or "cpu" (recording pass)
     registers: dict = field(default_factory=dict)  # engine state kept across instructions (accumulators, PRNGs)
     fuser: object = None  # the recording pass's fusion.PsumFuser (matmuls deferred into one GEMM), or None
+    launch: object = None  # nki/programs.py's scheduler of the program instances (their rendezvous)
+
+    def program_state(self) -> dict:
+        return {k: getattr(self, k) for k in PROGRAM_STATE}
+
+    def load_program_state(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    @staticmethod
+    def fresh_program_state(program: tuple) -> dict:
+        """A core's state when a program instance starts on it: nothing live, registers unset."""
+        return {"program": program, "hbm_allocs_this_program": 0, "live": _live(), "scopes": [], "depth": 0,
+                "pending_reads": [], "pending_writes": [], "registers": {}}
 
     def account(self, storage) -> None:
         """Count an on-chip allocation as live from its first use (so a tile re-allocated in each loop
@@ -74,30 +103,31 @@ class Trace:
         storage.accounted = True
         kind = storage.buffer.name
         per_partition = storage.bytes_per_partition
+        live = self.live  # the running program's core's
         if kind == "sbuf":
             limit = limits.SBUF_PARTITION_BYTES
-            limits.check(self.live_bytes[kind] + per_partition <= limit, "SBUF allocation",
+            limits.check(live[kind] + per_partition <= limit, "SBUF allocation",
                          f"the tile {storage.describe()} allocated at {storage.site} needs {per_partition} B per partition with "
-                         f"{self.live_bytes[kind]} B already live; SBUF has {limit} B per partition "
+                         f"{live[kind]} B already live; SBUF has {limit} B per partition "
                          f"(28 MiB = 128 x 224 KiB)")
         else:
             banks = math.ceil(per_partition / limits.PSUM_BANK_BYTES)
-            limits.check(self.live_banks + banks <= limits.PSUM_BANKS, "PSUM allocation",
+            limits.check(live["banks"] + banks <= limits.PSUM_BANKS, "PSUM allocation",
                          f"the tile {storage.describe()} allocated at {storage.site} needs {banks} bank(s) of {limits.PSUM_BANK_BYTES} B "
-                         f"with {self.live_banks} live; PSUM has {limits.PSUM_BANKS} banks per partition "
+                         f"with {live['banks']} live; PSUM has {limits.PSUM_BANKS} banks per partition "
                          f"(16 KiB)")
-            self.live_banks += banks
+            live["banks"] += banks
             storage.banks = banks
-        self.live_bytes[kind] += per_partition
-        self.peak_bytes[kind] = max(self.peak_bytes[kind], self.live_bytes[kind])
-        storage.release = self._release
-
-    def _release(self, kind: str, per_partition: int, banks: int) -> None:
-        self.live_bytes[kind] -= per_partition
-        self.live_banks -= banks
+        live[kind] += per_partition
+        self.peak_bytes[kind] = max(self.peak_bytes[kind], live[kind])
+        storage.release = functools.partial(_release, live)  # freed from the core that holds it
 
     def warn_once(self, key, instruction: str, problem: str) -> None:
         if not self.quiet and key not in self.warned:
             self.warned.add(key)
             limits.warn(instruction, problem)
 
+
+def _release(live: dict, kind: str, per_partition: int, banks: int) -> None:
+    live[kind] -= per_partition
+    live["banks"] -= banks

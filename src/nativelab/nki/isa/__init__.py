@@ -1222,3 +1222,4 @@ for _name in ("dma_copy", "dma_transpose", "nc_matmul", "nc_transpose", "activat
 del _name
 
 from . import constants  # noqa: E402,F401 - nki.isa.constants.<enum>, as nkilib imports it
+from .collectives import core_barrier, sendrecv  # noqa: E402,F401 - LNC-2: they switch programs (no decorator)
