@@ -4,7 +4,13 @@ the emulated device like any kernel. A launch runs the compiled code; no Python 
 
 Tracing runs the kernel's Python twice per signature: first on meta tensors, where every limit is checked
 (one NkiError naming the instruction, the kernel's line, the value and the limit) and the outputs' shapes are
-learnt; then under make_fx with the outputs as inputs, which records the graph that is compiled."""
+learnt; then under make_fx with the outputs as inputs, which records the graph that is compiled.
+
+A kernel whose control flow depends on a value read at run time (a loop bounded by, or a `while` / `if` on, a
+register filled by nisa.register_load) has no one graph: the checking pass notes it (and runs such loops no
+times), and that signature runs interpreted instead, instruction by instruction on each launch's values (the
+nki.simulate path), its limits checked there, with one NkiWarning per signature. Its outputs' shapes are the
+checking pass's (allocated outside such loops: torch.compile's fake tensors still get them)."""
 
 from __future__ import annotations
 
@@ -65,8 +71,10 @@ class _Signature:
 class _Traced:
     """One signature's compiled kernel: output specs, which arguments it writes, how to build the result."""
 
-    def __init__(self, out_specs, written_inputs, result_spec, instructions, peak):
+    def __init__(self, out_specs, written_inputs, result_spec, instructions, peak, interpreted=None):
         self.out_specs = out_specs  # [(shape, dtype)] of the kernel's HBM allocations
+        self.interpreted = interpreted  # why every launch runs interpreted (control flow on runtime data), or None
+        self.runs = 0  # interpreted launches so far (the first one warns)
         self.written_inputs = written_inputs  # positions (among tensor arguments) the kernel writes
         self.result_spec = result_spec
         self.instructions = instructions
@@ -234,10 +242,15 @@ class JitKernel:
                                  f"which is not contiguous: pass a contiguous tensor")
         contiguous = all(t.is_contiguous() for t in tensors)
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-        if self.options.get("simulate"):
+        if self.options.get("simulate") or traced.interpreted is not None:
+            outs, est = self._simulate(sig, tensors, traced)
+            if est is not None:
+                self.last_estimate = est
             if observe.nki_launch is not None:
-                observe.nki_launch(self.name, traced.estimate(self.name))
-            return _result(traced, self._simulate(sig, tensors), tensors, numpy_mode)
+                observe.nki_launch(self.name, est if est is not None else traced.estimate(self.name))
+            if device.type == DEVICE:
+                tracking.count_executed(self._label)
+            return _result(traced, outs, tensors, numpy_mode)
         if traced.launch is None:
             self._compile(sig, traced)
             if settings.NKI_PROFILE.get():
@@ -266,6 +279,8 @@ class JitKernel:
         traced = self._traces.get(sig.key)
         if traced is None:
             traced = self._traces[sig.key] = self._trace(sig)
+        if traced.interpreted is not None:  # its instructions depend on the values: run it on copies of them
+            return self._simulate(sig, [t.detach().cpu().clone() for t in sig.tensors], traced, estimate=True)[1]
         return traced.estimate(self.name)
 
     def _trace(self, sig: _Signature) -> _Traced:
@@ -275,21 +290,45 @@ class JitKernel:
         result, inputs = _run(self.fn, sig, metas, tr)
         spec = _result_spec(result, tr, inputs)
         out_specs = [(st.shape, st.dtype) for st in tr.outputs]
-        return _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes))
+        if tr.runtime_control is not None and not self.options.get("simulate"):
+            warnings.warn(f"nki: kernel {self.name} runs interpreted for this signature ({_describe(sig)}): "
+                          f"{tr.runtime_control} depends on a value read at run time, and a graph cannot hold a "
+                          f"data-dependent trip count or branch; every launch executes its instructions one by one "
+                          f"on CPU copies of its tensors (slower than a compiled launch)", limits.NkiWarning,
+                          stacklevel=4)
+        return _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes),
+                       tr.runtime_control)
 
-    def _simulate(self, sig: _Signature, tensors):
-        """Interpret the kernel instruction by instruction on CPU copies (nki.simulate: for debugging and
-        tests; no trace, no compile). Written arguments are copied back."""
+    def _simulate(self, sig: _Signature, tensors, traced: _Traced, estimate: bool = False):
+        """Interpret the kernel instruction by instruction on CPU copies (nki.simulate, and every launch of a
+        signature whose control flow depends on runtime values; no graph, no compile). Written arguments are
+        copied back. Returns the outputs and, for a signature that runs interpreted, this launch's estimate
+        (when watched, profiled or asked for): its instructions are the ones this launch's values issued."""
         host = [t.cpu() if t.device.type != "cpu" else t for t in tensors]
-        tr = trace.Trace(self.name, self.grid, quiet=True, device="cpu")
+        interpreted = traced.interpreted is not None
+        # an interpreted signature's checking pass skipped its runtime loops: this pass checks and warns (on the
+        # signature's first launch; later launches of it stay quiet) and records what the cost model needs
+        tr = trace.Trace(self.name, self.grid, quiet=not interpreted, device="cpu")
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", limits.NkiWarning)
+            if not interpreted or traced.runs:
+                warnings.simplefilter("ignore", limits.NkiWarning)
+            traced.runs += interpreted
             _run(self.fn, sig, host, tr)
+        got = [(st.shape, st.dtype) for st in tr.outputs]
+        if got != traced.out_specs:
+            raise limits.NkiError(f"nki: kernel {self.name} allocated HBM tensors {got} at run time, but its checking "
+                                  f"pass (which runs loops on runtime values no times) allocated {traced.out_specs}: "
+                                  f"allocate the kernel's outputs outside loops and conditions on registers")
         for k, (t, h) in enumerate(zip(tensors, host)):
             if h is not t:
                 t.copy_(h)
         device = tensors[0].device if tensors else torch.device("cpu")
-        return [st.tensor.to(device) for st in tr.outputs]
+        est = None
+        if interpreted and (estimate or observe.nki_launch is not None or settings.NKI_PROFILE.get()):
+            est = cost.estimate(self.name, tr.instructions)
+            if settings.NKI_PROFILE.get() and not estimate:
+                print(est.summary(), file=sys.stderr)
+        return [st.tensor.to(device) for st in tr.outputs], est
 
     def _compile(self, sig: _Signature, traced: _Traced) -> None:
         """Pass 2, under make_fx: record the graph (outputs as arguments) and compile it through the cache."""
@@ -337,6 +376,11 @@ class JitKernel:
         for c in constants:  # baked-in values (nl.shared_constant) are not in the code
             h.update(c.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
+
+
+def _describe(sig: _Signature) -> str:
+    return ", ".join(f"{sig.names[i]}: {tuple(s)} {str(t.dtype).replace('torch.', '')}"
+                     for i, s, t in zip(sig.tensor_pos, sig.shapes, sig.tensors))
 
 
 def _result(traced: _Traced, outs, tensors, numpy_mode: bool):

@@ -180,12 +180,14 @@ def static_range(start, stop=None, step=1, **_hints):
 
 
 def dynamic_range(start, stop=None, step=1):
-    """A loop the hardware runs with bounds known at run time (VirtualRegister bounds); here it runs as
-    sequential_range, with integer bounds or registers whose value is known when tracing (a register
-    loaded from memory is an error: see tensor.VirtualRegister)."""
-    start, stop = (b.static("nl.dynamic_range") if isinstance(b, tensor.VirtualRegister) else b for b in (start, stop))
+    """A loop the hardware runs with bounds known at run time (integers or VirtualRegisters; step a
+    positive compile-time integer). It yields the iteration's integer, as AWS's page says (usable as an
+    index, and as .ap's scalar_offset). A bound loaded at run time (nisa.register_load) makes the kernel's
+    signature run interpreted (tensor.VirtualRegister): the checking pass runs no iterations, each launch
+    as many as the register holds."""
     limits.check(not isinstance(step, tensor.VirtualRegister), "nl.dynamic_range",
                  "step must be a compile-time positive integer, not a register")
+    start, stop = (b.static("nl.dynamic_range") if isinstance(b, tensor.VirtualRegister) else b for b in (start, stop))
     for b in (start, stop, step):
         if b is not None and not isinstance(b, (int, np.integer)):
             raise limits.fail("nl.dynamic_range", f"bounds must be integers or registers, got {b!r}")

@@ -470,8 +470,13 @@ def _apply(t: torch.Tensor, chain) -> torch.Tensor:
 class VirtualRegister:
     """An engine sequencer's 32-bit register (nisa.register_alloc): a compile-time integer (from an
     immediate or another such register) or a value read from memory at run time (nisa.register_load),
-    which a trace holds as a tensor. Usable as .ap's scalar_offset; as a loop bound or a condition only
-    while its value is known when the kernel is traced."""
+    which a trace holds as a tensor. Usable as .ap's scalar_offset, and as a loop bound (nl.dynamic_range)
+    or a condition (`while reg:`, `if reg:`).
+
+    A loaded value used as control flow cannot be traced into one graph (its trip count is data): the
+    checking pass (meta tensors) notes the first such use and goes on as if the register held 0 (no
+    iterations, the condition false), and that signature then runs interpreted, on real values, at every
+    launch (jit.py)."""
 
     __slots__ = ("value",)
 
@@ -484,19 +489,29 @@ class VirtualRegister:
         return v if isinstance(v, torch.Tensor) else torch.tensor([[0 if v is None else int(v)]], dtype=torch.int32)
 
     def static(self, what: str) -> int:
-        """The value as a Python integer; a value loaded at run time is an error naming `what`."""
+        """The value as a Python integer: an immediate, or (interpreted) the value read at run time. In
+        the checking pass a value read at run time is 0, and the trace is marked to run interpreted."""
         limits.check(self.value is not None, what, "reads a register that was never given a value")
-        limits.check(not isinstance(self.value, torch.Tensor), what,
+        v = self.value
+        if not isinstance(v, torch.Tensor):
+            return int(v)
+        if v.device.type != "meta" and not is_fake(v):
+            return int(v.reshape(-1)[0])
+        tr = trace.active()
+        limits.check(tr is not None and tr.device == "meta", what,
                      "a register loaded from memory (nisa.register_load) is known only at run time: a loop or a "
-                     "condition on it (nl.dynamic_range, while) is not emulated, since a kernel is traced once "
-                     "into one graph; bounds known when tracing (register_alloc(int), register_move) work")
-        return int(self.value)
+                     "condition on it cannot be recorded into a graph")
+        if tr.runtime_control is None:
+            tr.runtime_control = f"{what} at {limits.kernel_line()}"
+        return 0
 
     def __bool__(self):
         return self.static("while / if on a register") != 0
 
     def __index__(self):
         return self.static("a register used as an integer")
+
+    __int__ = __index__
 
     def __repr__(self):
         return f"VirtualRegister({self.value if not isinstance(self.value, torch.Tensor) else 'runtime'})"
@@ -530,6 +545,8 @@ def _runtime_offsets(base: Storage, nums, dtype, scalar_offset, vector_offset, d
 def _check_offsets(what: str, base: Storage, nums, tile, vector: bool, partition_dim: bool) -> _RuntimeOffsets:
     """A runtime offsets' tile: SBUF integers, one per row of a gather from HBM (vector) or one in all."""
     name = "vector_offset" if vector else "scalar_offset"
+    if isinstance(tile, (int, np.integer)) and not isinstance(tile, bool):  # a loop variable: an integer
+        tile = VirtualRegister(int(tile))
     if isinstance(tile, VirtualRegister):  # a register (nisa.register_load): one value
         limits.check(not vector, what, "a vector offset is a tile of one offset per row, not a register")
         return _RuntimeOffsets(tile, False, 0)
@@ -569,7 +586,7 @@ def _indirect_index(op, flat: torch.Tensor) -> torch.Tensor:
         shape = [1] * len(nums)
         shape[k] = n
         idx = idx + (torch.arange(n, dtype=torch.int64, device=dev) * s).reshape(shape)
-    moved = runtime.tile.data.to(torch.int64)
+    moved = runtime.tile.data.to(device=dev, dtype=torch.int64)
     moved = moved.reshape([nums[0]] + [1] * (len(nums) - 1)) if runtime.vector else moved.reshape((1,) * len(nums))
     idx = (idx + moved * runtime.stride).expand(nums)
     if idx.device.type != "meta" and not is_fake(idx) and idx.numel():
@@ -628,7 +645,9 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
         tr.account(st)
         if not tr.quiet:
             tr.pending_reads.append(_region(t))
-        if st.written is not None:
+        # after a loop on a runtime value (run no times here) what was written is not known: the launches,
+        # interpreted on real values, warn instead
+        if st.written is not None and tr.runtime_control is None:
             idx = flat_indices(t)
             if idx is not None and not st.written[idx].all():
                 tr.warn_once((id(st), limits.kernel_line()), instruction,

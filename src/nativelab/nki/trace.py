@@ -80,6 +80,7 @@ class Trace:
     device: str = "cpu"  # where the trace's tensors are: "meta" (checking pass) or "cpu" (recording pass)
     registers: dict = field(default_factory=dict)  # engine state kept across instructions (accumulators, PRNGs)
     fuser: object = None  # the recording pass's fusion.PsumFuser (matmuls deferred into one GEMM), or None
+    runtime_control: str | None = None  # the first loop / condition on a value read at run time (checking pass)
     launch: object = None  # nki/programs.py's scheduler of the program instances (their rendezvous)
 
     def program_state(self) -> dict:
