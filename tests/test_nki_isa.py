@@ -477,6 +477,27 @@ def test_compiled_seeded_kernel_equals_the_interpreter(device, tmp_path, monkeyp
     torch.testing.assert_close(want[2][:, 1], x.var(1, correction=0), rtol=1e-5, atol=1e-5)
 
 
+@nki.jit
+def _clamp_by_immediates(x):
+    out = nl.ndarray((2,) + x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    r = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(r, t, op0=nl.maximum, operand0=-0.5, op1=nl.minimum, operand1=0.75)
+    nl.store(out[0], r)
+    nisa.tensor_scalar(r, t, op0=nl.minimum, operand0=0.25, reverse0=True)  # immediate first: same result
+    nl.store(out[1], r)
+    return out
+
+
+def test_tensor_scalar_maximum_minimum_with_immediates():
+    """nkilib's attention_tkg clamps with nisa.tensor_scalar(..., op0=nl.maximum, operand0=<float>)."""
+    x = torch.randn(16, 32)
+    x[0, 0] = float("nan")
+    got = sim(_clamp_by_immediates)(x)
+    torch.testing.assert_close(got[0], x.clamp(-0.5, 0.75), equal_nan=True)
+    torch.testing.assert_close(got[1], x.clamp(max=0.25), equal_nan=True)
+
+
 # --- tensor_scalar_cumulative, gathers, nonzero_with_count, sequence_bounds
 
 

@@ -36,6 +36,14 @@ class Op:
         return _call[0](self, *args, **kwargs)
 
 
+def _with_scalar(fn, bound: str, x, y):
+    """torch.maximum / minimum with a scalar operand (tensor_scalar's immediate): a clamp, NaN kept."""
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        return fn(x, y)
+    t, v = (x, y) if isinstance(x, torch.Tensor) else (y, x)
+    return torch.clamp(t, **{bound: v})
+
+
 def _gelu_tanh(x):
     return torch.nn.functional.gelu(x, approximate="tanh")
 
@@ -85,8 +93,8 @@ BINARY = [
     Op("subtract", 2, torch.sub),
     Op("multiply", 2, torch.mul, reduce=torch.prod, identity=1.0),
     Op("divide", 2, torch.div),
-    Op("maximum", 2, torch.maximum, reduce=torch.amax, identity=-math.inf),
-    Op("minimum", 2, torch.minimum, reduce=torch.amin, identity=math.inf),
+    Op("maximum", 2, lambda x, y: _with_scalar(torch.maximum, "min", x, y), reduce=torch.amax, identity=-math.inf),
+    Op("minimum", 2, lambda x, y: _with_scalar(torch.minimum, "max", x, y), reduce=torch.amin, identity=math.inf),
     Op("average", 2, lambda a, b: (a + b) * 0.5, reduce=torch.mean),
     Op("power", 2, torch.pow),
     Op("mod", 2, torch.remainder),
