@@ -178,12 +178,16 @@ def test_collective_errors_name_line_value_and_limit(kwargs, grid, pattern):
         sim(_exchange)[grid](torch.randn(16, 8), **kwargs)
 
 
-def test_gpsimd_dma_limits_bytes_per_partition():
+def test_gpsimd_dma_limits_bytes_per_partition_and_partitions():
     line = _line(_exchange.fn, "nisa.sendrecv(")
     with pytest.raises(nki.NkiError, match=rf"sendrecv at .*:{line}: with dma_engine.gpsimd_dma a partition moves "
                                            rf"at most 1024 B of a 32-bit type .* src \(16, 300\) has 1200 B"):
         sim(_exchange)[2](torch.randn(16, 300), engine=nisa.dma_engine.gpsimd_dma)
     sim(_exchange)[2](torch.randn(16, 256), engine=nisa.dma_engine.gpsimd_dma)  # 1024 B: allowed
+    with pytest.raises(nki.NkiError, match=rf"sendrecv at .*:{line}: with dma_engine.gpsimd_dma the tiles span a "
+                                           rf"multiple of 16 partitions .* src \(24, 8\) has 24: pad it"):
+        sim(_exchange)[2](torch.randn(24, 8), engine=nisa.dma_engine.gpsimd_dma)
+    sim(_exchange)[2](torch.randn(24, 8))  # the DMA queues take any partition count
 
 
 def test_lnc2_estimate_runs_the_two_cores_in_parallel_and_syncs_at_sendrecv():

@@ -19,6 +19,9 @@ RANKS = (0, 1)  # [sendrecv] "send_to_rank and recv_from_rank must be either 0 o
 # [sendrecv] dma_engine.gpsimd_dma "restricts the data size per partition to not exceed 1024 bytes for 32-bit
 # types, 512 bytes for 16-bit types, 256 bytes for 8-bit types"
 GPSIMD_DMA_PARTITION_BYTES = {4: 1024, 2: 512, 1: 256}
+# the API page does not say it; AWS's nki-library does, padding every gpsimd_dma tile for it (attention_tkg.py,
+# pad_partitions_for_ext_inst): "Extended instructions require input/output tensors have multiple of 16 partitions"
+GPSIMD_DMA_PARTITION_MULTIPLE = 16
 
 
 def _launch(ins: str):
@@ -72,6 +75,9 @@ def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank, recv_from_rank, pipe_
                  f"partition ({p} x {f} vs {dst.shape[0] if dst.shape else 1} x {_free(dst)})")
     size = src.data.element_size()
     if dma_engine == _dma_engine.gpsimd_dma:
+        limits.check(p % GPSIMD_DMA_PARTITION_MULTIPLE == 0, ins,
+                     f"with dma_engine.gpsimd_dma the tiles span a multiple of {GPSIMD_DMA_PARTITION_MULTIPLE} "
+                     f"partitions (GpSimd's extended instructions); src {src.shape} has {p}: pad it")
         limit = GPSIMD_DMA_PARTITION_BYTES.get(size, 1024)
         limits.check(f * size <= limit, ins,
                      f"with dma_engine.gpsimd_dma a partition moves at most {limit} B of a {8 * size}-bit type "
