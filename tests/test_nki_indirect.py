@@ -113,7 +113,7 @@ def _too_many_sources(x):
 
 @pytest.mark.parametrize("kernel,args,expected", [
     (_two_rows, (torch.zeros(4, 8), torch.tensor([[1], [4]], dtype=torch.int32)),
-     ["runtime offsets [1, 4]", "element 39", "of 32 elements (out of bounds)"]),
+     ["runtime offsets [1, 4]", "element 39", "of 32 elements (out of bounds", "oob_mode.skip"]),
     (_two_rows, (torch.zeros(4, 8), torch.tensor([[1], [2], [3]], dtype=torch.int32)),
      ["vector_offset (3, 1)", "one offset per index of the pattern's first dimension (2, 1)"]),
     (_too_many_sources, (torch.zeros(2, 2),), ["dma_compute", "1 to 16 source tensors, got 17"]),
@@ -205,3 +205,74 @@ def test_a_register_bound_known_when_tracing_compiles_and_a_loaded_one_runs_inte
         assert torch.equal(_register_loops(torch.zeros(2, 4), n, False), torch.full((2, 4), 3.0))
     with pytest.warns(nki.NkiWarning, match="runs interpreted"):
         assert torch.equal(_register_loops(torch.zeros(2, 4), n, True), torch.full((2, 4), 5.0))
+
+
+@nki.jit
+def _gather_skipping(a, rows, fill):
+    """Rows rows[p] of a into a tile first filled with `fill`, then (oob_mode.skip) the tile's rows scattered
+    back to rows rows[p] + 2 of a copy of a: rows out of bounds are skipped both ways."""
+    n, f = rows.shape[0], a.shape[1]
+    idx = nl.load(rows)
+    got = nl.full((n, f), fill, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=got, src=a.ap([[f, n], [1, f]], 0, vector_offset=idx, indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip)
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=got)
+    moved = nl.ndarray((n, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=moved, data=idx, op0=nl.add, operand0=2)
+    back = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=back, src=a)
+    nisa.dma_copy(dst=back.ap([[f, n], [1, f]], 0, vector_offset=moved, indirect_dim=0), src=got,
+                  oob_mode=nisa.oob_mode.skip)
+    return out, back
+
+
+@pytest.mark.parametrize("run", ["interpreted", "compiled"])
+def test_oob_mode_skip_leaves_out_of_bounds_rows_as_they_were(run):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(10, 8, generator=g)
+    rows = torch.tensor([[3], [10], [-1], [9], [0], [40]], dtype=torch.int32)  # 10, -1, 40: outside 10 rows
+    kernel = sim(_gather_skipping) if run == "interpreted" else _gather_skipping
+    out, back = kernel(a, rows, 7.0)
+    r = rows[:, 0].long()
+    inside = (r >= 0) & (r < 10)
+    want = torch.full((6, 8), 7.0)
+    want[inside] = a[r[inside]]
+    assert torch.equal(out, want)
+    want_back = a.clone()
+    dest = r + 2
+    keep = (dest >= 0) & (dest < 10)  # row 9 + 2 = 11 is skipped too; -1 + 2 = 1 is written (the filled row)
+    want_back[dest[keep]] = want[keep]
+    assert torch.equal(back, want_back)
+    with pytest.raises(nki.NkiError, match="oob_mode.skip"):  # the default mode: an error, as before
+        sim(_gather)(a, rows)
+
+
+@nki.jit
+def _scatter_add_repeated(a, rows, upd, via_copy=False):
+    """index_add through dma_compute(unique_indices=False), or dma_copy(dst_rmw_op=nl.add)."""
+    n, f = upd.shape
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=a)
+    idx, u = nl.load(rows), nl.load(upd)
+    target = out.ap([[f, n], [1, f]], 0, vector_offset=idx, indirect_dim=0)
+    if via_copy:
+        nisa.dma_copy(dst=target, src=u, dst_rmw_op=nl.add)
+    else:
+        nisa.dma_compute(dst=target, srcs=[target, u], reduce_op=nl.add, unique_indices=False)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dma_compute_with_repeated_indices_adds_every_update_like_index_add(dtype):
+    """unique_indices=False: row 5 gets three updates and row 0 two, each summed in fp32 and rounded once
+    (values are multiples of 1/8, so every order of the fp32 sum is exact; one rounding to bf16)."""
+    g = torch.Generator().manual_seed(4)
+    a = (torch.randint(-2048, 2048, (8, 16), generator=g) / 8).to(dtype)  # 9+ bits: bf16 rounds the sums
+    rows = torch.tensor([[5], [0], [5], [2], [5], [0]], dtype=torch.int32)
+    upd = (torch.randint(-16, 16, (6, 16), generator=g) / 8).to(dtype)
+    ref = a.float().clone().index_add_(0, rows[:, 0].long(), upd.float()).to(dtype)
+    assert torch.equal(sim(_scatter_add_repeated)(a, rows, upd), ref)
+    assert torch.equal(sim(_scatter_add_repeated)(a, rows, upd, True), ref)
+    if dtype == torch.bfloat16:  # compiled (one dtype: a compile costs seconds)
+        assert torch.equal(_scatter_add_repeated(a, rows, upd), ref)

@@ -4,6 +4,7 @@ a torch operation on that view; a kernel trace records those operations as a gra
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import operator
@@ -448,7 +449,8 @@ def _apply(t: torch.Tensor, chain) -> torch.Tensor:
             if dtype is not None and dtype != flat.dtype:
                 flat = flat.view(dtype)
             if len(op) > 5 and flat.device.type != "meta":  # runtime offsets: a gather
-                t = flat[_indirect_index(op, flat)]
+                idx = _indirect_index(op, flat)
+                t = flat[idx.clamp(0, max(flat.numel() - 1, 0)) if _oob["skip"] else idx]
             elif len(op) > 5:  # the layout: the static part (a vector offset's rows all at `offset`)
                 t = torch.as_strided(flat, nums, (0,) + tuple(steps[1:]) if op[5].vector else steps,
                                      flat.storage_offset() + offset)
@@ -589,12 +591,53 @@ def _indirect_index(op, flat: torch.Tensor) -> torch.Tensor:
     moved = runtime.tile.data.to(device=dev, dtype=torch.int64)
     moved = moved.reshape([nums[0]] + [1] * (len(nums) - 1)) if runtime.vector else moved.reshape((1,) * len(nums))
     idx = (idx + moved * runtime.stride).expand(nums)
-    if idx.device.type != "meta" and not is_fake(idx) and idx.numel():
+    if idx.device.type != "meta" and not is_fake(idx) and idx.numel() and not _oob["skip"]:
         lo, hi = int(idx.min()), int(idx.max())  # interpreted: the offsets' values are known here
         limits.check(lo >= 0 and hi < flat.numel(), "ap",
                      f"runtime offsets {moved.reshape(-1).tolist()[:8]} move the access pattern to element "
-                     f"{hi if hi >= flat.numel() else lo} of a tensor of {flat.numel()} elements (out of bounds)")
+                     f"{hi if hi >= flat.numel() else lo} of a tensor of {flat.numel()} elements (out of bounds; "
+                     f"oob_mode=nisa.oob_mode.skip on the DMA skips such accesses)")
     return idx
+
+
+_oob = {"skip": False}  # the running DMA's oob_mode is skip (set by dma_copy / dma_compute around their accesses)
+
+
+@contextlib.contextmanager
+def skipping_out_of_bounds(skip: bool = True):
+    """oob_mode.skip for the accesses inside: a runtime-offset access out of bounds is skipped, not an error
+    (a gather's row reads a clamped row, which the instruction then discards: `in_bounds`; a scatter's row
+    goes to a scratch element past the tensor's end, dropped)."""
+    before, _oob["skip"] = _oob["skip"], bool(skip)
+    try:
+        yield
+    finally:
+        _oob["skip"] = before
+
+
+def _valid(op, idx: torch.Tensor, numel: int) -> torch.Tensor:
+    """Which positions of a runtime-offset access happen under oob_mode.skip: a vector offset's row, or a
+    scalar offset's whole pattern, is skipped when any element of it is out of bounds (one DMA descriptor)."""
+    nums = op[1]
+    ok = (idx >= 0) & (idx < numel)
+    if op[5].vector:
+        return ok.reshape(nums[0], -1).all(1).reshape([nums[0]] + [1] * (len(nums) - 1)).expand(nums)
+    return ok.all().expand(nums)
+
+
+def in_bounds(t: NkiTensor) -> torch.Tensor | None:
+    """For a view that moves by runtime offsets: a bool tensor of its shape, True where the access is in
+    bounds (oob_mode.skip keeps the destination's old values elsewhere); None for any other view."""
+    k = next((i for i, op in enumerate(t.chain) if op[0] == "ap" and len(op) > 5), None)
+    if k is None:
+        return None
+    op = t.chain[k]
+    flat = _apply(t.storage.tensor, t.chain[:k]).contiguous().view(-1)
+    if op[4] is not None and op[4] != flat.dtype:
+        flat = flat.view(op[4])
+    with skipping_out_of_bounds():
+        ok = _valid(op, _indirect_index(op, flat), flat.numel())
+    return _apply(ok, t.chain[k + 1:]) if t.chain[k + 1:] else ok
 
 
 def view_of(t: torch.Tensor, chain) -> torch.Tensor:
@@ -631,9 +674,9 @@ def _region(t: NkiTensor):
     return t.storage.uid, lo, hi
 
 
-def read(t: NkiTensor, instruction: str) -> torch.Tensor:
+def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Tensor:
     """The torch view an instruction reads; warns (once per allocation and line) if part of it was never
-    written."""
+    written (unless check_written is False: a destination's old values an instruction may keep)."""
     st = t.storage
     tr = trace.active()
     runtime = _indirect(t.chain)
@@ -647,7 +690,7 @@ def read(t: NkiTensor, instruction: str) -> torch.Tensor:
             tr.pending_reads.append(_region(t))
         # after a loop on a runtime value (run no times here) what was written is not known: the launches,
         # interpreted on real values, warn instead
-        if st.written is not None and tr.runtime_control is None:
+        if st.written is not None and tr.runtime_control is None and check_written:
             idx = flat_indices(t)
             if idx is not None and not st.written[idx].all():
                 tr.warn_once((id(st), limits.kernel_line()), instruction,
@@ -704,14 +747,17 @@ def assign(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool
         limits.check(value.numel() == math.prod(shape), instruction,
                      f"the result has shape {tuple(value.shape)} but the destination {t!r} has shape {shape}")
         value = value.reshape(shape)
+    scatter_add = accumulate and _indirect(t.chain) is not None  # every row adds, repeated ones too
     if accumulate:
-        value, source = t.data.float() + value.float(), None
-    if value.dtype != st.dtype:
+        value, source = (value if scatter_add else t.data.float() + value.float()), None
+    if value.dtype != st.dtype and not scatter_add:
         value, source = value.to(st.dtype), None
     limits.check(not any(op[0] == "expand" for op in t.chain), instruction,
                  f"writes through a broadcast view of {st.describe()}")
     fresh = source is None and not is_view(value) and not _is_bound(value)
-    if not st.pinned and covers_all(t) and (fresh or source is not None):
+    if scatter_add:
+        _write_through_access_pattern(t, value, accumulate=True)
+    elif not st.pinned and covers_all(t) and (fresh or source is not None):
         st.tensor = value.reshape(st.shape)  # a new SSA value: no copy
         _bind(st.tensor)
         st.owned, st.lender = True, None
@@ -743,9 +789,12 @@ def read_float(t: NkiTensor, instruction: str) -> torch.Tensor:
     return _apply(cached[1], t.chain) if t.chain else cached[1]
 
 
-def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor) -> None:
+def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor, accumulate: bool = False) -> None:
     """A partial write through an .ap() view, computed as a new value of the whole allocation
-    (as_strided_scatter): PyTorch cannot trace an in-place write through an as_strided view."""
+    (as_strided_scatter): PyTorch cannot trace an in-place write through an as_strided view. Through runtime
+    offsets it is a scatter (index_put); `accumulate`: each position adds its value in fp32 (repeated
+    offsets add up, index_add's semantics), rounded once to the allocation's dtype; under oob_mode.skip a
+    position out of bounds writes a scratch element past the end, dropped."""
     st = t.storage
     k = next(i for i, op in enumerate(t.chain) if op[0] == "ap")
     nums, steps, offset, dtype = t.chain[k][1:5]
@@ -755,14 +804,25 @@ def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor) -> None:
     if dtype is not None and dtype != flat.dtype:
         flat = flat.view(dtype)
     idx = _indirect_index(t.chain[k], flat) if len(t.chain[k]) > 5 else None  # runtime offsets: a scatter
+    numel, skip = flat.numel(), idx is not None and _oob["skip"]
+    if skip:  # out-of-bounds rows go to one scratch element at the end
+        idx = torch.where(_valid(t.chain[k], idx, numel), idx, numel)
+        flat = torch.cat([flat, flat.new_zeros(1)])
     region = value
     if t.chain[k + 1:]:  # indexed further after the access pattern: update that part of the region
+        limits.check(not accumulate, "dma", "a scatter-add through a view indexed after its access pattern")
         region = (flat[idx] if idx is not None else torch.as_strided(flat, nums, steps, offset)).clone()
         _apply(region, t.chain[k + 1:]).copy_(value)
-    if idx is not None:
+    if idx is not None and accumulate:
+        wide = torch.float32 if flat.dtype.is_floating_point else flat.dtype
+        new = flat.to(wide).index_put((idx.reshape(-1),), region.reshape(-1).to(wide), accumulate=True)
+        new = new.to(flat.dtype)
+    elif idx is not None:
         new = flat.index_put((idx.reshape(-1),), region.reshape(-1).to(flat.dtype))
     else:
         new = torch.as_strided_scatter(flat, region.to(flat.dtype), nums, steps, offset)
+    if skip:
+        new = new[:numel]
     if dtype is not None and dtype != st.dtype:
         new = new.view(st.dtype)
     new = new.view(st.shape)

@@ -12,7 +12,8 @@ import torch
 from .. import limits, mx, trace
 from ..core import compute, fill, instruction, ndarray, record
 from ..ops import as_op
-from ..tensor import NkiTensor, VirtualRegister, note_write, psum, read, read_float, sbuf, write, written
+from ..tensor import NkiTensor, VirtualRegister, in_bounds, note_write, psum, read, read_float, sbuf, write, written
+from ..tensor import skipping_out_of_bounds
 from . import prng
 from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
 
@@ -105,9 +106,32 @@ def _emit(ins: str, eng: str, dst, data: NkiTensor, out: torch.Tensor, inputs: i
 # --- data movement
 
 
+def _skips(ins: str, mode) -> bool:
+    """oob_mode: error (the default: an out-of-bounds runtime offset is an error when interpreted) or skip
+    (AWS's nki.isa.oob_mode page: "Silently skip the runtime out-of-bounds access")."""
+    name = getattr(mode, "name", mode)
+    limits.check(name in (None, "error", "skip"), ins, f"oob_mode must be nisa.oob_mode.error or skip, got {mode!r}")
+    return name == "skip"
+
+
+def _keep_skipped(value: torch.Tensor, dst: NkiTensor, srcs, ins: str) -> torch.Tensor:
+    """Under oob_mode.skip, a gathered position whose source row was out of bounds keeps dst's old value."""
+    oks = [ok.reshape(dst.shape) for ok in map(in_bounds, srcs) if ok is not None]
+    if not oks:
+        return value
+    ok = oks[0]
+    for more in oks[1:]:
+        ok = ok & more
+    old = read(dst, ins, check_written=False)
+    return torch.where(ok, value.reshape(dst.shape).to(dst.dtype), old)
+
+
 def dma_copy(dst: NkiTensor, src: NkiTensor, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None, **_kw):
     """Copy src to dst through a DMA queue (HBM <-> SBUF, SBUF <-> SBUF, HBM <-> HBM); dst_rmw_op=nl.add
-    accumulates into dst. The element counts must match; PSUM is not reachable by DMA."""
+    accumulates into dst (through runtime offsets every row adds, repeated ones too: the compiler orders
+    them, AWS's page says). The element counts must match; PSUM is not reachable by DMA. oob_mode.skip: a
+    runtime-offset row out of bounds is skipped (a gathered row leaves dst's row as it was; a scattered row
+    is not written), interpreted and compiled."""
     for what, t in (("dst", dst), ("src", src)):
         limits.check(isinstance(t, NkiTensor), "dma_copy", f"{what} must be an NKI tensor")
         limits.check(t.buffer is not psum, "dma_copy",
@@ -118,14 +142,23 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, dst_rmw_op=None, oob_mode=None, dge
     limits.check(dst.numel() == src.numel(), "dma_copy",
                  f"src {src.shape} and dst {dst.shape} must have the same number of elements "
                  f"({src.numel()} vs {dst.numel()})")
-    v = read(src, "dma_copy")
-    record("dma_copy", "dma", dst)
-    if dst_rmw_op is not None:
-        op = as_op(dst_rmw_op)
-        v, _ = compute(op, [read(dst, "dma_copy"), v.reshape(dst.shape)])
-        write(dst, v, "dma_copy")
-    else:
-        write(dst, v.reshape(dst.shape), "dma_copy", source=src)
+    skip = _skips("dma_copy", oob_mode)
+    limits.check(not (skip and dst_rmw_op is not None), "dma_copy",
+                 "with dst_rmw_op only oob_mode.error is allowed (AWS's dma_copy page)")
+    with skipping_out_of_bounds(skip):
+        v = read(src, "dma_copy")
+        record("dma_copy", "dma", dst)
+        if dst_rmw_op is not None:
+            op = as_op(dst_rmw_op)
+            if op.name == "add" and dst.is_indirect():
+                write(dst, v.reshape(dst.shape).float(), "dma_copy", accumulate=True)
+            else:
+                v, _ = compute(op, [read(dst, "dma_copy"), v.reshape(dst.shape)])
+                write(dst, v, "dma_copy")
+        elif skip and src.is_indirect():
+            write(dst, _keep_skipped(v, dst, [src], "dma_copy"), "dma_copy")
+        else:
+            write(dst, v.reshape(dst.shape), "dma_copy", source=src)
     return dst
 
 
@@ -135,8 +168,10 @@ DMA_COMPUTE_MAX_SRCS = 16  # the nki.isa.dma_compute page: "The max number of so
 def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=None, name=None, **_kw):
     """dst = srcs[0] + srcs[1] + ... computed inside a DMA engine, in fp32, rounded once to dst's dtype
     (HBM or SBUF; reduce_op nl.add and scales of 1.0 only, as the page says). With a runtime-offset view
-    (.ap(vector_offset=...)) as dst and one source it is a read-modify-write: a scatter-add into HBM rows,
-    or a gather-add of HBM rows into SBUF."""
+    (.ap(vector_offset=...)) as dst and as one source it is a read-modify-write: a scatter-add into HBM rows,
+    or with such a source a gather-add of HBM rows into SBUF. unique_indices=False: repeated scatter rows all
+    add (index_add: each row's fp32 sum of dst and every update to it, rounded once; AWS's page says the chip
+    does not support it yet). oob_mode.skip: rows out of bounds are skipped, as in dma_copy."""
     ins = "dma_compute"
     srcs = list(srcs)
     limits.check(1 <= len(srcs) <= DMA_COMPUTE_MAX_SRCS, ins,
@@ -144,7 +179,6 @@ def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=Tru
     limits.check(as_op(reduce_op).name == "add", ins, f"reduce_op must be nl.add, got {reduce_op!r}")
     limits.check(scales is None or all(float(x) == 1.0 for x in scales), ins,
                  f"scales must all be 1.0 (or None), got {list(scales) if scales is not None else None}")
-    limits.check(bool(unique_indices), ins, "unique_indices=False (repeated scatter indices) is not supported")
     for what, t in [("dst", dst)] + [(f"srcs[{i}]", t) for i, t in enumerate(srcs)]:
         limits.check(isinstance(t, NkiTensor), ins, f"{what} must be an NKI tensor, got {type(t).__name__}")
         limits.check(t.buffer is not psum, ins, f"{what} is in PSUM; DMA engines reach HBM and SBUF")
@@ -152,14 +186,28 @@ def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=Tru
                      f"{what} has {t.numel()} elements ({t.shape}); every tensor must have dst's {dst.numel()}")
         if t.buffer.on_chip:
             limits.check_partitions(ins, what, t.shape)
-    total = read(srcs[0], ins).float().reshape(dst.shape)
-    for t in srcs[1:]:
-        total = total + read(t, ins).float().reshape(dst.shape)
-    record(ins, "dma", dst)
-    tr = trace.active()
-    if tr is not None and tr.instructions:  # the engine streams every source through it
-        tr.instructions[-1].elements = sum(t.numel() * t.data.element_size() for t in srcs)
-    write(dst, total, ins)
+    skip = _skips(ins, oob_mode)
+    # a scatter-add with repeated rows: dst's rows are not read once each, so every update adds on its own
+    scatter_add = not unique_indices and dst.is_indirect() and any(
+        t.storage is dst.storage and t.chain == dst.chain for t in srcs)
+    summed = [t for t in srcs if not (scatter_add and t.storage is dst.storage and t.chain == dst.chain)]
+    with skipping_out_of_bounds(skip):
+        total = None
+        for t in summed:
+            v = read(t, ins).float().reshape(dst.shape)
+            total = v if total is None else total + v
+        record(ins, "dma", dst)
+        tr = trace.active()
+        if tr is not None and tr.instructions:  # the engine streams every source through it
+            tr.instructions[-1].elements = sum(t.numel() * t.data.element_size() for t in srcs)
+        if total is None:  # dst += dst ... only: nothing else to add
+            total = torch.zeros(dst.shape, dtype=torch.float32, device=dst.data.device)
+        if scatter_add:
+            write(dst, total, ins, accumulate=True)
+        else:
+            if skip and not dst.is_indirect():
+                total = _keep_skipped(total, dst, summed, ins)
+            write(dst, total, ins)
     return dst
 
 
