@@ -206,5 +206,9 @@ def test_lnc2_estimate_runs_the_two_cores_in_parallel_and_syncs_at_sendrecv():
         assert final_add[2] >= a[3]
     # the same work on one core, as two programs' worth in one: two cores take less than one doing both
     assert est.seconds < sum(end - start for _, _, start, end, _ in est.events)
+    gpsimd = _sendrecv_slices[2].estimate(torch.randn(16, 8))  # on GpSimd's DMA: its lane, the same cost
+    (g, _), = [(e, c) for e, c in zip(gpsimd.events, gpsimd.event_cores) if e[0] == "sendrecv" and c == 0]
+    assert g[1] == "gpsimd"
+    assert g[3] - g[2] == pytest.approx(16 * 8 * 4 / (cost.HBM_BYTES_PER_S / cost.CORES_PER_CHIP) + cost.DMA_FIXED_S)
     trace = est.chrome_trace()
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}

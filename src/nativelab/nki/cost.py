@@ -77,6 +77,8 @@ _HALF = (torch.bfloat16, torch.float16)
 def instruction_seconds(ins) -> tuple[float, float]:
     """(time the instruction occupies its engine, extra latency before its result is ready)."""
     n = ins.elements
+    if ins.name == "sendrecv":  # bytes over the core's DMA share, on the DMA queues or GpSimd's DMA
+        return n / (HBM_BYTES_PER_S / CORES_PER_CHIP), DMA_FIXED_S
     if ins.engine == "tensor":
         if ins.name == "nc_matmul":
             cycles = max(n, MM_INIT_CYCLES) * (MM_FP32_FACTOR if ins.dtype == torch.float32 else 1)
@@ -104,7 +106,7 @@ def instruction_seconds(ins) -> tuple[float, float]:
         return (GPSIMD_START_CYCLES + n) / (GPSIMD_GHZ * 1e9), 0.0
     if ins.engine == "gpsimd":  # no rule of thumb [trn1]; 128 lanes of 32 bits (8 cores x 16 fp32) at 1.2 GHz
         return max(n, MIN_II_CYCLES) / (GPSIMD_GHZ * 1e9), 0.0
-    if ins.engine == "dma" or ins.name == "sendrecv":  # a sendrecv on GpSimd's DMA: the same bytes
+    if ins.engine == "dma":
         return n / (HBM_BYTES_PER_S / CORES_PER_CHIP), DMA_FIXED_S
     return 0.0, 0.0
 
