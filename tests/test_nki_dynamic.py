@@ -62,7 +62,10 @@ def _reference(a, b, k):
 def test_a_loop_on_a_loaded_trip_count_runs_each_launch_on_its_own_value(device):
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(4 * P, 16, generator=g).to(torch.bfloat16) for _ in range(2))
+    import nativelab
+
     kernel = nki.jit(_add_first_tiles.fn)  # a fresh kernel: its signature's first trace warns here
+    nativelab.clear_op_tracking()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for k in (0, 4, 1):  # none, the most, one: the same signature, each launch its own trip count
@@ -70,6 +73,8 @@ def test_a_loop_on_a_loaded_trip_count_runs_each_launch_on_its_own_value(device)
             got = kernel(a.to(device), b.to(device), n.to(device))
             assert got.device.type == device
             assert torch.equal(got.cpu(), _reference(a, b, k)), k
+    if device == "neuron":  # op tracking sees the interpreted launches as the kernel, as compiled ones
+        assert "kernel:_add_first_tiles" in nativelab.get_executed_ops()
     said = [str(w.message) for w in caught if issubclass(w.category, nki.NkiWarning)]
     assert len(said) == 1, said
     line = f"test_nki_dynamic.py:{_line_of(kernel, '# THE LOOP')}"
@@ -80,6 +85,8 @@ def test_a_loop_on_a_loaded_trip_count_runs_each_launch_on_its_own_value(device)
     # fake / meta tensors (torch.compile's tracing) get the outputs of the checking pass, without a launch
     meta = kernel(a.to("meta"), b.to("meta"), torch.empty(1, 1, dtype=torch.int32, device="meta"))
     assert meta.device.type == "meta" and meta.shape == a.shape and meta.dtype == a.dtype
+    with pytest.raises(nki.NkiError, match="needs tensors with values"):
+        kernel.estimate(a.to("meta"), b.to("meta"), torch.empty(1, 1, dtype=torch.int32, device="meta"))
 
 
 @nki.jit

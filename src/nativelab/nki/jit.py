@@ -280,6 +280,9 @@ class JitKernel:
         if traced is None:
             traced = self._traces[sig.key] = self._trace(sig)
         if traced.interpreted is not None:  # its instructions depend on the values: run it on copies of them
+            if any(is_fake(t) or t.device.type == "meta" for t in sig.tensors):
+                raise limits.NkiError(f"nki: kernel {self.name} runs interpreted ({traced.interpreted} depends on "
+                                      f"a value read at run time): its estimate needs tensors with values")
             return self._simulate(sig, [t.detach().cpu().clone() for t in sig.tensors], traced, estimate=True)[1]
         return traced.estimate(self.name)
 
