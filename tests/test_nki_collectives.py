@@ -60,6 +60,23 @@ def test_sendrecv_all_reduce_matches_pytorch(run, dtype):
 
 
 @nki.jit
+def _sharding_info(x):
+    """nkilib's get_program_sharding_info: nl.program_ndim(), nl.num_programs(axes=0), nl.program_id(axis=0)."""
+    out = nl.ndarray((2, 1, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((1, 3), dtype=nl.float32, buffer=nl.sbuf)
+    r = nl.program_id(axis=0)
+    for j, v in enumerate((nl.program_ndim(), nl.num_programs(axes=0), r)):
+        nisa.memset(t[:, j:j + 1], float(v))
+    nl.store(out[r], t)
+    return out
+
+
+def test_lnc2_programs_see_their_rank_and_count():
+    got = sim(_sharding_info)[2](torch.zeros(1))
+    torch.testing.assert_close(got, torch.tensor([[[1.0, 2.0, 0.0]], [[1.0, 2.0, 1.0]]]))
+
+
+@nki.jit
 def _sendrecv_slices(x):
     """attention_tkg's idiom: send one slice of a buffer into another slice of the same buffer."""
     p, f = x.shape

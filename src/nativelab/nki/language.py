@@ -209,7 +209,10 @@ def program_id(axis: int = 0) -> int:
     return tr.program[axis] if tr.program else 0
 
 
-def num_programs(axis: int | None = None) -> int:
+def num_programs(axes: int | None = None, axis: int | None = None) -> int:
+    """Programs in the launch (along `axes`; all of them for None). NKI's keyword is `axes` (nkilib's
+    get_program_sharding_info calls nl.num_programs(axes=0)); `axis` is accepted too."""
+    axis = axes if axes is not None else axis
     tr = trace.current()
     grid = tr.grid or (1,)
     if axis is None:
