@@ -215,6 +215,23 @@ def test_the_target_follows_nkis_variable(monkeypatch):
 
 
 @nki.jit
+def _version_plus(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    gen = 4 if nisa.get_nc_version() == nisa.nc_version.gen4 else 3
+    nl.store(out, nl.add(nl.load(x), float(gen)))
+    return out
+
+
+def test_a_kernel_is_traced_again_for_another_target():
+    # one signature, launched compiled for trn2, then trn3, then trn2: each launch runs its target's trace
+    x = torch.zeros(4, 8)
+    assert torch.equal(_version_plus(x), x + 3)
+    with settings.PLATFORM_TARGET.set("trn3"):
+        assert torch.equal(_version_plus(x), x + 4)
+    assert torch.equal(_version_plus(x), x + 3)
+
+
+@nki.jit
 def _bad_partitions(x):
     t = nl.load(x)
     q = nl.ndarray((48, 4), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)

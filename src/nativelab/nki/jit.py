@@ -58,7 +58,9 @@ class _Signature:
                         if i not in self.tensor_pos)
         # int(): under torch.compile with dynamic shapes, specialise (a kernel is traced per concrete shape)
         self.shapes = [tuple(int(d) for d in t.shape) for t in self.tensors]
-        self.key = (tuple(grid), tuple(zip(self.shapes, (t.dtype for t in self.tensors))), statics)
+        # the target core (NEURON_PLATFORM_TARGET_OVERRIDE) decides which instructions exist: a trace per target
+        self.key = (tuple(grid), tuple(zip(self.shapes, (t.dtype for t in self.tensors))), statics,
+                    limits.target_version())
 
     def call(self, fn, hbm_inputs):
         """fn(*arguments) with the tensor arguments replaced by `hbm_inputs` (keywords stay keywords)."""
@@ -189,7 +191,7 @@ class JitKernel:
         self.options = options
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._traces = traces if traces is not None else {}
-        # (grid, _launch_key) -> (traced, where its tensors are): a launch of a known signature skips the rest
+        # (grid, target core, _launch_key) -> (traced, where its tensors are): a known launch skips the rest
         self._launches = launches if launches is not None else {}
         self._grids: dict = {}  # kernel[grid] objects, made once per grid (`kernel[g](...)` at every launch)
         self._label = f"kernel:{self.name}"
@@ -213,7 +215,7 @@ class JitKernel:
     @torch.compiler.disable  # Dynamo does not trace into a kernel: it is one opaque call (use @nki_op)
     def __call__(self, *args, **kwargs):
         key = _launch_key(args, kwargs)
-        known = self._launches.get((self.grid, key)) if key is not None else None
+        known = self._launches.get((self.grid, limits.target_version(), key)) if key is not None else None
         if known is not None:
             return self._launch(known[0], [kwargs[i] if type(i) is str else args[i] for i in known[1]], False)
         numpy_mode = any(isinstance(a, np.ndarray) for a in list(args) + list(kwargs.values()))
@@ -257,7 +259,7 @@ class JitKernel:
                 print(traced.estimate(self.name).summary(), file=sys.stderr)
         places = _tensor_places(sig, len(args), kwargs) if key is not None and contiguous and not numpy_mode else None
         if places is not None:  # the next launch like this one goes straight in
-            self._launches[(self.grid, key)] = (traced, places)
+            self._launches[(self.grid, limits.target_version(), key)] = (traced, places)
         return self._launch(traced, tensors, numpy_mode)
 
     def _launch(self, traced: _Traced, tensors, numpy_mode: bool):
