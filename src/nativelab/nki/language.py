@@ -490,7 +490,8 @@ def where(condition: NkiTensor, x, y, dtype=None, **_kw) -> NkiTensor:
     out = torch.where(c, xv if isinstance(xv, torch.Tensor) else float(xv),
                       yv if isinstance(yv, torch.Tensor) else float(yv))
     t = ndarray(tuple(out.shape), dtype or ref.dtype, sbuf)
-    record("nl.where", "vector", t)
+    # the Vector Engine streams the condition and each tile operand (a scalar operand is an immediate)
+    record("nl.where", "vector", t, inputs=1 + builtins.sum(isinstance(v, NkiTensor) for v in (x, y)))
     write(t, out, "nl.where")
     return t
 
