@@ -74,6 +74,36 @@ def test_nc_matmul_accumulates_over_the_contraction_in_psum(mode):
 
 
 @nki.jit
+def _matmuls_into_ap_slots(s, m):
+    """Two matmuls (default accumulate), each into its own column slot of one PSUM tile, addressed as
+    nki-library's TensorView addresses them: .ap() with the tile's own dtype (which reinterprets nothing)."""
+    k, f, p = s.shape[0] // 2, m.shape[1], s.shape[1]
+    out = nl.ndarray((p, 2 * f), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((p, 2 * f), dtype=nl.float32, buffer=nl.psum)
+    for i in nl.affine_range(2):
+        st = nl.load(s[i * k:(i + 1) * k, :])
+        mv = nl.load(m[i * k:(i + 1) * k, :])
+        nisa.nc_matmul(dst=acc.ap(pattern=[[2 * f, p], [1, f]], offset=i * f, dtype=nl.float32),
+                       stationary=st, moving=mv)
+    nl.store(out, nl.copy(acc))
+    return out
+
+
+@pytest.mark.parametrize("run", ["simulate", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_a_matmul_into_an_unwritten_slot_overwrites_it(run, tmp_path, monkeypatch):
+    # the second slot was never written: the default accumulate overwrites it (it used to add to whatever
+    # memory the tile started with, once the first slot's write counted as all of the tile's)
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    torch.manual_seed(0)
+    s, m = torch.randn(64, 32), torch.randn(64, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nki.NkiWarning)
+        got = (sim(_matmuls_into_ap_slots) if run == "simulate" else _matmuls_into_ap_slots)(s, m)
+    ref = torch.cat([s[:32].T @ m[:32], s[32:].T @ m[32:]], dim=1)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@nki.jit
 def _activation(x, bias, sums):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     t = nl.load(x)
@@ -531,6 +561,39 @@ def _reads_unwritten(x):
 def test_reading_an_unwritten_tile_warns_at_the_line():
     with pytest.warns(nki.NkiWarning, match=f"test_nki.py:{_line_of(_reads_unwritten, '# LIMIT')}.*never written"):
         sim(_reads_unwritten)(torch.zeros(4, 4))
+
+
+@nki.jit
+def _reads_unwritten_half(x, how):
+    """Writes the left half of a tile through .ap() with the tile's own dtype, then reads the right half."""
+    p, n = x.shape[0], x.shape[1] // 2
+    out = nl.ndarray((p, n), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t.ap(pattern=[[2 * n, p], [1, n]], offset=0, dtype=x.dtype), src=x[:, 0:n])
+    right = t.ap(pattern=[[2 * n, p], [1, n]], offset=n, dtype=x.dtype) if how == "ap" else t.view(x.dtype)[:, n:]
+    nisa.dma_copy(dst=out, src=right)  # LIMIT
+    return out
+
+
+@pytest.mark.parametrize("how", ["ap", "view"])
+def test_a_view_in_the_tiles_own_dtype_tracks_what_was_written(how):
+    with pytest.warns(nki.NkiWarning, match=f"test_nki.py:{_line_of(_reads_unwritten_half, '# LIMIT')}.*never written"):
+        sim(_reads_unwritten_half)(torch.zeros(4, 8), how)
+
+
+@nki.jit
+def _accumulates_into_unwritten(s, m):
+    out = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=nl.load(s), moving=nl.load(m), accumulate=True)  # LIMIT
+    nl.store(out, nl.copy(acc))
+    return out
+
+
+def test_accumulating_into_an_unwritten_tile_warns_at_the_line():
+    line = _line_of(_accumulates_into_unwritten, "# LIMIT")
+    with pytest.warns(nki.NkiWarning, match=f"test_nki.py:{line}: accumulates into .* never written"):
+        sim(_accumulates_into_unwritten)(torch.zeros(8, 4), torch.zeros(8, 4))
 
 
 # --- compiled kernels: eager on neuron and CPU, through @nki_op, and under torch.compile

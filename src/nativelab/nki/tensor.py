@@ -308,6 +308,10 @@ class NkiTensor:
         if scalar_offset is not None or vector_offset is not None:
             runtime = _runtime_offsets(base, nums, dtype, scalar_offset, vector_offset, int(indirect_dim))
             dtype = dtype if dtype is not None else base.dtype  # (marks the view's elements as not the tile's)
+        elif dtype == base.dtype and base.packed is None:
+            # the allocation's own dtype (nki-library's TensorView always passes one) reinterprets nothing: the
+            # view's elements stay the tile's, so what it writes and reads is tracked element by element
+            dtype = None
         static = list(zip(steps, nums))[1:] if runtime is not None and runtime.vector else list(zip(steps, nums))
         last = offset + sum((n - 1) * s for s, n in static if n > 0 and s > 0)
         first = offset + sum((n - 1) * s for s, n in static if n > 0 and s < 0)
@@ -360,6 +364,8 @@ class NkiTensor:
                          + ((("packed", self.packed),) if self.packed is not None else ()), True)
 
     def view(self, dtype) -> "NkiTensor":
+        if dtype == self.dtype and self.packed is None:  # its own dtype: nothing reinterpreted
+            return self
         if isinstance(dtype, mx.PackedDtype):  # the bits reinterpreted as packed MX elements
             return NkiTensor(self.storage, self.chain + (("dtype", dtype.carrier), ("packed", dtype)), self.indexed)
         return NkiTensor(self.storage, self.chain + (("dtype", dtype),), self.indexed)
@@ -688,15 +694,22 @@ def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Te
         tr.account(st)
         if not tr.quiet:
             tr.pending_reads.append(_region(t))
-        # after a loop on a runtime value (run no times here) what was written is not known: the launches,
-        # interpreted on real values, warn instead
-        if st.written is not None and tr.runtime_control is None and check_written:
-            idx = flat_indices(t)
-            if idx is not None and not st.written[idx].all():
-                tr.warn_once((id(st), limits.kernel_line()), instruction,
-                             f"reads {st.describe()} ({st.buffer}, allocated at {st.site}) where it was never "
-                             f"written: those values are undefined on the device")
+        if check_written:
+            _warn_unwritten(tr, t, instruction, "reads")
     return t.data
+
+
+def _warn_unwritten(tr, t: NkiTensor, instruction: str, what: str) -> None:
+    """Warn (once per allocation and line) if part of the view was never written."""
+    st = t.storage
+    # after a loop on a runtime value (run no times here) what was written is not known: the launches,
+    # interpreted on real values, warn instead
+    if st.written is not None and tr.runtime_control is None:
+        idx = flat_indices(t)
+        if idx is not None and not st.written[idx].all():
+            tr.warn_once((id(st), limits.kernel_line()), instruction,
+                         f"{what} {st.describe()} ({st.buffer}, allocated at {st.site}) where it was never "
+                         f"written: those values are undefined on the device")
 
 
 def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool = False,
@@ -704,6 +717,8 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
     """Write `value` (rounded to the destination's dtype) through the view `t`. `source`: the value is a view
     of that tensor (a copy instruction), not a fresh result, its elements in the view's row-major order."""
     tr = trace.active()
+    if accumulate and tr is not None:  # adds to what the destination holds: that is read
+        _warn_unwritten(tr, t, instruction, "accumulates into")
     if tr is not None and tr.fuser is not None:
         if tr.fuser.store(t, value, source):  # a GEMM's tile stored: one GEMM for all tiles, later
             note_write(t)
