@@ -148,7 +148,7 @@ def _recurrence(w, h0, steps):
 
 def test_sequential_range_dependencies_are_not_fused():
     torch.manual_seed(0)
-    w, h0 = torch.randn(64, 64) * 0.2, torch.randn(64, 8)
+    w, h0 = torch.randn(64, 64) * 0.2, torch.randn(64, 16)  # 64 x 64 x 16: a GEMM, not fusion's tiny product
     (fused, unfused, simulated), code = _three_ways(_recurrence, w, h0, 4)
     torch.testing.assert_close(unfused, simulated, rtol=1e-6, atol=1e-6)  # Inductor's tanh: last bits
     h, ref = h0.double(), []
@@ -400,11 +400,11 @@ def _probs_times_cached_values(p_row, v, v_new):
 
 def test_transposes_between_accumulating_matmuls_leave_them_pending():
     """A write into another PSUM tile (the transposes) does not land o_ps's pending products: the cache's
-    three tiles (ragged: 300 = 128 + 128 + 44) are one GEMM reading v itself, the new token's 1 x 1 x 64
-    product a fused multiply (no GEMM), all in one fp32 sum rounded once."""
+    five tiles (ragged: 600 = 4 x 128 + 88; 600 x 64 is above fusion's tiny products) are one GEMM reading v
+    itself, the new token's 1 x 1 x 64 product a fused multiply (no GEMM), all in one fp32 sum rounded once."""
     torch.manual_seed(0)
-    p_row = torch.rand(1, 300, dtype=torch.bfloat16)
-    v, v_new = torch.randn(300, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16)
+    p_row = torch.rand(1, 600, dtype=torch.bfloat16)
+    v, v_new = torch.randn(600, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16)
     (fused, unfused, simulated), code = _three_ways(_probs_times_cached_values, p_row, v, v_new)
     torch.testing.assert_close(unfused, simulated, rtol=0, atol=0)
     s = torch.cat([2 * p_row.float().T, 2 * p_row.float()[:, :1]])

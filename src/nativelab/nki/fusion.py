@@ -349,11 +349,15 @@ def _product(s: torch.Tensor, mv: torch.Tensor) -> torch.Tensor:
     return s.t() @ mv
 
 
-# A one-token product whose operands hold at most this many elements (a decode step's scores against one head's
-# K cache, 64 x 512) is an fp32 GEMM: oneDNN's bf16 GEMV costs ~30 us a call, the upcast and MKL's fp32 GEMV
-# less; a larger one (a weight, 512 x 512 and up) stays bf16, where upcasting the weight every launch costs more.
+# A one-token product above _TINY whose operands hold at most this many elements is an fp32 GEMM: oneDNN's bf16
+# GEMV costs ~30 us a call, the upcast and MKL's fp32 GEMV less; a larger one (a weight, 512 x 512 and up) stays
+# bf16, where upcasting the weight every launch costs more.
 _SMALL_GEMV = 65536
-_TINY = 4096  # multiply-adds: an extern GEMM call costs more than that many fused (2-core Xeon AVX-512)
+# Multiply-adds up to which a product is a broadcast multiply and sum that the compiler fuses with its neighbours:
+# an extern GEMM call (~13 us) costs more. Up to one head's decode scores (64 x 1 x 512) and its probabilities times
+# V (512 x 1 x 64): attention_tkg 8x512x64, bf16, 2 threads, 928 -> 268 us a launch (16 GEMM calls gone; 2-core
+# Xeon, AVX-512 + AMX).
+_TINY = 32768
 
 # Below this many columns on either side (a decode step's one token) a product reads its tiles where they are
 # (or the argument they copy): stacking the matrix side's K tiles into one operand copies the whole weight every
