@@ -162,6 +162,12 @@ PLATFORM_TARGET = Variable(
     "the NeuronCore NKI kernels are traced for: trn3 makes NeuronCore-v4's MX instructions (nc_matmul_mx, "
     "quantize_mx) available and nisa.get_nc_version() gen4; limits and costs stay NeuronCore-v3's")
 
+# torchrun's, read as torchrun sets it
+LOCAL_RANK = Variable(
+    "LOCAL_RANK", _int_from(0), "an integer >= 0", None, "unset (not under torchrun)",
+    "when a process group is made", "this process's rank on its node: it drives `neuron:{LOCAL_RANK}` "
+    "(`cuda:{LOCAL_RANK}` when fine-tuning on CUDA)")
+
 # nativelab's own
 CORE_MEMORY_GB = Variable(
     "NATIVELAB_CORE_MEMORY_GB", _positive_number, "a number of GB > 0",
