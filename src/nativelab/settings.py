@@ -140,7 +140,8 @@ def _flag_var(name: str, default: bool, read: str, doc: str) -> Variable:
 
 
 def _cache_var(name: str, folder: str, doc: str) -> Variable:
-    return Variable(name, Path, "a directory", _cache_default(folder),
+    return Variable(name, Path, "a directory only this user can write (else a private one is used)",
+                    _cache_default(folder),
                     f"`$XDG_CACHE_HOME/nativelab/{folder}` (`~/.cache/nativelab/{folder}`)", "at each use", doc)
 
 
