@@ -18,8 +18,8 @@ import nativelab
 
 ROOT = pathlib.Path(nativelab.__file__).parent
 LAYERS = [
-    {"cpp_build", "files", "settings", "stand_ins"},  # utilities any layer may use: C++ extensions, atomic files,
-    # the environment's settings, stand-ins
+    {"cpp_build", "files", "private_dir", "settings", "stand_ins"},  # utilities any layer may use: C++ extensions,
+    # atomic files, cache directories only this user can write, the environment's settings, stand-ins
     {"device"},
     {"compiler", "distributed"},
     {"nki"},

@@ -183,12 +183,8 @@ def test_default_backend_reaches_inductor_through_compile_fx():
 
 
 def test_swap_of_a_parameter_held_by_autograd():
-    """device/_private.py's swap_tensors_held_by_autograd: `Module._apply` still swaps through
-    `torch.utils.swap_tensors` (the name conversion.py replaces while it converts), which still refuses a
+    """device/_private.py's swap_tensors_held_by_autograd: PyTorch's `torch.utils.swap_tensors` still refuses a
     tensor an autograd graph holds; ours swaps it (`_use_count`, `_swap_tensor_impl`) and poisons the old graph."""
-    import inspect
-
-    assert "torch.utils.swap_tensors(param, param_applied)" in inspect.getsource(torch.nn.Module._apply)
     w = torch.nn.Parameter(torch.ones(3, 3))
     out = (torch.ones(2, 3, requires_grad=True) @ w).tanh() @ w  # w saved for backward
     assert w._use_count() > 2
@@ -199,6 +195,30 @@ def test_swap_of_a_parameter_held_by_autograd():
     assert torch.equal(w.detach(), torch.zeros(3, 3)) and torch.equal(new.detach(), torch.ones(3, 3))
     with pytest.raises(RuntimeError, match="before its module moved"):
         out.sum().backward()
+
+
+def test_module_apply_moves_a_parameter_through_torch_functions_a_mode_sees():
+    """device/_private.py's is_shallow_copy_check, is_data_setter and is_grad_getter (device/conversion.py's
+    per-thread mode answers them): `Module._apply` still asks `torch._has_compatible_shallow_copy_type` whether
+    a converted parameter can be set in place, reads `param.grad`, moves the parameter with `param.data = moved`,
+    then asks again for the gradient and moves it with `param.grad.data = moved`, each call seen by a
+    TorchFunctionMode."""
+    from torch.overrides import TorchFunctionMode
+
+    tests = {"check": _private.is_shallow_copy_check, "set": _private.is_data_setter, "grad": _private.is_grad_getter}
+    seen = []
+
+    class Recording(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.extend(name for name, test in tests.items() if test(func))
+            return func(*args, **(kwargs or {}))
+
+    lin = torch.nn.Linear(2, 2, bias=False)
+    lin.weight.grad = torch.ones(2, 2)
+    with Recording():
+        lin.double()
+    assert seen == ["check", "grad", "set", "check", "grad", "grad", "set"]
+    assert lin.weight.dtype == lin.weight.grad.dtype == torch.float64
 
 
 def test_compiler_rng_apis():

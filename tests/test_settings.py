@@ -22,6 +22,7 @@ BAD = {
     "NEURON_RT_VIRTUAL_CORE_SIZE": ("4", "1 or 2"),
     "NEURON_RT_NUM_CORES": ("four", "an integer >= 1"),
     "NEURON_PLATFORM_TARGET_OVERRIDE": ("trn1", "trn2, gen3, trn3 or gen4"),
+    "LOCAL_RANK": ("-1", "an integer >= 0"),
     "NATIVELAB_CORE_MEMORY_GB": ("-1", "a number of GB > 0"),
     "NATIVELAB_SYNC": ("maybe", "0 or 1"),
     "NATIVELAB_DTYPE_POLICY": ("2", "0 or 1"),

@@ -1,6 +1,7 @@
 """Autograd and optimizers on the device match the same training on plain CPU."""
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -199,6 +200,99 @@ def test_moving_a_module_after_a_forward_keeps_its_parameters():
     with pytest.warns(UserWarning, match="new Parameter objects"):
         lin.to("neuron")
     assert lin.weight is not held() and lin.weight.device.type == "neuron"
+
+
+class _Gate(nn.Module):
+    """A module with no tensors whose conversion stops until the test lets it go on: a model converting in one
+    thread is held halfway (the modules before the gate moved, those after it not yet)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reached, self.go_on = threading.Event(), threading.Event()
+
+    def _apply(self, fn, recurse=True):
+        self.reached.set()
+        assert self.go_on.wait(60), "the test never let the conversion go on"
+        return super()._apply(fn, recurse)
+
+    def forward(self, x):
+        return x
+
+
+def _held_model():
+    """A tied model with a gate between its embedding and its LM head (whose bias moves after the gate), and
+    its parameters and gradients as they are before the move."""
+    m = nn.Sequential(nn.Embedding(11, 6), _Gate(), nn.Linear(6, 11))
+    m[2].weight = m[0].weight
+    nn.functional.cross_entropy(m(torch.tensor([1, 4, 7])), torch.tensor([2, 9, 3])).backward()
+    return m, [(p, p.grad) for p in m.parameters()]
+
+
+def _in_a_thread(fn):
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
+def _kept(m, before):
+    """Each Parameter and its gradient are the objects they were, on the device, and the tie holds."""
+    assert m[2].weight is m[0].weight
+    assert [(p, p.grad) for p in m.parameters()] == before  # `==` on tuples of tensors compares identity first
+    assert all(p.device.type == "neuron" and p.grad.device.type == "neuron" for p, _ in before)
+
+
+def test_a_conversion_changes_nothing_another_thread_sees():
+    # Another thread, while a model converts: PyTorch's swap setting is the user's and torch.utils.swap_tensors
+    # is PyTorch's (which refuses a tensor an autograd graph holds; the conversion's own swap does not).
+    swap = torch.utils.swap_tensors
+    m, before = _held_model()
+    thread, errors = _in_a_thread(lambda: m.to("neuron"))
+    try:
+        assert m[1].reached.wait(60)
+        assert not torch.__future__.get_swap_module_params_on_conversion()
+        assert torch.utils.swap_tensors is swap
+        w = nn.Parameter(torch.ones(3, 3))
+        held = torch.ones(2, 3, requires_grad=True) @ w @ w  # w saved for backward
+        with pytest.raises(RuntimeError, match="use_count"):
+            torch.utils.swap_tensors(w, nn.Parameter(torch.zeros(3, 3)))
+        del held
+    finally:
+        m[1].go_on.set()
+        thread.join(60)
+    assert not errors, errors
+    _kept(m, before)
+
+
+def test_two_threads_convert_models_at_once():
+    # Two models convert in two threads, both held halfway; the one that started first finishes first, then
+    # the other goes on: both keep their Parameters, gradients and ties, and PyTorch's swap function and
+    # setting are untouched.
+    swap = torch.utils.swap_tensors
+    first, first_before = _held_model()
+    second, second_before = _held_model()
+    threads = []
+    try:
+        for m in (first, second):
+            threads.append(_in_a_thread(lambda m=m: m.to("neuron")))
+            assert m[1].reached.wait(60)
+        for m, (thread, _) in zip((first, second), threads):
+            m[1].go_on.set()
+            thread.join(60)
+    finally:
+        for m in (first, second):
+            m[1].go_on.set()
+    assert not [e for _, errors in threads for e in errors]
+    _kept(first, first_before)
+    _kept(second, second_before)
+    assert torch.utils.swap_tensors is swap and not torch.__future__.get_swap_module_params_on_conversion()
 
 
 class _TinyGPT2(nn.Module):

@@ -6,7 +6,9 @@ and imports the result. Later processes import the cached module in milliseconds
 
 A build runs in a fresh temporary directory and is renamed into place when complete, so a reader finds a
 whole build or none; an OS file lock (released by the kernel if the builder dies, unlike PyTorch's own
-lock file) makes a second process wait for the first one's build instead of compiling it again.
+lock file) makes a second process wait for the first one's build instead of compiling it again. A build is
+loaded only from a cache directory this user alone can write (`private_dir.py`): another user's, or one that
+group or others can write, is refused with a warning and the extension is built in a private one.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import time
 from pathlib import Path
 
 from . import settings
+from .private_dir import CacheDir
 
 ENV = settings.CPP_CACHE_DIR.name
+CACHE = CacheDir(settings.CPP_CACHE_DIR, "C++ extensions")
 log = logging.getLogger("nativelab.cpp_build")
 _loaded: dict[str, object] = {}
 builds = 0  # extensions this process compiled (not loaded from the cache): benchmarks check none lands in a timed run
@@ -35,8 +39,9 @@ class CppBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """$NATIVELAB_CPP_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/cpp, else ~/.cache/nativelab/cpp."""
-    return settings.CPP_CACHE_DIR.get()
+    """$NATIVELAB_CPP_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/cpp, else ~/.cache/nativelab/cpp (or a private
+    directory instead of one other users can write)."""
+    return CACHE.root()
 
 
 def compiler() -> str:
@@ -81,11 +86,9 @@ def load_extension(name: str, sources, extra_cflags=(), extra_ldflags=(), verbos
     mod = _loaded.get(key)
     if mod is not None:
         return mod
-    root = cache_dir()
-    final = root / f"{name}-{key}"
-    so = final / f"{name}.so"
+    so = CACHE.path(f"{name}-{key}", f"{name}.so")
+    final, root = so.parent, so.parent.parent
     if not so.exists():
-        root.mkdir(parents=True, exist_ok=True)
         with open(root / f"{name}-{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same key: wait for it
             if not so.exists():

@@ -140,7 +140,8 @@ def _flag_var(name: str, default: bool, read: str, doc: str) -> Variable:
 
 
 def _cache_var(name: str, folder: str, doc: str) -> Variable:
-    return Variable(name, Path, "a directory", _cache_default(folder),
+    return Variable(name, Path, "a directory only this user can write (else a private one is used)",
+                    _cache_default(folder),
                     f"`$XDG_CACHE_HOME/nativelab/{folder}` (`~/.cache/nativelab/{folder}`)", "at each use", doc)
 
 
@@ -161,6 +162,12 @@ PLATFORM_TARGET = Variable(
     "NEURON_PLATFORM_TARGET_OVERRIDE", _platform, "trn2, gen3, trn3 or gen4", 3, "trn2", "at each NKI trace",
     "the NeuronCore NKI kernels are traced for: trn3 makes NeuronCore-v4's MX instructions (nc_matmul_mx, "
     "quantize_mx) available and nisa.get_nc_version() gen4; limits and costs stay NeuronCore-v3's")
+
+# torchrun's, read as torchrun sets it
+LOCAL_RANK = Variable(
+    "LOCAL_RANK", _int_from(0), "an integer >= 0", None, "unset (not under torchrun)",
+    "when a process group is made", "this process's rank on its node: it drives `neuron:{LOCAL_RANK}` "
+    "(`cuda:{LOCAL_RANK}` when fine-tuning on CUDA)")
 
 # nativelab's own
 CORE_MEMORY_GB = Variable(

@@ -240,6 +240,26 @@ def patch_dlpack_device(device_type: str) -> None:
     torch.Tensor.__dlpack_device__ = __dlpack_device__
 
 
+# -- What Module._apply does to a parameter it converts (device/conversion.py watches it per thread) ------------
+
+
+def is_shallow_copy_check(func) -> bool:
+    """Whether `func`, as a TorchFunctionMode is handed it, is the test `Module._apply` makes of each converted
+    tensor: can the moved one be set into the old one in place (`param.data = moved`)? False across the
+    device boundary (a PrivateUse1 tensor is not "shallow-copy compatible" with a CPU one)."""
+    return func is torch._has_compatible_shallow_copy_type
+
+
+def is_data_setter(func) -> bool:
+    """Whether `func` is `Tensor.data`'s setter (`param.data = moved`, `param.grad.data = moved`)."""
+    return getattr(func, "__self__", None) is torch._C.TensorBase.data and func.__name__ == "__set__"
+
+
+def is_grad_getter(func) -> bool:
+    """Whether `func` is `Tensor.grad`'s getter."""
+    return getattr(func, "__self__", None) is torch._C.TensorBase.grad and func.__name__ == "__get__"
+
+
 def swap_tensors_held_by_autograd(t1: torch.Tensor, t2: torch.Tensor) -> None:
     """`torch.utils.swap_tensors(t1, t2)` for a parameter that autograd graphs still hold.
 

@@ -3,12 +3,15 @@
 PyTorch's `Module._apply` moves a parameter in place (`param.data = moved`) only when the old and new tensors
 are "shallow-copy compatible" (CPU, CUDA, ...: dense tensors of the built-in backends). A PrivateUse1 tensor
 is not, so each module would get a new Parameter: a tied embedding and LM head become two tensors and train
-apart, and an optimizer built before `.to()` holds stale ones. With PyTorch's own swap mode
-(`torch.__future__.set_swap_module_params_on_conversion`) `_apply` swaps the moved tensor into the existing
-Parameter instead. We turn it on for conversions that cross the device boundary only: a program that never
-uses `neuron` converts exactly as before. PyTorch's swap refuses a parameter an autograd graph still holds
-(the guide's `expected = model(x); model.to('neuron')`); ours swaps it and makes backward through that old
-graph an error (`_private.swap_tensors_held_by_autograd`). Only a Python weak reference still refuses it.
+apart, and an optimizer built before `.to()` holds stale ones. For a conversion that crosses the device
+boundary we enter a TorchFunctionMode (`_SwapIntoParameters`) for that call: it answers `_apply`'s "in
+place?" with yes, and does the in-place step (`param.data = moved`, then the gradient's) by swapping the
+moved tensor into the existing Parameter. PyTorch keeps a mode stack per thread, so nothing another thread
+sees changes: no torch function is replaced and `torch.__future__`'s swap setting stays the user's (when
+they turn it on, PyTorch's own swap runs instead). A program that never uses `neuron` converts exactly as
+before. PyTorch's swap refuses a parameter an autograd graph still holds (the guide's
+`expected = model(x); model.to('neuron')`); ours swaps it and makes backward through that old graph an error
+(`_private.swap_tensors_held_by_autograd`). Only a Python weak reference still refuses it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import itertools
 import warnings
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from . import _private
 from .config import DEVICE_NAME as DEVICE
@@ -79,25 +83,78 @@ def _keeping_parameters(method, target_of, dtype_of):
 
 
 def _converting(self, method, args, kwargs):
-    _future.set_swap_module_params_on_conversion(True)
-    swap, torch.utils.swap_tensors = torch.utils.swap_tensors, _private.swap_tensors_held_by_autograd
     try:
-        return method(self, *args, **kwargs)
-    except RuntimeError as e:
-        if "Couldn't swap" not in str(e):
-            raise
-        # A parameter held by a Python weak reference (a compiled model's guards): PyTorch refuses to swap
-        # it. Convert the rest as PyTorch does without swapping; moved parameters are not moved twice.
+        with _SwapIntoParameters():
+            return method(self, *args, **kwargs)
+    except _SwapRefused as e:
+        # A parameter held by a Python weak reference (a compiled model's guards) cannot be swapped. Convert
+        # the rest as PyTorch does without swapping; parameters already moved are not moved twice.
+        name = next((n for n, p in self.named_parameters(remove_duplicate=False) if p is e.tensor), "a parameter")
         warnings.warn(
-            f"nativelab: {e} ({e.__cause__}); the module gets new Parameter objects: tied parameters come "
-            "apart and an optimizer made before .to() holds the old ones (tie again / make the optimizer "
-            "after .to())", stacklevel=4,
+            f"nativelab: couldn't swap {type(self).__name__}.{name} ({e.__cause__}); the module gets new "
+            "Parameter objects: tied parameters come apart and an optimizer made before .to() holds the old "
+            "ones (tie again / make the optimizer after .to())", stacklevel=4,
         )
-        _future.set_swap_module_params_on_conversion(False)
         return method(self, *args, **kwargs)
-    finally:
-        torch.utils.swap_tensors = swap
-        _future.set_swap_module_params_on_conversion(False)
+
+
+def _crosses(old: torch.Tensor, new: torch.Tensor) -> bool:
+    return old.device.type != new.device.type and DEVICE in (old.device.type, new.device.type)
+
+
+class _SwapRefused(RuntimeError):
+    def __init__(self, tensor: torch.Tensor):
+        super().__init__("couldn't swap a parameter")
+        self.tensor = tensor
+
+
+class _SwapIntoParameters(TorchFunctionMode):
+    """One conversion's view of `Module._apply`, in the converting thread only: a move across the device
+    boundary is "in place", and the in-place step swaps. `_apply` moves a parameter with `param.data = moved`,
+    then its gradient with `param.grad.data = moved_grad`; the gradient is taken off the parameter while the
+    parameter moves (a CPU gradient cannot sit on a neuron parameter) and `param.grad` answers it until it
+    has moved too and is put back."""
+
+    def __init__(self):
+        super().__init__()
+        self._grads: dict[int, torch.Tensor] = {}  # id(parameter) -> its gradient, not yet moved
+        self._owners: dict[int, torch.Tensor] = {}  # id(gradient) -> the parameter it goes back to
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _private.is_shallow_copy_check(func):
+            return func(*args) or _crosses(*args)
+        if _private.is_data_setter(func) and _crosses(*args):
+            return self._swap(*args)
+        if _private.is_grad_getter(func) and id(args[0]) in self._grads:
+            return self._grads[id(args[0])]
+        return func(*args, **(kwargs or {}))
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        if self._grads and exc[0] is None:
+            raise RuntimeError("nativelab: Module._apply moved a parameter but not its gradient; the conversion "
+                               "no longer matches PyTorch's (see tests/test_private_apis.py)")
+
+    def _swap(self, old: torch.Tensor, moved: torch.Tensor) -> None:
+        owner = self._owners.pop(id(old), None)
+        if owner is not None:  # a gradient: its parameter has moved, it follows
+            _private.swap_tensors_held_by_autograd(old, moved.requires_grad_(old.requires_grad))
+            del self._grads[id(owner)]
+            owner.grad = old
+            return
+        grad = old.grad
+        if grad is not None:
+            old.grad = None
+        if isinstance(old, torch.nn.Parameter):
+            moved = torch.nn.Parameter(moved, requires_grad=old.requires_grad)
+        try:
+            _private.swap_tensors_held_by_autograd(old, moved)
+        except RuntimeError as e:
+            if grad is not None:
+                old.grad = grad
+            raise _SwapRefused(old) from e
+        if grad is not None:
+            self._grads[id(old)], self._owners[id(grad)] = grad, old
 
 
 def _to_target(*args, **kwargs):

@@ -12,10 +12,10 @@ import torch.distributed as dist
 
 from ..device.config import DEVICE_NAME
 from . import process_group
-from .local_rank import bind_local_rank
+from .local_rank import bind_local_rank, local_rank
 from .process_group import NeuronProcessGroup
 
-__all__ = ["register", "bind_local_rank", "NeuronProcessGroup", "BACKEND"]
+__all__ = ["register", "bind_local_rank", "local_rank", "NeuronProcessGroup", "BACKEND"]
 
 BACKEND = DEVICE_NAME  # the process-group backend is named after the device
 

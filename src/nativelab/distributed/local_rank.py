@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import settings
 from ..device.config import DEVICE_NAME
 
 
+def local_rank() -> int:
+    """This process's rank on its node: torchrun's LOCAL_RANK (settings.LOCAL_RANK), 0 without it."""
+    rank = settings.LOCAL_RANK.get()
+    return 0 if rank is None else rank
+
+
+def under_torchrun() -> bool:
+    """Whether LOCAL_RANK is set (torchrun sets it for each process it starts)."""
+    return settings.LOCAL_RANK.get() is not None
+
+
 def bind_local_rank() -> torch.device:
     """Bind this process to `neuron:{LOCAL_RANK}` (torchrun sets LOCAL_RANK; 0 without it)."""
-    raw = os.environ.get("LOCAL_RANK", "0")
-    try:
-        local_rank = int(raw)
-    except ValueError:
-        raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer") from None
+    rank = local_rank()
     count = torch.neuron.device_count()
-    if not 0 <= local_rank < count:
+    if not rank < count:
         shape = ", ".join(f"{v.name}={v.raw() or 'unset'}" for v in (settings.NUM_CORES, settings.VIRTUAL_CORE_SIZE))
         raise RuntimeError(
-            f"LOCAL_RANK={local_rank} needs neuron:{local_rank}, but this host has {count} logical NeuronCores "
+            f"LOCAL_RANK={rank} needs neuron:{rank}, but this host has {count} logical NeuronCores "
             f"({shape}): run at most {count} processes per node"
         )
-    torch.neuron.set_device(local_rank)
-    return torch.device(DEVICE_NAME, local_rank)
+    torch.neuron.set_device(rank)
+    return torch.device(DEVICE_NAME, rank)

@@ -19,7 +19,6 @@ alive; and at exit the groups never destroyed are released the same way, unless 
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import weakref
 from datetime import timedelta
@@ -31,7 +30,7 @@ import torch.distributed.distributed_c10d as _c10d
 from ..device import memory, observe, queue
 from ..device.config import DEVICE_NAME
 from . import _private
-from .local_rank import bind_local_rank
+from .local_rank import bind_local_rank, under_torchrun
 
 DEVICE = memory.DEVICE
 _AVG = dist.ReduceOp.AVG
@@ -395,6 +394,6 @@ class _AllWork:
 def create(store, rank: int, size: int, timeout: timedelta) -> NeuronProcessGroup:
     """The creator `Backend.register_backend` calls for `backend="neuron"` (or the device's default).
     Under torchrun each rank is bound to `neuron:{LOCAL_RANK}` here, before any collective runs."""
-    if "LOCAL_RANK" in os.environ:
+    if under_torchrun():
         bind_local_rank()
     return NeuronProcessGroup(store, rank, size, timeout)

@@ -52,10 +52,11 @@ def launched() -> bool:
 def setup(device: str) -> World:
     """Bind this rank to its device and join the process group (once per process). Errors are ValueErrors
     (bad input: more ranks than devices), so the CLI reports them in one line."""
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    from ..distributed import bind_local_rank, local_rank
+
+    local = local_rank()
     kind = torch.device(device).type
     if kind == DEVICE_NAME:
-        from ..distributed import bind_local_rank
 
         try:
             dev = bind_local_rank()

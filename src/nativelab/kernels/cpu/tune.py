@@ -13,7 +13,7 @@ flat read with them), so a `DecodePlan` chooses them at its first step on a thre
    candidate timed on the plan's own weights in interleaved rounds (`choose`), ~0.2-0.5 s in all, and
    writes the choice to the cache (atomically, as the build cache does), unless other processes kept the
    machine busy meanwhile or the search was cut short (its 2 s limit): then this process uses it, the next
-   one measures again.
+   one measures again. A choice is read only from a directory this user alone can write (`private_dir.py`).
 
 None of this changes a value (csrc/decode.cpp's Tuning): the tests check that every candidate gives the
 tokens of the default one.
@@ -33,9 +33,11 @@ from pathlib import Path
 from ...device import cpu_info, threads
 from ... import settings
 from ...files import write_atomic
+from ...private_dir import CacheDir
 
 ENV = settings.DECODE_CONFIG.name  # its text: parse()'s fields
 CACHE_ENV = settings.TUNE_CACHE_DIR.name
+CACHE = CacheDir(settings.TUNE_CACHE_DIR, "decode tuning results")
 HINTS = {"l1": 3, "l2": 2, "nta": 0}  # prefetcht0, prefetcht1, prefetchnta (csrc/decode.cpp: prefetch<HINT>)
 NOISE = 0.02  # candidates within 2% of the fastest count as equally fast: the earlier (the incumbent) wins
 PREFILL_TOKENS = 6  # the prompt length the prefill's tile is timed on (Lab 2's prompt)
@@ -214,8 +216,9 @@ def plan_measure(plan, max_tile_tokens: int, calls: int = 1) -> Callable[[Decode
 # ---- the cache ----
 
 def cache_dir() -> Path:
-    """$NATIVELAB_TUNE_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/tune, else ~/.cache/nativelab/tune."""
-    return settings.TUNE_CACHE_DIR.get()
+    """$NATIVELAB_TUNE_CACHE_DIR, else $XDG_CACHE_HOME/nativelab/tune, else ~/.cache/nativelab/tune (or a
+    private directory instead of one other users can write)."""
+    return CACHE.root()
 
 
 def cache_key(build: str, threads: int, dtype: str, shape: tuple) -> dict:
@@ -227,7 +230,7 @@ def cache_key(build: str, threads: int, dtype: str, shape: tuple) -> dict:
 
 def _path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_dir() / f"decode-{digest}.json"
+    return CACHE.path(f"decode-{digest}.json")
 
 
 def cached(key: dict) -> DecodeConfig | None:
@@ -243,7 +246,6 @@ def cached(key: dict) -> DecodeConfig | None:
 
 def store(key: dict, config: DecodeConfig, tried: dict, seconds: float) -> Path:
     path = _path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
     entry = {"key": key, "config": dataclasses.asdict(config), "search_seconds": round(seconds, 4),
              "tried_ms": {f"{c} n_tok={n}": round(t * 1e3, 4) for (c, n), t in tried.items()}}
     return write_atomic(path, json.dumps(entry, indent=1).encode())
