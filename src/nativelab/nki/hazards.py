@@ -35,8 +35,9 @@ reads or writes the accumulator in another iteration does (a partial sum read wh
 Not checked: accesses through runtime offsets (.ap's scalar_offset / vector_offset, gathers, scatters):
 their addresses are values read at run time. Engine registers (reduce_cmd accumulators) are not memory.
 
-Cost: the checker compares, per loop execution and tensor, the accesses of different iterations whose
-element ranges overlap, element by element only where the ranges do. `auto` (the default) stops at a budget
+Cost: per loop execution and tensor, the accesses of different iterations are compared by their element
+ranges, then as boxes of the tensor's index space (a slice of each dimension: exact), and element by element
+only where neither settles it (strided or reinterpreted views) or a race is there. `auto` (the default) stops at a budget
 of elements compared and says so; `full` has none (NATIVELAB_NKI_HAZARDS, or nki.jit(check="hazards"))."""
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def find(instructions, loops, storages, grid=(), budget: int | None = None) -> t
     found: dict = {}  # (loop id of the first found, loop line, tensor, instruction lines) -> {kind: (a, b)}
     spent = 0
     for (loop, _, sid), accesses in groups.items():
-        if not _ranges_meet(accesses):
+        if not _ranges_meet(accesses) or not _boxes_meet(accesses, storages[sid][4], storages[sid][5],
+                                                           loop == trace.GRID_LOOP):
             continue
         spent += sum(_size(a.view) for a in accesses)
         for kind, a, b in _conflicts(accesses, loop == trace.GRID_LOOP):
@@ -182,6 +184,55 @@ def _ranges_meet(accesses) -> bool:
         if lo <= reach:
             return True
         reach = max(reach, hi)
+    return False
+
+
+def _box(view, shape, size):
+    """The view as a box of the allocation's (row-major) index space, [first, last] per dimension, when it is
+    one (each of its dimensions one of the allocation's, step 1, its own dtype); else None."""
+    offset, vshape, vstrides, vsize = view
+    if vsize != size:
+        return None
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    lo = [(offset // st) % n for st, n in zip(strides, shape)]
+    hi = list(lo)
+    used = set()
+    for n, st in zip(vshape, vstrides):
+        if n == 1:
+            continue
+        d = next((d for d in range(len(shape)) if strides[d] == st and shape[d] > 1 and d not in used), None)
+        if d is None or lo[d] + n > shape[d]:
+            return None
+        used.add(d)
+        hi[d] = lo[d] + n - 1
+    return lo, hi
+
+
+def _boxes_meet(accesses, shape, size, grid: bool) -> bool:
+    """Whether two accesses of different iterations (one a write, not two of one accumulation, in a grid not
+    ordered by a rendezvous) may share an element: exactly, where both are boxes (tile [i] of a tile, column
+    blocks); True where one is not (the element-by-element comparison decides)."""
+    boxes = [_box(a.view, shape, size) for a in accesses]
+    if any(b is None for b in boxes) or not shape:
+        return True
+    lo = np.array([b[0] for b in boxes], dtype=np.int64)
+    hi = np.array([b[1] for b in boxes], dtype=np.int64)
+    iters = {it: n for n, it in enumerate(dict.fromkeys(a.iteration for a in accesses))}
+    code = np.array([iters[a.iteration] for a in accesses])
+    groups = np.array([hash(a.group) if a.group is not None else 0 for a in accesses])
+    epochs = np.array([a.epoch for a in accesses])
+    for w, a in enumerate(accesses):
+        if not a.write:
+            continue
+        meet = (lo <= hi[w]).all(axis=1) & (lo[w] <= hi).all(axis=1) & (code != code[w])
+        if a.group is not None:
+            meet &= groups != groups[w]
+        if grid:
+            meet &= epochs == epochs[w]
+        if meet.any():
+            return True
     return False
 
 

@@ -158,7 +158,8 @@ def _loop(start, stop, step, kind: str):
     if tr is None:
         yield from values
         return
-    line = limits.kernel_line()
+    # the loop's line: for the hazard checker (a recording pass) and the order check; the compile pass needs none
+    line = limits.kernel_line() if not tr.quiet or tr.order is not None else ""
     loop = tr.enter_loop(kind, line)
     if tr.order is not None and kind == "affine":
         values = tr.order.iterations(line, values)

@@ -681,7 +681,7 @@ def _region(tr, t: NkiTensor):
     shape, strides, element bytes; None through runtime offsets) for the hazard checker (nki/hazards.py)."""
     st = t.storage
     if st.uid not in tr.storages:
-        tr.storages[st.uid] = (st.describe(), st.buffer.name, st.site, st.born)
+        tr.storages[st.uid] = (st.describe(), st.buffer.name, st.site, st.born, st.shape, st.meta.element_size())
     if _indirect(t.chain) is not None:
         return st.uid, 0, st.meta.numel() - 1, None
     v = t.layout()
