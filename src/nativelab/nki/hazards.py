@@ -6,7 +6,8 @@ https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.la
 affine_range is for loops with "no loop carried dependency"; "different iterations could be
 parallelized/pipelined on different compute engines within a NeuronCore". Its sequential_range page: "Using
 affine_range instead of sequential_range in case of loop carried dependency incorrectly is considered unsafe
-and could lead to numerical errors", and Python's `range` "will be replaced with sequential_range". An
+and could lead to numerical errors", and Python's `range` "will be replaced with sequential_range"
+(https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.language.sequential_range.html). An
 emulator that runs iterations in order (this one, AWS's nki.simulate) returns the sequential answer; the
 chip may not. From SDK 2.29 the page calls affine_range an alias of `range`; a kernel this checker passes is
 safe under both readings.
@@ -25,10 +26,11 @@ Allowed, as AWS's pages say (no finding):
   - nc_matmul (and nc_matmul_mx) accumulating into one PSUM tile across iterations: the affine_range page's
     "associative reduction" example, "nc_matmul calls accumulating into the same output buffer defined
     outside of this loop level"; nc_matmul's `accumulate` page: accumulate=None "first write overwrites,
-    subsequent writes accumulate" (nki.isa.nc_matmul, "Accumulation mode");
+    subsequent writes accumulate" (nki.isa.nc_matmul, "Accumulation mode";
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.nc_matmul.html);
   - `buffer += value` (and `t[i] += value`), the page's `result_psum += nl.matmul(...)`;
-  - dma_copy(..., dst_rmw_op=nl.add), "dst = dst_rmw_op(dst, src)" by the DMA engine (nki.isa.dma_copy),
-    and dma_compute with dst among its sources.
+  - dma_copy(..., dst_rmw_op=nl.add), "dst = dst_rmw_op(dst, src)" by the DMA engine (the nki.isa.dma_copy
+    page of SDK 2.28, aws-neuron-sdk nki/api/nki/isa/__init__.py), and dma_compute with dst among its sources.
 Two accumulations of the same kind into the same tile do not race with each other; anything else that
 reads or writes the accumulator in another iteration does (a partial sum read while others add to it).
 
