@@ -391,7 +391,7 @@ def _matmul_sees_rewritten_operand(s, m):
     st = nl.load(s)
     mv = nl.ndarray(m.shape, dtype=m.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=mv, src=m)
-    for i in nl.affine_range(2):
+    for i in nl.sequential_range(2):  # the second matmul reads the first iteration's memset: carried
         acc = nl.ndarray((s.shape[1], m.shape[1]), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=acc, stationary=st, moving=mv)
         nl.store(out[i], nl.copy(acc))

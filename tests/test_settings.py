@@ -34,6 +34,7 @@ BAD = {
     "NATIVELAB_BF16_GEMM": ("fast", "auto, bf16 or fp32"),
     "NATIVELAB_CPU_KERNELS": ("2", "0 or 1"),
     "NATIVELAB_NKI_PROFILE": ("loud", "0 or 1"),
+    "NATIVELAB_NKI_HAZARDS": ("warn", "off, auto, full or strict"),
 }
 OPEN = {"NATIVELAB_DECODE_CONFIG",  # its fields are the tuner's (tests/test_decode_tuning.py checks them)
         "NATIVELAB_CACHE_DIR", "NATIVELAB_CPP_CACHE_DIR", "NATIVELAB_TUNE_CACHE_DIR"}  # any directory

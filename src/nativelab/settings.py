@@ -201,6 +201,11 @@ DECODE_CONFIG = Variable(
     "the decode kernels' loop configuration, forced (nothing measured)")
 NKI_PROFILE = _flag_var("NATIVELAB_NKI_PROFILE", False, "at each NKI compile",
                         "print an NKI kernel's est. trn2 time once per new signature")
+NKI_HAZARDS = Variable(
+    "NATIVELAB_NKI_HAZARDS", _one_of("off", "auto", "full", "strict"), "off, auto, full or strict", "auto", "auto",
+    "at each NKI trace",
+    "the hazard checker (races between nl.affine_range iterations and a grid's programs): a warning per race; "
+    "`auto` stops at a budget of elements compared, `full` has none, `strict` raises instead")
 CACHE_DIR = _cache_var("NATIVELAB_CACHE_DIR", "neff", "compiled device graphs (the guide's NEFF cache)")
 CPP_CACHE_DIR = _cache_var("NATIVELAB_CPP_CACHE_DIR", "cpp", "nativelab's C++ extensions, built on first use")
 TUNE_CACHE_DIR = _cache_var("NATIVELAB_TUNE_CACHE_DIR", "tune", "the decode kernels' measured configurations")

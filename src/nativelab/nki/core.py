@@ -93,8 +93,9 @@ def instruction(fn):
 
 
 def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flops: int | None = None,
-           inputs: int = 1) -> None:
-    """Log an issued instruction for the cost model: its engine and size (`t`: the tile it streams)."""
+           inputs: int = 1, accumulates: str | None = None) -> None:
+    """Log an issued instruction for the cost model: its engine and size (`t`: the tile it streams), and for
+    the hazard checker the loop iterations it is in and whether it accumulates into its destination."""
     tr = trace.active()
     if tr is None:
         return
@@ -105,7 +106,8 @@ def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flo
         per = t.numel() * t.data.element_size()
     tr.instructions.append(trace.Instruction(name, engine, per, p,
                                              flops if flops is not None else flops_per_element * t.numel(),
-                                             limits.kernel_line(), t.dtype, inputs))
+                                             limits.kernel_line(), t.dtype, inputs, loops=tr.loop_key,
+                                             epoch=tr.epoch, accumulates=accumulates))
 
 
 

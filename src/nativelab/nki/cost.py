@@ -189,11 +189,11 @@ def estimate(kernel: str, instructions) -> Estimate:
 
     def ready_of(ins):
         ready = free[(ins.core, ins.engine)] if ins.engine != "dma" else 0.0
-        for sid, lo, hi in ins.reads:  # read after write
+        for sid, lo, hi, _ in ins.reads:  # read after write
             for a_lo, a_hi, end in writes.get(sid, ()):
                 if lo <= a_hi and a_lo <= hi and end > ready:
                     ready = end
-        for sid, lo, hi in ins.writes:  # write after read or write
+        for sid, lo, hi, _ in ins.writes:  # write after read or write
             for table in (reads, writes):
                 for a_lo, a_hi, end in table.get(sid, ()):
                     if lo <= a_hi and a_lo <= hi and end > ready:
@@ -208,7 +208,7 @@ def estimate(kernel: str, instructions) -> Estimate:
 
     def finish(ins, start, end, index):
         for regions, table in ((ins.reads, reads), (ins.writes, writes)):
-            for sid, lo, hi in regions:
+            for sid, lo, hi, _ in regions:
                 table.setdefault(sid, []).append((lo, hi, end))
         events[index] = (ins.name, ins.engine, start, end, ins.line)
 

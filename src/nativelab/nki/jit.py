@@ -30,7 +30,7 @@ from .. import settings
 from ..compiler import metrics
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
-from . import cost, fusion, limits, programs, trace
+from . import cost, fusion, hazards, limits, order, programs, trace
 from ._private import is_fake
 from .tensor import NkiTensor, Storage, hbm, new_trace, view_of
 
@@ -73,7 +73,8 @@ class _Signature:
 class _Traced:
     """One signature's compiled kernel: output specs, which arguments it writes, how to build the result."""
 
-    def __init__(self, out_specs, written_inputs, result_spec, instructions, peak, interpreted=None):
+    def __init__(self, out_specs, written_inputs, result_spec, instructions, peak, interpreted=None, loops=(),
+                 storages=None):
         self.out_specs = out_specs  # [(shape, dtype)] of the kernel's HBM allocations
         self.interpreted = interpreted  # why every launch runs interpreted (control flow on runtime data), or None
         self.runs = 0  # interpreted launches so far (the first one warns)
@@ -81,6 +82,8 @@ class _Traced:
         self.result_spec = result_spec
         self.instructions = instructions
         self.peak = peak  # peak live SBUF / PSUM bytes per partition
+        self.loops, self.storages = loops, storages or {}  # what the hazard checker reads besides instructions
+        self.hazards: list | None = None  # the races found when traced (nki/hazards.py), None if not checked
         self.launch = None
         self.source = None
         self._estimate = None
@@ -244,6 +247,8 @@ class JitKernel:
                                  f"which is not contiguous: pass a contiguous tensor")
         contiguous = all(t.is_contiguous() for t in tensors)
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        if self.options.get("order") is not None:
+            return _result(traced, self._order_check(sig, tensors, traced), tensors, numpy_mode)
         if self.options.get("simulate") or traced.interpreted is not None:
             outs, est = self._simulate(sig, tensors, traced)
             if est is not None:
@@ -301,8 +306,36 @@ class JitKernel:
                           f"data-dependent trip count or branch; every launch executes its instructions one by one "
                           f"on CPU copies of its tensors (slower than a compiled launch)", limits.NkiWarning,
                           stacklevel=4)
-        return _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes),
-                       tr.runtime_control)
+        traced = _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes),
+                         tr.runtime_control, tr.loops, tr.storages)
+        self._check_hazards(traced, tr)
+        return traced
+
+    def _check_hazards(self, traced: _Traced, tr: trace.Trace) -> None:
+        """Once per signature: the races between affine_range iterations (and programs) in the trace's
+        accesses, each a warning (strict: one error); see nki/hazards.py."""
+        how = hazards.mode(self.options.get("check"))
+        if how == "off":
+            return
+        found, stopped = hazards.find(tr.instructions, tr.loops, tr.storages, self.grid,
+                                      hazards.AUTO_BUDGET if how == "auto" else None)
+        traced.hazards = found
+        if stopped:
+            metrics.log.info("nki kernel %s: the hazard checker stopped at its budget of %d elements "
+                             "(NATIVELAB_NKI_HAZARDS=full or nki.jit(check='hazards') checks all)",
+                             self.name, hazards.AUTO_BUDGET)
+        hazards.report(found, strict=how == "strict")
+
+    def hazards(self, *args, **kwargs) -> list:
+        """The races (nki/hazards.py's Hazard) in a launch with these arguments, all of them (no budget):
+        traced, not run; an empty list for a race-free kernel."""
+        sig = _Signature(self.fn, self.grid, args, kwargs)
+        traced = self._traces.get(sig.key)
+        if traced is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", hazards.HazardWarning)
+                traced = self._traces[sig.key] = self._trace(sig)
+        return hazards.find(traced.instructions, traced.loops, traced.storages, self.grid)[0]
 
     def _simulate(self, sig: _Signature, tensors, traced: _Traced, estimate: bool = False):
         """Interpret the kernel instruction by instruction on CPU copies (nki.simulate, and every launch of a
@@ -311,19 +344,11 @@ class JitKernel:
         (when watched, profiled or asked for): its instructions are the ones this launch's values issued."""
         host = [t.cpu() if t.device.type != "cpu" else t for t in tensors]
         interpreted = traced.interpreted is not None
-        # an interpreted signature's checking pass skipped its runtime loops: this pass checks and warns (on the
-        # signature's first launch; later launches of it stay quiet) and records what the cost model needs
-        tr = trace.Trace(self.name, self.grid, quiet=not interpreted, device="cpu")
-        with warnings.catch_warnings():
-            if not interpreted or traced.runs:
-                warnings.simplefilter("ignore", limits.NkiWarning)
-            traced.runs += interpreted
-            _run(self.fn, sig, host, tr)
-        got = [(st.shape, st.dtype) for st in tr.outputs]
-        if got != traced.out_specs:
-            raise limits.NkiError(f"nki: kernel {self.name} allocated HBM tensors {got} at run time, but its checking "
-                                  f"pass (which runs loops on runtime values no times) allocated {traced.out_specs}: "
-                                  f"allocate the kernel's outputs outside loops and conditions on registers")
+        first = interpreted and not traced.runs
+        traced.runs += interpreted
+        tr = self._interpret(sig, host, traced, interpreted, first)
+        if first:  # the checking pass ran no iterations of its runtime loops: this run's accesses are checked
+            self._check_hazards(traced, tr)
         for k, (t, h) in enumerate(zip(tensors, host)):
             if h is not t:
                 t.copy_(h)
@@ -334,6 +359,43 @@ class JitKernel:
             if settings.NKI_PROFILE.get() and not estimate:
                 print(est.summary(), file=sys.stderr)
         return [st.tensor.to(device) for st in tr.outputs], est
+
+    def _interpret(self, sig: _Signature, host, traced: _Traced, record: bool, warn: bool,
+                   ordering=None) -> trace.Trace:
+        """One interpreted run on the CPU tensors `host` (written in place). `record`: the instructions are
+        recorded (an interpreted signature's estimate is its launch's); `warn`: its NkiWarnings are given (an
+        interpreted signature's first launch: its checking pass skipped its runtime loops). `ordering`:
+        nki/order.py's Order for the affine_range loops and the programs."""
+        tr = trace.Trace(self.name, self.grid, quiet=not record, device="cpu", order=ordering)
+        with warnings.catch_warnings():
+            if not warn:
+                warnings.simplefilter("ignore", limits.NkiWarning)
+            _run(self.fn, sig, host, tr)
+        got = [(st.shape, st.dtype) for st in tr.outputs]
+        if got != traced.out_specs:
+            raise limits.NkiError(f"nki: kernel {self.name} allocated HBM tensors {got} at run time, but its checking "
+                                  f"pass (which runs loops on runtime values no times) allocated {traced.out_specs}: "
+                                  f"allocate the kernel's outputs outside loops and conditions on registers")
+        return tr
+
+    def _order_check(self, sig: _Signature, tensors, traced: _Traced):
+        """nki.simulate(kernel, order=...): interpreted in order and in the other order, compared (nki/order.py);
+        the in-order run's outputs, its written arguments copied back."""
+        def run(how):
+            host = [t.detach().cpu().clone() for t in tensors]
+            tr = self._interpret(sig, host, traced, how is None, False, how)  # in order: its accesses recorded
+            kept = hazards.escaping_loops(tr.instructions, tr.loops, tr.storages) if how is None else set()
+            return [st.tensor for st in tr.outputs] + [host[k] for k in traced.written_inputs], tr.loops, \
+                tr.launch.programs, kept
+
+        names = [f"output {j}" for j in range(len(traced.out_specs))]
+        names += [f"argument {sig.names[sig.tensor_pos[k]]!r}" for k in traced.written_inputs]
+        results = order.check_order(run, self.options["order"], self.options.get("seed", 0), names)
+        n = len(traced.out_specs)
+        for k, value in zip(traced.written_inputs, results[n:]):
+            tensors[k].copy_(value)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return [r.to(device) for r in results[:n]]
 
     def _compile(self, sig: _Signature, traced: _Traced) -> None:
         """Pass 2, under make_fx: record the graph (outputs as arguments) and compile it through the cache."""
@@ -408,7 +470,9 @@ def _to_numpy(r):
 def jit(fn=None, **options):
     """@nki.jit / @nki.jit(...): make `fn` an NKI kernel. Options AWS's compiler takes (mode=, platform
     target, debug flags) are accepted and ignored. nativelab's own: simulate=True interprets every launch
-    (nki.simulate); fuse=False compiles each instruction as issued (no tile GEMMs fused: nki/fusion.py)."""
+    (nki.simulate); fuse=False compiles each instruction as issued (no tile GEMMs fused: nki/fusion.py);
+    check="hazards" checks every access for races between affine_range iterations (no budget),
+    "hazards-strict" raises on one, "off" skips it (default: NATIVELAB_NKI_HAZARDS; nki/hazards.py)."""
     if fn is None:
         return lambda f: jit(f, **options)
     return fn if isinstance(fn, JitKernel) else JitKernel(fn, **options)

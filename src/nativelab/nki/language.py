@@ -148,35 +148,46 @@ def shared_identity_matrix(n: int, dtype=bfloat16, **_ignored) -> NkiTensor:
 # --- loops and programs (a trace unrolls loops: Python runs their bodies with plain ints)
 
 
-def _loop(start, stop, step):
+def _loop(start, stop, step, kind: str):
     """The iterations, each a scope: on-chip tensors allocated in an iteration's body are live for that
-    iteration only (their SBUF/PSUM space is free for the next one, as the NKI compiler allocates them)."""
+    iteration only (their SBUF/PSUM space is free for the next one, as the NKI compiler allocates them).
+    Each iteration is noted on the instructions it issues (the hazard checker's, nki/hazards.py), and an
+    order check (nki.simulate(kernel, order=...)) runs an affine_range's iterations in its order."""
     tr = trace.active()
-    for i in range(start, stop, step) if stop is not None else range(start):
-        if tr is None:
-            yield i
-            continue
+    values = range(start, stop, step) if stop is not None else range(start)
+    if tr is None:
+        yield from values
+        return
+    # the loop's line: for the hazard checker (a recording pass) and the order check; the compile pass needs none
+    line = limits.kernel_line() if not tr.quiet or tr.order is not None else ""
+    loop = tr.enter_loop(kind, line)
+    if tr.order is not None and kind == "affine":
+        values = tr.order.iterations(line, values)
+    outer = tr.loop_key
+    for i in values:
         tr.scopes.append([])
+        tr.loop_key = outer + ((loop, i),)
         try:
             yield i
         finally:
+            tr.loop_key = outer
             for st in tr.scopes.pop():
                 st.free()
 
 
 def affine_range(start, stop=None, step=1, **_hints):
     """Iterations without loop-carried dependencies (the compiler may reorder or pipeline them)."""
-    return _loop(start, stop, step)
+    return _loop(start, stop, step, "affine")
 
 
 def sequential_range(start, stop=None, step=1, **_hints):
     """Iterations that depend on each other, run in order."""
-    return _loop(start, stop, step)
+    return _loop(start, stop, step, "sequential")
 
 
 def static_range(start, stop=None, step=1, **_hints):
     """Fully unrolled at trace time."""
-    return _loop(start, stop, step)
+    return _loop(start, stop, step, "static")
 
 
 def dynamic_range(start, stop=None, step=1):
@@ -192,7 +203,7 @@ def dynamic_range(start, stop=None, step=1):
         if b is not None and not isinstance(b, (int, np.integer)):
             raise limits.fail("nl.dynamic_range", f"bounds must be integers or registers, got {b!r}")
     limits.check(int(step) > 0, "nl.dynamic_range", f"step must be a positive compile-time integer, got {step}")
-    return _loop(int(start), None if stop is None else int(stop), int(step))
+    return _loop(int(start), None if stop is None else int(stop), int(step), "dynamic")
 
 
 @contextlib.contextmanager
@@ -262,6 +273,8 @@ def load_transpose2d(src: NkiTensor, dtype=None, **_kw) -> NkiTensor:
 
 def copy_into(dst: NkiTensor, value) -> None:
     """`dst[...] = value`: an on-chip copy, a load (HBM -> on chip) or a store (on chip -> HBM)."""
+    if isinstance(value, NkiTensor) and value.storage is dst.storage and value.chain == dst.chain:
+        return  # `t[i] += x` assigns t[i] its own view back (accumulate_into wrote it): nothing to copy
     if isinstance(value, NkiTensor):
         v = read(value, "assignment")
         if v.shape != dst.data.shape and v.numel() != dst.numel():
@@ -271,6 +284,20 @@ def copy_into(dst: NkiTensor, value) -> None:
         write(dst, v, "assignment", source=value)
     else:
         write(dst, core.fill(dst, value), "assignment")
+
+
+def accumulate_into(dst: NkiTensor, value) -> NkiTensor:
+    """`dst += value` (and `t[i] += value`): the sum written back into dst's own elements, as NKI's compiler
+    treats an accumulation buffer: AWS's nl.affine_range page names `result_psum += nl.matmul(...)` into a
+    buffer defined outside the loop an associative reduction, not a loop-carried dependency, and so does
+    the hazard checker (nki/hazards.py)."""
+    on_chip("+=", dst, value)
+    out, _ = compute(_OPS["add"], [read(dst, "+="), value_of(value, "+=")])
+    if tuple(out.shape) != dst.shape:
+        limits.check(out.numel() == dst.numel(), "+=", f"adds a {tuple(out.shape)} value into {dst!r}")
+    record("nl.add", "vector", dst, inputs=_tiles_read((dst, value)), accumulates="add")
+    write(dst, out, "+=")
+    return dst
 
 
 # --- elementwise math
@@ -504,11 +531,11 @@ def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
     return x.expand_dims(axis)
 
 
-for _name in ("full", "load", "store", "copy_into", "apply_op", "_reduce", "matmul", "transpose", "softmax",
+for _name in ("full", "load", "store", "copy_into", "accumulate_into", "apply_op", "_reduce", "matmul", "transpose", "softmax",
               "rms_norm", "where", "load_transpose2d", "var", "gather_flattened", "rand", "random_seed", "dropout"):
     globals()[_name] = core.instruction(globals()[_name])
 del _name
 
 # what tensor views and operators call (bound here: tensor.py and ops.py sit below this module)
-tensor.bind_language(copy_into=copy_into, transpose=transpose, ops=globals())
+tensor.bind_language(copy_into=copy_into, accumulate_into=accumulate_into, transpose=transpose, ops=globals())
 ops.bind_call(apply_op)

@@ -65,7 +65,8 @@ class Launch:
             g.gr_context = main.gr_context  # one thread's context, as if the programs ran in it
             gs.append(g)
         results: dict = {}
-        ready = collections.deque(range(len(gs)))
+        order = self.tr.order
+        ready = collections.deque(order.programs(len(gs)) if order is not None else range(len(gs)))
         self._ready = ready
         try:
             while True:
@@ -103,10 +104,15 @@ class Launch:
         tr = self.tr
         if self.lnc2:
             state = self._states.pop(rank, None)
-            tr.load_program_state(state if state is not None else tr.fresh_program_state(self.pids[rank]))
+            if state is None:
+                state = tr.fresh_program_state(self.pids[rank])
+                state["loop_key"] = ((trace.GRID_LOOP, rank),)
+            tr.load_program_state(state)
         elif rank not in self._states:  # one core runs the programs one after another
             self._states[rank] = True
             tr.program, tr.hbm_allocs_this_program = self.pids[rank], 0
+            # the programs as the iterations of one parallel loop (nki/hazards.py): none waits for another
+            tr.loop_key = ((trace.GRID_LOOP, rank),) if len(self.pids) > 1 else ()
 
     def _leave(self, rank: int) -> None:
         """Before another program runs: the fuser's deferred matmuls and stores land (they are this
@@ -138,9 +144,11 @@ class Launch:
             self._waiting.pop(peer, None)
             self._resume[peer] = payload
             self._ready.append(peer)
+            self.tr.epoch += 1  # what either core did before this rendezvous is ordered before what follows it
             return slot[peer], sync
         self._waiting[rank] = _Wait(full, n, what, limits.kernel_line())
         got = self._main.switch(_BLOCKED)
+        self.tr.epoch += 1
         return got, sync
 
     def _unmatched(self, rank: int, finished: dict) -> str:

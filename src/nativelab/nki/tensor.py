@@ -100,6 +100,8 @@ class Storage:
         self.lender = None  # the storage whose memory the value borrows
         self.borrowers: list = []  # (storage, the value it borrowed) pairs of storages borrowing our memory
         self.site = limits.kernel_line()
+        tr = trace.active()
+        self.born = tr.loop_key if tr is not None else ()  # the loop iterations it was allocated in
         self.written = np.zeros(tensor.numel(), dtype=bool) if track and input_index is None else None
         p = tensor.shape[0] if tensor.dim() else 1
         self.bytes_per_partition = (tensor.numel() // max(p, 1)) * tensor.element_size()
@@ -414,6 +416,10 @@ class NkiTensor:
         return method
 
     __add__, __radd__ = _op("add"), _op("add", True)
+
+    def __iadd__(self, other):  # `t += x`: accumulates into t's own elements (nki.language.accumulate_into)
+        return _language["accumulate_into"](self, other)
+
     __sub__, __rsub__ = _op("subtract"), _op("subtract", True)
     __mul__, __rmul__ = _op("multiply"), _op("multiply", True)
     __truediv__, __rtruediv__ = _op("divide"), _op("divide", True)
@@ -669,15 +675,20 @@ def covers_all(t: NkiTensor) -> bool:
     return v.storage_offset() == 0 and v.numel() == t.storage.meta.numel() and v.is_contiguous()
 
 
-def _region(t: NkiTensor):
-    """(storage, first element, last element) of the view, for the cost model's dependencies (all of it
-    for a view that moves by runtime offsets)."""
+def _region(tr, t: NkiTensor):
+    """(storage, first element, last element, view) of the view: the first three for the cost model's
+    dependencies (all of it for a view that moves by runtime offsets), the view's exact elements (offset,
+    shape, strides, element bytes; None through runtime offsets) for the hazard checker (nki/hazards.py)."""
+    st = t.storage
+    if st.uid not in tr.storages:
+        tr.storages[st.uid] = (st.describe(), st.buffer.name, st.site, st.born, st.shape, st.meta.element_size())
     if _indirect(t.chain) is not None:
-        return t.storage.uid, 0, t.storage.meta.numel() - 1
+        return st.uid, 0, st.meta.numel() - 1, None
     v = t.layout()
-    lo = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s < 0 and n > 0)
-    hi = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s > 0 and n > 0)
-    return t.storage.uid, lo, hi
+    shape, strides, offset = tuple(v.shape), v.stride(), v.storage_offset()
+    lo = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s < 0 and n > 0)
+    hi = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0 and n > 0)
+    return st.uid, lo, hi, (offset, shape, strides, v.element_size())
 
 
 def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Tensor:
@@ -693,7 +704,7 @@ def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Te
             tr.fuser.before_read(st)  # deferred matmuls and stores into it land first
         tr.account(st)
         if not tr.quiet:
-            tr.pending_reads.append(_region(t))
+            tr.pending_reads.append(_region(tr, t))
         if check_written:
             _warn_unwritten(tr, t, instruction, "reads")
     return t.data
@@ -738,7 +749,7 @@ def note_write(t: NkiTensor) -> None:
         if st.input_index is not None:
             tr.written_inputs.add(st.input_index)
         if not tr.quiet:
-            tr.pending_writes.append(_region(t))
+            tr.pending_writes.append(_region(tr, t))
     if st.written is not None:
         idx = flat_indices(t)
         if idx is None:

@@ -43,15 +43,22 @@ class Instruction:
     line: str = ""
     dtype: object = None  # the streamed operand's dtype (Tensor Engine fp32 is 4x slower; Vector perf mode)
     inputs: int = 1  # tiles streamed in (Vector: two inputs take twice the cycles)
-    reads: list = field(default_factory=list)  # (storage id, first, last element) regions read
+    # (storage id, first, last element, view) regions read: the view is (offset, shape, strides, element bytes)
+    # of the elements in the view's dtype, or None where runtime offsets move it (the hazard checker's)
+    reads: list = field(default_factory=list)
     writes: list = field(default_factory=list)  # ... and written
     core: int = 0  # the physical core (rank) that issued it: 0, or 1 in an LNC-2 launch
     sync: tuple | None = None  # a rendezvous with the other core (sendrecv, core_barrier): the same key on both
+    loops: tuple = ()  # the loop iterations it is in, outermost first: ((loop id, iteration), ...); nki/hazards.py
+    epoch: int = 0  # the rendezvous its program had passed (LNC-2): what it is ordered after on the other core
+    accumulates: str | None = None  # an associative accumulation into its destination ("matmul", "add")
 
 
 # what each program instance's core has of its own (Trace attributes swapped at a program switch)
 PROGRAM_STATE = ("program", "hbm_allocs_this_program", "live", "scopes", "depth", "pending_reads",
-                 "pending_writes", "registers")
+                 "pending_writes", "registers", "loop_key", "epoch")
+
+GRID_LOOP = 0  # the loop id of the launch grid's programs (their "iterations" are the ranks)
 
 
 def _live() -> dict:
@@ -82,6 +89,11 @@ class Trace:
     fuser: object = None  # the recording pass's fusion.PsumFuser (matmuls deferred into one GEMM), or None
     runtime_control: str | None = None  # the first loop / condition on a value read at run time (checking pass)
     launch: object = None  # nki/programs.py's scheduler of the program instances (their rendezvous)
+    loop_key: tuple = ()  # the running loop iterations ((loop id, iteration), ...), outermost first
+    loops: list = field(default_factory=lambda: [("grid", "the launch grid")])  # loop id -> (kind, line)
+    epoch: int = 0  # rendezvous the running program has passed
+    storages: dict = field(default_factory=dict)  # storage id -> (description, memory, allocation site)
+    order: object = None  # nki/order.py's Order: the affine_range iterations and programs run in another order
 
     def program_state(self) -> dict:
         return {k: getattr(self, k) for k in PROGRAM_STATE}
@@ -94,7 +106,12 @@ class Trace:
     def fresh_program_state(program: tuple) -> dict:
         """A core's state when a program instance starts on it: nothing live, registers unset."""
         return {"program": program, "hbm_allocs_this_program": 0, "live": _live(), "scopes": [], "depth": 0,
-                "pending_reads": [], "pending_writes": [], "registers": {}}
+                "pending_reads": [], "pending_writes": [], "registers": {}, "loop_key": (), "epoch": 0}
+
+    def enter_loop(self, kind: str, line: str) -> int:
+        """A new loop instance (one execution of a `for` over nl.affine_range and the like): its id."""
+        self.loops.append((kind, line))
+        return len(self.loops) - 1
 
     def account(self, storage) -> None:
         """Count an on-chip allocation as live from its first use (so a tile re-allocated in each loop

@@ -35,7 +35,7 @@ def argmax_kernel(logits):
     chunk = min(vocab, _MAX8_FMAX)
     for _, r0, n in tiles(rows, p):
         best, best_at = _running_argmax(n)
-        for _, c0, nc in tiles(vocab, chunk):
+        for _, c0, nc in tiles(vocab, chunk, carried=True):  # the running (max, index)
             t = nl.ndarray((n, nc), dtype=logits.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=t, src=logits[r0:r0 + n, c0:c0 + nc])
             _argmax_step(best, best_at, t, c0)
@@ -86,7 +86,7 @@ def top_p_kernel(logits, exp_noise, temperature, top_p):
         probs = nl.ndarray((n, vocab), dtype=nl.float32, buffer=nl.sbuf)
         z_max = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=z_max, value=-float("inf"))
-        for _, c0, nc in tiles(vocab, _CHUNK):  # z = logits / temperature, and its row maximum
+        for _, c0, nc in tiles(vocab, _CHUNK, carried=True):  # z = logits / temperature, its running row maximum
             t = nl.ndarray((n, nc), dtype=logits.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=t, src=logits[r0:r0 + n, c0:c0 + nc])
             nisa.tensor_scalar(dst=probs[:, c0:c0 + nc], data=t, op0=nl.divide, operand0=float(temperature))
@@ -115,7 +115,7 @@ def top_p_kernel(logits, exp_noise, temperature, top_p):
                 nisa.tensor_scalar(dst=mid, data=mid, op0=nl.multiply, operand0=0.5)
                 mass = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.memset(dst=mass, value=0.0)
-                for _, c0, nc in tiles(vocab, _CHUNK):
+                for _, c0, nc in tiles(vocab, _CHUNK, carried=True):  # the mass summed tile by tile
                     kept = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.sbuf)
                     part = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.scalar_tensor_tensor(dst=kept, data=probs[:, c0:c0 + nc], op0=nl.greater_equal,
@@ -127,7 +127,7 @@ def top_p_kernel(logits, exp_noise, temperature, top_p):
                 nisa.tensor_copy_predicated(dst=lo, src=mid, predicate=enough)
                 nisa.tensor_copy_predicated(dst=hi, src=mid, predicate=enough, reverse_pred=True)
         best, best_at = _running_argmax(n)  # the race: argmax of p / E over the kept tokens (0 elsewhere)
-        for _, c0, nc in tiles(vocab, _CHUNK):
+        for _, c0, nc in tiles(vocab, _CHUNK, carried=True):  # the running (max, index)
             e = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=e, src=exp_noise[r0:r0 + n, c0:c0 + nc])
             race = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.sbuf)

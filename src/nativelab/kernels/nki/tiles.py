@@ -7,10 +7,13 @@ from ...nki import isa as nisa
 from ...nki import language as nl
 
 
-def tiles(size: int, step: int):
+def tiles(size: int, step: int, carried: bool = False):
     """(index, start, length) of each tile of `size` in steps of `step` (the last may be partial), as an
-    nl.affine_range loop: the tiles a body allocates are live for its iteration only."""
-    for i in nl.affine_range((size + step - 1) // step):
+    nl.affine_range loop: the tiles a body allocates are live for its iteration only. carried=True: the body
+    carries a value from one tile to the next (a running maximum, a sum read back): an nl.sequential_range,
+    as AWS's pages require of a loop-carried dependency (nki/hazards.py)."""
+    loop = nl.sequential_range if carried else nl.affine_range
+    for i in loop((size + step - 1) // step):
         yield i, i * step, min(size, i * step + step) - i * step
 
 

@@ -147,9 +147,10 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, dst_rmw_op=None, oob_mode=None, dge
                  "with dst_rmw_op only oob_mode.error is allowed (AWS's dma_copy page)")
     with skipping_out_of_bounds(skip):
         v = read(src, "dma_copy")
-        record("dma_copy", "dma", dst)
-        if dst_rmw_op is not None:
-            op = as_op(dst_rmw_op)
+        op = as_op(dst_rmw_op) if dst_rmw_op is not None else None
+        # dst = dst_rmw_op(dst, src) by the DMA engine: an accumulation into dst (nki/hazards.py)
+        record("dma_copy", "dma", dst, accumulates=op.name if op is not None else None)
+        if op is not None:
             if op.name == "add" and dst.is_indirect():
                 write(dst, v.reshape(dst.shape).float(), "dma_copy", accumulate=True)
             else:
@@ -196,7 +197,9 @@ def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=Tru
         for t in summed:
             v = read(t, ins).float().reshape(dst.shape)
             total = v if total is None else total + v
-        record(ins, "dma", dst)
+        # dst among the sources: dst += ..., the DMA engine's read-modify-write accumulation (nki/hazards.py)
+        into_dst = any(t.storage is dst.storage and t.chain == dst.chain for t in srcs)
+        record(ins, "dma", dst, accumulates="add" if into_dst else None)
         tr = trace.active()
         if tr is not None and tr.instructions:  # the engine streams every source through it
             tr.instructions[-1].elements = sum(t.numel() * t.data.element_size() for t in srcs)
@@ -259,16 +262,18 @@ def nc_matmul(dst, stationary: NkiTensor, moving: NkiTensor = None, is_stationar
                  f"dst has shape {dst.shape}; stationary {stationary.shape} x moving {moving.shape} gives ({m}, {n})")
     add = bool(accumulate) if accumulate is not None else (not is_transpose and written(dst))
     fuser = trace.active().fuser if trace.active() is not None else None
+    # matmuls into one PSUM tile are an associative accumulation (AWS's nl.affine_range page): nki/hazards.py
+    group = None if is_transpose else "matmul"
     if fuser is not None and dst.dtype == torch.float32:  # recorded for compiling: one GEMM per K loop
         s_value, m_value = read(stationary, ins), read(moving, ins)
-        record(ins, "tensor", moving, flops=2 * k * m * n)
+        record(ins, "tensor", moving, flops=2 * k * m * n, accumulates=group)
         note_write(dst)
         fuser.defer(dst, stationary, s_value, moving, m_value, k, m, n, add)
         return dst
     s = read_float(stationary, ins).reshape(k, m)
     mv = read_float(moving, ins).reshape(k, n)
     out = (s.t() @ mv).reshape(dst.shape)
-    record(ins, "tensor", moving, flops=2 * k * m * n)
+    record(ins, "tensor", moving, flops=2 * k * m * n, accumulates=group)
     write(dst, out, ins, accumulate=add)
     return dst
 
@@ -1203,7 +1208,7 @@ def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stati
     s = _mx_values(stationary, stationary_scale, ins).permute(0, 2, 1).reshape(k * 4, m)
     mv = _mx_values(moving, moving_scale, ins).permute(0, 2, 1).reshape(k * 4, n)
     add = bool(accumulate) if accumulate is not None else written(dst)
-    record(ins, "tensor", moving, flops=2 * 4 * k * m * n)
+    record(ins, "tensor", moving, flops=2 * 4 * k * m * n, accumulates="matmul")
     write(dst, (s.t() @ mv).reshape(dst.shape), ins, accumulate=add)
     return dst
 

@@ -140,7 +140,7 @@ def core_barrier(data: NkiTensor, cores=(0, 1), engine=_engine_enum.unknown, nam
     eng = engine if engine in (_engine_enum.vector, _engine_enum.scalar, _engine_enum.gpsimd) else _engine_enum.gpsimd
     record(ins, eng, data)
     issued = tr.instructions[-1]
-    whole = (data.storage.uid, 0, math.prod(data.storage.shape) - 1)  # every write to data before it, both cores'
+    whole = (data.storage.uid, 0, math.prod(data.storage.shape) - 1, None)  # every write to data before it, both cores'
     issued.reads.append(whole)
     issued.writes.append(whole)
     _, issued.sync = launch.rendezvous("core_barrier", None, None, "core_barrier")
