@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from . import isa, language
+from . import collectives, isa, language, typing
 from .jit import JitKernel, jit
 from .limits import NkiError, NkiWarning
 
 __version__ = "0.5.0+nativelab"
-__all__ = ["jit", "language", "isa", "JitKernel", "NkiError", "NkiWarning", "simulate", "dtype"]
+__all__ = ["jit", "language", "isa", "collectives", "typing", "JitKernel", "NkiError", "NkiWarning", "simulate", "dtype"]
 
 dtype = torch.dtype  # NKI's dtype type (kernels annotate `dtype: nki.dtype = nl.bfloat16`)
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from . import core, isa, limits, mx, ops, tensor, trace
+from .core import ParDim as par_dim  # noqa: F401 - nl.par_dim
 from .core import compute, dtype_of, ndarray, on_chip, record, value_of
 from .ops import ALL as _OPS
 from .ops import Op
@@ -31,6 +32,7 @@ float8_e5m2 = torch.float8_e5m2
 int8, int16, int32, int64 = torch.int8, torch.int16, torch.int32, torch.int64
 uint8, uint16, uint32, uint64 = torch.uint8, torch.uint16, torch.uint32, torch.uint64
 bool_ = torch.bool
+bool = torch.bool  # noqa: A001 - NKI's name (nki-library's resolve_dtype_to_nki returns nl.bool)
 float8_e8m0fnu = torch.float8_e8m0fnu  # MX scale factors (a power of two per element)
 
 

@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import math
 import operator
+import sys
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ import torch
 import weakref
 
 from . import limits, mx, trace
+from .dtypes import kernel_dtype, torch_dtype
 from ._private import is_fake, is_view
 
 _bound: dict = {}  # id -> weakref of every tensor that is (or was) some storage's value (cleared per trace)
@@ -200,8 +202,13 @@ class NkiTensor:
 
     @property
     def dtype(self):
+        """The element type: to nativelab's own code the torch dtype, to a kernel's source the same dtype
+        under its NKI name (nki/dtypes.py: `str(t.dtype) == 'bfloat16'`, still equal to nl.bfloat16)."""
         packed = self.packed
-        return packed if packed is not None else self.layout().dtype
+        if packed is not None:
+            return packed
+        d = self.layout().dtype
+        return d if sys._getframe(1).f_globals.get("__name__", "").startswith("nativelab.") else kernel_dtype(d)
 
     @property
     def packed(self):
@@ -298,6 +305,7 @@ class NkiTensor:
         pattern; vector_offset, one value per index of the pattern's first dimension (a gather / scatter
         of rows: its own step is the allocation's row size; indirect_dim 0 only)."""
         base = self.storage
+        dtype = torch_dtype(dtype)
         packed, dtype = (dtype, dtype.carrier) if isinstance(dtype, mx.PackedDtype) else (None, dtype)
         numel = math.prod(base.shape) * base.meta.element_size() // (
             torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size())
@@ -364,6 +372,7 @@ class NkiTensor:
                          + ((("packed", self.packed),) if self.packed is not None else ()), True)
 
     def view(self, dtype) -> "NkiTensor":
+        dtype = torch_dtype(dtype)
         if dtype == self.dtype and self.packed is None:  # its own dtype: nothing reinterpreted
             return self
         if isinstance(dtype, mx.PackedDtype):  # the bits reinterpreted as packed MX elements
