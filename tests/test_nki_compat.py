@@ -25,6 +25,7 @@ def _nkilib_style_dtype(x):
     # nki-library's resolve_dtype_to_nki: the dtype's string against NKI's names
     name = str(x.dtype)
     assert name == "bfloat16", name
+    assert str(x.dtype) == str(nl.bfloat16) and str(nl.float32) == "float32"  # nkilib's sizeinbytes compares these
     assert x.dtype == nl.bfloat16 and x.dtype == torch.bfloat16 and x.dtype != nl.float32
     assert {nl.bfloat16: "ok"}[x.dtype] == "ok" and x.dtype in (nl.float16, nl.bfloat16)
     t = _load(x)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 
 from . import collectives, isa, language, typing
+from .dtypes import KernelDtype
 from .jit import JitKernel, jit
 from .limits import NkiError, NkiWarning
 
 __version__ = "0.5.0+nativelab"
 __all__ = ["jit", "language", "isa", "collectives", "typing", "JitKernel", "NkiError", "NkiWarning", "simulate", "dtype"]
 
-dtype = torch.dtype  # NKI's dtype type (kernels annotate `dtype: nki.dtype = nl.bfloat16`)
+dtype = KernelDtype  # NKI's dtype type, nl.bfloat16's (kernels annotate `dtype: nki.dtype = nl.bfloat16`)
 
 
 def simulate(kernel):

@@ -314,7 +314,7 @@ class NkiTensor:
         offset = int(offset or 0) + (self.layout().storage_offset() if dtype is None else 0)
         runtime = None
         if scalar_offset is not None or vector_offset is not None:
-            runtime = _runtime_offsets(base, nums, dtype, scalar_offset, vector_offset, int(indirect_dim))
+            runtime = _runtime_offsets(base, self.layout(), nums, dtype, scalar_offset, vector_offset, int(indirect_dim))
             dtype = dtype if dtype is not None else base.dtype  # (marks the view's elements as not the tile's)
         elif dtype == base.dtype and base.packed is None:
             # the allocation's own dtype (nki-library's TensorView always passes one) reinterprets nothing: the
@@ -545,15 +545,19 @@ class _RuntimeOffsets:
         self.tile, self.vector, self.stride = tile, vector, stride
 
 
-def _runtime_offsets(base: Storage, nums, dtype, scalar_offset, vector_offset, dim: int) -> _RuntimeOffsets:
-    """Checks .ap's runtime offsets (AWS's "NKI Access Patterns" guide) and describes them."""
+def _runtime_offsets(base: Storage, view: torch.Tensor, nums, dtype, scalar_offset, vector_offset,
+                     dim: int) -> _RuntimeOffsets:
+    """Checks .ap's runtime offsets (AWS's "NKI Access Patterns" guide) and describes them. indirect_dim is a
+    dimension of the tensor .ap() is called on (`view`'s layout: a reshape of the allocation has its own), and
+    one offset unit is that dimension's stride."""
     limits.check(scalar_offset is None or vector_offset is None, "ap",
                  "takes at most one of scalar_offset and vector_offset")
-    limits.check(0 <= dim < len(base.shape), "ap", f"indirect_dim {dim} is not a dimension of {base.describe()}")
+    limits.check(0 <= dim < view.dim(), "ap", f"indirect_dim {dim} is not a dimension of {tuple(view.shape)} "
+                                              f"(a view of {base.describe()})")
     vector = vector_offset is not None
     limits.check(not vector or dim == 0, "ap", f"a vector_offset moves along indirect_dim 0 only, got {dim}")
     runtime = _check_offsets("ap", base, nums, vector_offset if vector else scalar_offset, vector, dim == 0)
-    units = math.prod(base.shape[dim + 1:]) * base.meta.element_size()
+    units = view.stride()[dim] * base.meta.element_size()
     size = torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size()
     runtime.stride = units // size
     return runtime
