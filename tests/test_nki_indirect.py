@@ -58,6 +58,27 @@ def _window(k, start):
     return out
 
 
+@nki.jit
+def _window_of_reshape(k4, start):
+    """The window of _window through a reshape (b, 1, s, d) -> (b, s, d): indirect_dim 1 is the reshape's
+    dimension 1 (positions), not the allocation's (its one head), as nki-library's KV-cache update writes it."""
+    b, _, s, d = k4.shape
+    k = k4.reshape((b, s, d))
+    at = nl.load(start)
+    out = nl.ndarray((b, 16, d), dtype=k4.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(b):
+        t = nl.ndarray((16, d), dtype=k4.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=k.ap([[d, 16], [1, d]], offset=i * s * d, scalar_offset=at, indirect_dim=1))
+        nisa.dma_copy(dst=out[i], src=t)
+    return out
+
+
+def test_a_scalar_offset_moves_along_the_dimension_of_the_view_it_is_taken_of():
+    k = torch.randn(2, 1, 50, 8)
+    start = torch.tensor([[21]], dtype=torch.int32)
+    assert torch.equal(sim(_window_of_reshape)(k, start), k[:, 0, 21:37])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_a_vector_offset_gathers_rows_and_a_scalar_offset_moves_the_window(dtype, device):

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import torch
 
-from . import isa, language
+from . import collectives, isa, language, typing
+from .dtypes import KernelDtype
 from .jit import JitKernel, jit
 from .hazards import HazardError, HazardWarning
 from .limits import NkiError, NkiWarning
 from .order import ORDERS, OrderError
 
 __version__ = "0.5.0+nativelab"
-__all__ = ["jit", "language", "isa", "JitKernel", "NkiError", "NkiWarning", "HazardWarning", "HazardError",
-           "OrderError", "simulate", "dtype"]
+__all__ = ["jit", "language", "isa", "collectives", "typing", "JitKernel", "NkiError", "NkiWarning", "HazardWarning",
+           "HazardError", "OrderError", "simulate", "dtype"]
 
-dtype = torch.dtype  # NKI's dtype type (kernels annotate `dtype: nki.dtype = nl.bfloat16`)
+dtype = KernelDtype  # NKI's dtype type, nl.bfloat16's (kernels annotate `dtype: nki.dtype = nl.bfloat16`)
 
 
 def simulate(kernel, order: str | None = None, seed: int = 0):

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import builtins
 import functools
+import math
 
 import numpy as np
 import torch
 
 from . import limits, mx, trace
+from .dtypes import torch_dtype
 from .tensor import Buffer, NkiTensor, Storage, hbm, read, sbuf
 from .tensor import buffer_of as _buffer_of
 
@@ -18,6 +20,7 @@ DTYPES: dict = {}  # nl dtype names -> torch dtypes (filled by nki.language)
 
 
 def dtype_of(dtype):
+    dtype = torch_dtype(dtype)
     if dtype is None:
         return torch.float32
     if dtype in PACKED_DTYPES:
@@ -33,16 +36,28 @@ def dtype_of(dtype):
 
 
 
+class ParDim(int):
+    """nl.par_dim(n): a shape's partition dimension, n partitions (a plain integer otherwise)."""
+
+    def __repr__(self):
+        return f"nl.par_dim({int(self)})"
+
+
 def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored) -> NkiTensor:
     """A new tensor in `buffer` (uninitialised: reading it before writing warns). On-chip tensors have the
     partition dimension first (at most 128). HBM tensors a kernel allocates are its outputs."""
+    # nl.par_dim(n) marks the partition dimension; dimensions before it are blocks of tiles (the older API's
+    # layout: `(blocks, nl.par_dim(128), 512)`, each `t[b]` one tile on the 128 partitions)
+    pdim = next((k for k, s in enumerate(shape) if isinstance(s, ParDim)), 0) if not isinstance(shape, int) else 0
     shape = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
     packed = dtype if dtype in PACKED_DTYPES else None
     dtype, buf = dtype_of(dtype), _buffer_of(buffer)
     tr = trace.current()
     if buf.on_chip:
-        limits.check_partitions("nl.ndarray", f"{buf} tensor {name or ''}".rstrip(), shape)
+        limits.check_partitions("nl.ndarray", f"{buf} tensor {name or ''}".rstrip(), shape[pdim:])
         t = NkiTensor(*_new(torch.empty(shape, dtype=dtype, device=trace.device()), buf, name))
+        if pdim:  # blocks of tiles: what each partition holds is every block's share
+            t.storage.bytes_per_partition = math.prod(shape) // shape[pdim] * t.storage.tensor.element_size()
     else:
         t = hbm_tensor(tr, shape, dtype, buf, name)
     t.storage.packed = packed

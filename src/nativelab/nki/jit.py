@@ -45,28 +45,48 @@ def _parameters(fn) -> inspect.Signature:
 
 
 class _Signature:
-    """What a trace depends on: the grid, each tensor argument's shape and dtype, every other value."""
+    """What a trace depends on: the grid, each tensor argument's shape and dtype (a list or tuple of tensors,
+    nkilib's per-layer weights, counts each element), every other value."""
 
     def __init__(self, fn, grid, args, kwargs):
         self.fn = fn
         self.bound = _parameters(fn).bind(*args, **kwargs)
         self.names = list(self.bound.arguments)
         self.values = list(self.bound.arguments.values())
-        self.tensor_pos = [i for i, v in enumerate(self.values) if isinstance(v, torch.Tensor)]
-        self.tensors = [self.values[i] for i in self.tensor_pos]
-        statics = tuple((n, repr(v)) for i, (n, v) in enumerate(zip(self.names, self.values))
-                        if i not in self.tensor_pos)
+        # where each tensor is: (argument, None) for a tensor argument, (argument, j) for element j of a list
+        self.tensor_pos = []
+        statics = []
+        for i, (n, v) in enumerate(zip(self.names, self.values)):
+            if isinstance(v, torch.Tensor):
+                self.tensor_pos.append((i, None))
+            elif isinstance(v, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in v):
+                self.tensor_pos += [(i, j) for j, e in enumerate(v) if isinstance(e, torch.Tensor)]
+                statics.append((n, type(v).__name__, tuple(None if isinstance(e, torch.Tensor) else repr(e) for e in v)))
+            else:
+                statics.append((n, repr(v)))
+        self.tensors = [self.values[i] if j is None else self.values[i][j] for i, j in self.tensor_pos]
         # int(): under torch.compile with dynamic shapes, specialise (a kernel is traced per concrete shape)
         self.shapes = [tuple(int(d) for d in t.shape) for t in self.tensors]
         # the target core (NEURON_PLATFORM_TARGET_OVERRIDE) decides which instructions exist: a trace per target
-        self.key = (tuple(grid), tuple(zip(self.shapes, (t.dtype for t in self.tensors))), statics,
+        self.key = (tuple(grid), tuple(zip(self.shapes, (t.dtype for t in self.tensors))), tuple(statics),
                     limits.target_version())
 
+    def tensor_name(self, k: int) -> str:
+        """The k-th tensor's argument name (`weights[2]` for an element of a list)."""
+        i, j = self.tensor_pos[k]
+        return self.names[i] if j is None else f"{self.names[i]}[{j}]"
+
     def call(self, fn, hbm_inputs):
-        """fn(*arguments) with the tensor arguments replaced by `hbm_inputs` (keywords stay keywords)."""
+        """fn(*arguments) with the tensors replaced by `hbm_inputs` (keywords stay keywords, lists lists)."""
         bound = inspect.BoundArguments(self.bound.signature, dict(self.bound.arguments))
-        for i, t in zip(self.tensor_pos, hbm_inputs):
-            bound.arguments[self.names[i]] = t
+        lists = {}
+        for (i, j), t in zip(self.tensor_pos, hbm_inputs):
+            if j is None:
+                bound.arguments[self.names[i]] = t
+            else:
+                lists.setdefault(i, list(self.values[i]))[j] = t
+        for i, items in lists.items():
+            bound.arguments[self.names[i]] = type(self.values[i])(items)
         return fn(*bound.args, **bound.kwargs)
 
 
@@ -99,8 +119,7 @@ def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
     LNC-2 launch whose programs wait for each other (sendrecv, core_barrier), switching between them at
     each rendezvous (nki/programs.py)."""
     new_trace()
-    inputs = [NkiTensor(Storage(t, hbm, sig.names[i], input_index=k))
-              for k, (i, t) in enumerate(zip(sig.tensor_pos, tensors))]
+    inputs = [NkiTensor(Storage(t, hbm, sig.tensor_name(k), input_index=k)) for k, t in enumerate(tensors)]
     tr.launch = programs.Launch(tr)
     trace._current.append(tr)
     try:
@@ -172,7 +191,9 @@ def _tensor_places(sig: _Signature, n_args: int, kwargs) -> list | None:
     name; None if one is inside *args / **kwargs (the full signature then)."""
     params = list(_parameters(sig.fn).parameters.values())
     places = []
-    for i in sig.tensor_pos:
+    for i, j in sig.tensor_pos:
+        if j is not None:  # an element of a list argument
+            return None
         name = sig.names[i]
         if name in kwargs:
             places.append(name)
@@ -217,6 +238,8 @@ class JitKernel:
 
     @torch.compiler.disable  # Dynamo does not trace into a kernel: it is one opaque call (use @nki_op)
     def __call__(self, *args, **kwargs):
+        if trace.active() is not None:  # called from inside a kernel: its body runs inline, as on the chip
+            return self.fn(*args, **kwargs)
         key = _launch_key(args, kwargs)
         known = self._launches.get((self.grid, limits.target_version(), key)) if key is not None else None
         if known is not None:
@@ -243,7 +266,7 @@ class JitKernel:
             raise NotImplementedError(f"nki: kernel {self.name} runs on {DEVICE} and CPU tensors, got {device}")
         for k in traced.written_inputs:
             if not tensors[k].is_contiguous():
-                raise ValueError(f"nki: kernel {self.name} writes argument {sig.names[sig.tensor_pos[k]]!r}, "
+                raise ValueError(f"nki: kernel {self.name} writes argument {sig.tensor_name(k)!r}, "
                                  f"which is not contiguous: pass a contiguous tensor")
         contiguous = all(t.is_contiguous() for t in tensors)
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
@@ -446,8 +469,8 @@ class JitKernel:
 
 
 def _describe(sig: _Signature) -> str:
-    return ", ".join(f"{sig.names[i]}: {tuple(s)} {str(t.dtype).replace('torch.', '')}"
-                     for i, s, t in zip(sig.tensor_pos, sig.shapes, sig.tensors))
+    return ", ".join(f"{sig.tensor_name(k)}: {tuple(s)} {str(t.dtype).replace('torch.', '')}"
+                     for k, (s, t) in enumerate(zip(sig.shapes, sig.tensors)))
 
 
 def _result(traced: _Traced, outs, tensors, numpy_mode: bool):

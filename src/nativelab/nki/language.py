@@ -13,14 +13,16 @@ import numpy as np
 import torch
 
 from . import core, isa, limits, mx, ops, tensor, trace
+from .core import ParDim as par_dim  # noqa: F401 - nl.par_dim
 from .core import compute, dtype_of, ndarray, on_chip, record, value_of
+from .dtypes import kernel_dtype
 from .ops import ALL as _OPS
 from .ops import Op
 from .tensor import (  # noqa: F401 - re-exported as nl.*
     Buffer, NkiTensor, ds, hbm, private_hbm, psum, read, sbuf, shared_hbm, write,
 )
 
-# --- dtypes (torch dtypes: a kernel's tiles are torch tensors)
+# --- dtypes (a kernel's tiles are torch tensors: these name their torch dtypes)
 float32 = torch.float32
 float16 = torch.float16
 bfloat16 = torch.bfloat16
@@ -31,11 +33,15 @@ float8_e5m2 = torch.float8_e5m2
 int8, int16, int32, int64 = torch.int8, torch.int16, torch.int32, torch.int64
 uint8, uint16, uint32, uint64 = torch.uint8, torch.uint16, torch.uint32, torch.uint64
 bool_ = torch.bool
+bool = torch.bool  # noqa: A001 - NKI's name (nki-library's resolve_dtype_to_nki returns nl.bool)
 float8_e8m0fnu = torch.float8_e8m0fnu  # MX scale factors (a power of two per element)
 
 
 float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4 = mx.PACKED  # MX types: four values an element
 core.DTYPES.update({name: v for name, v in dict(globals()).items() if isinstance(v, torch.dtype)})
+# as a kernel sees them: under NKI's names (`str(nl.bfloat16) == 'bfloat16'`: nki-library compares those strings),
+# equal to the torch dtypes (nki/dtypes.py)
+globals().update({name: kernel_dtype(v) for name, v in core.DTYPES.items()})
 
 
 class tile_size:  # noqa: N801 - NKI's name

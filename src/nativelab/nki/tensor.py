@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import math
 import operator
+import sys
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ import torch
 import weakref
 
 from . import limits, mx, trace
+from .dtypes import kernel_dtype, torch_dtype
 from ._private import is_fake, is_view
 
 _bound: dict = {}  # id -> weakref of every tensor that is (or was) some storage's value (cleared per trace)
@@ -202,8 +204,13 @@ class NkiTensor:
 
     @property
     def dtype(self):
+        """The element type: to nativelab's own code the torch dtype, to a kernel's source the same dtype
+        under its NKI name (nki/dtypes.py: `str(t.dtype) == 'bfloat16'`, still equal to nl.bfloat16)."""
         packed = self.packed
-        return packed if packed is not None else self.layout().dtype
+        if packed is not None:
+            return packed
+        d = self.layout().dtype
+        return d if sys._getframe(1).f_globals.get("__name__", "").startswith("nativelab.") else kernel_dtype(d)
 
     @property
     def packed(self):
@@ -300,6 +307,7 @@ class NkiTensor:
         pattern; vector_offset, one value per index of the pattern's first dimension (a gather / scatter
         of rows: its own step is the allocation's row size; indirect_dim 0 only)."""
         base = self.storage
+        dtype = torch_dtype(dtype)
         packed, dtype = (dtype, dtype.carrier) if isinstance(dtype, mx.PackedDtype) else (None, dtype)
         numel = math.prod(base.shape) * base.meta.element_size() // (
             torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size())
@@ -308,7 +316,7 @@ class NkiTensor:
         offset = int(offset or 0) + (self.layout().storage_offset() if dtype is None else 0)
         runtime = None
         if scalar_offset is not None or vector_offset is not None:
-            runtime = _runtime_offsets(base, nums, dtype, scalar_offset, vector_offset, int(indirect_dim))
+            runtime = _runtime_offsets(base, self.layout(), nums, dtype, scalar_offset, vector_offset, int(indirect_dim))
             dtype = dtype if dtype is not None else base.dtype  # (marks the view's elements as not the tile's)
         elif dtype == base.dtype and base.packed is None:
             # the allocation's own dtype (nki-library's TensorView always passes one) reinterprets nothing: the
@@ -366,6 +374,7 @@ class NkiTensor:
                          + ((("packed", self.packed),) if self.packed is not None else ()), True)
 
     def view(self, dtype) -> "NkiTensor":
+        dtype = torch_dtype(dtype)
         if dtype == self.dtype and self.packed is None:  # its own dtype: nothing reinterpreted
             return self
         if isinstance(dtype, mx.PackedDtype):  # the bits reinterpreted as packed MX elements
@@ -542,15 +551,19 @@ class _RuntimeOffsets:
         self.tile, self.vector, self.stride = tile, vector, stride
 
 
-def _runtime_offsets(base: Storage, nums, dtype, scalar_offset, vector_offset, dim: int) -> _RuntimeOffsets:
-    """Checks .ap's runtime offsets (AWS's "NKI Access Patterns" guide) and describes them."""
+def _runtime_offsets(base: Storage, view: torch.Tensor, nums, dtype, scalar_offset, vector_offset,
+                     dim: int) -> _RuntimeOffsets:
+    """Checks .ap's runtime offsets (AWS's "NKI Access Patterns" guide) and describes them. indirect_dim is a
+    dimension of the tensor .ap() is called on (`view`'s layout: a reshape of the allocation has its own), and
+    one offset unit is that dimension's stride."""
     limits.check(scalar_offset is None or vector_offset is None, "ap",
                  "takes at most one of scalar_offset and vector_offset")
-    limits.check(0 <= dim < len(base.shape), "ap", f"indirect_dim {dim} is not a dimension of {base.describe()}")
+    limits.check(0 <= dim < view.dim(), "ap", f"indirect_dim {dim} is not a dimension of {tuple(view.shape)} "
+                                              f"(a view of {base.describe()})")
     vector = vector_offset is not None
     limits.check(not vector or dim == 0, "ap", f"a vector_offset moves along indirect_dim 0 only, got {dim}")
     runtime = _check_offsets("ap", base, nums, vector_offset if vector else scalar_offset, vector, dim == 0)
-    units = math.prod(base.shape[dim + 1:]) * base.meta.element_size()
+    units = view.stride()[dim] * base.meta.element_size()
     size = torch.empty((), dtype=dtype).element_size() if dtype is not None else base.meta.element_size()
     runtime.stride = units // size
     return runtime

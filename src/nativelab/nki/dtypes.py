@@ -1,0 +1,67 @@
+"""The dtype a kernel sees on its tensors: NKI's name for a torch dtype. AWS's NKI prints a tensor's dtype as
+its NKI name (`str(t.dtype) == 'bfloat16'`; nki-library's `resolve_dtype_to_nki` compares those strings), while
+nativelab's tiles are torch tensors whose dtypes print `torch.bfloat16`. A `KernelDtype` is the torch dtype
+under its NKI name: equal to it (and to the `nl.*` names, which are torch dtypes, and to the name as a
+string), hashed as it, and accepted wherever the emulator takes a dtype (`torch_dtype` unwraps it).
+
+Only code outside nativelab (the kernel's own source) sees one: the emulator's modules read a tensor's dtype
+as the torch dtype itself (tensor.NkiTensor.dtype), so every torch call they make keeps taking it."""
+
+from __future__ import annotations
+
+import torch
+
+_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bool: "bool"}  # the rest: the torch name less "torch."
+
+
+class KernelDtype:
+    """A torch dtype under its NKI name (what `t.dtype` is in a kernel's source)."""
+
+    __slots__ = ("torch", "name")
+
+    def __init__(self, dtype: torch.dtype):
+        self.torch = dtype
+        self.name = _NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+    def __eq__(self, other):
+        if isinstance(other, KernelDtype):
+            return self.torch == other.torch
+        if isinstance(other, str):
+            return other == self.name
+        return self.torch == other
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash(self.torch)  # a dict or set keyed by torch dtypes finds it
+
+    def __str__(self):
+        return self.name
+
+    def __repr__(self):
+        return self.name
+
+    def __getattr__(self, attr):  # is_floating_point, itemsize, ...: the torch dtype's
+        return getattr(self.torch, attr)
+
+    def __reduce__(self):
+        return KernelDtype, (self.torch,)
+
+
+_CACHE: dict = {}
+
+
+def kernel_dtype(dtype):
+    """The dtype as a kernel's source sees it (a torch dtype under its NKI name; other objects unchanged)."""
+    if not isinstance(dtype, torch.dtype):
+        return dtype
+    k = _CACHE.get(dtype)
+    if k is None:
+        k = _CACHE[dtype] = KernelDtype(dtype)
+    return k
+
+
+def torch_dtype(dtype):
+    """A dtype a kernel passed in (maybe one it read off a tensor) as the emulator takes it."""
+    return dtype.torch if isinstance(dtype, KernelDtype) else dtype

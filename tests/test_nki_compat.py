@@ -1,0 +1,138 @@
+"""What AWS's public kernels (nki-library, nki-samples) rely on beyond the instructions: a tensor's dtype printed
+as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
+nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes."""
+
+import pytest
+import torch
+
+import nki  # nativelab's stand-in (tests/conftest.py imports nativelab, which installs it)
+import nki.collectives as ncc
+import nki.isa as nisa
+import nki.language as nl
+import nki.typing as nt
+
+sim = nki.simulate  # interpreted: no compile
+
+
+def _load(x):
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    return t
+
+
+@nki.jit
+def _nkilib_style_dtype(x):
+    # nki-library's resolve_dtype_to_nki: the dtype's string against NKI's names
+    name = str(x.dtype)
+    assert name == "bfloat16", name
+    assert str(x.dtype) == str(nl.bfloat16) and str(nl.float32) == "float32"  # nkilib's sizeinbytes compares these
+    assert x.dtype == nl.bfloat16 and x.dtype == torch.bfloat16 and x.dtype != nl.float32
+    assert {nl.bfloat16: "ok"}[x.dtype] == "ok" and x.dtype in (nl.float16, nl.bfloat16)
+    t = _load(x)
+    assert str(t.dtype) == "bfloat16" and t.dtype == nl.bfloat16
+    y = nl.ndarray(x.shape, dtype=t.dtype, buffer=nl.sbuf)  # a dtype read off a tile allocates as nl.bfloat16
+    nisa.activation(dst=y, op=nl.exp, data=t)
+    out = nl.ndarray(x.shape, dtype=y.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=y.ap([[x.shape[1], x.shape[0]], [1, x.shape[1]]], dtype=y.dtype))
+    return out
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_a_tensor_dtype_prints_its_nki_name_and_equals_nl_dtypes(run):
+    x = torch.randn(8, 16).to(torch.bfloat16)
+    out = run(_nkilib_style_dtype)(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, torch.exp(x.float()).to(torch.bfloat16))
+
+
+@nki.jit
+def _scale_tile(x, factor):  # a kernel of its own, also called from another kernel on an SBUF tile
+    t = x if x.buffer == nl.sbuf else _load(x)
+    y = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=y, data=t, op0=nl.multiply, operand0=factor)
+    return y
+
+
+@nki.jit
+def _calls_a_kernel(x):
+    y = _scale_tile(_load(x), 3.0)  # returns an SBUF tile: only possible inline
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+def test_a_kernel_called_inside_a_kernel_runs_inline():
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(sim(_calls_a_kernel)(x), 3 * x)
+    torch.testing.assert_close(_calls_a_kernel(x), 3 * x)
+
+
+@nki.jit
+def _sum_of_list(xs, scales):
+    acc = nl.ndarray(xs[0].shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0)
+    for x, s in zip(xs, scales):
+        assert isinstance(x, nl.NkiTensor) and x.buffer == nl.hbm  # arrives as an NKI tensor in HBM
+        t = _load(x)
+        nisa.scalar_tensor_tensor(dst=acc, data=t, op0=nl.multiply, operand0=s, op1=nl.add, operand1=acc)
+    out = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=acc)
+    return out
+
+
+def test_a_list_of_tensors_is_a_list_of_kernel_tensors_and_part_of_the_signature():
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    torch.testing.assert_close(_sum_of_list(xs, [1.0, 2.0, 3.0]), xs[0] + 2 * xs[1] + 3 * xs[2])
+    # other values in the list, other shapes: other traces, not the first one's
+    torch.testing.assert_close(_sum_of_list(xs[:2], [1.0, -1.0]), xs[0] - xs[1])
+    ys = [torch.randn(2, 16) for _ in range(2)]
+    torch.testing.assert_close(sim(_sum_of_list)(ys, (0.5, 0.5)), 0.5 * (ys[0] + ys[1]))
+
+
+@nki.jit
+def _one_rank_collectives(x: nt.tensor, out_rows: nt.mutable_tensor):
+    rg = ncc.ReplicaGroup([[0]])
+    gathered = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    ncc.all_gather(srcs=[x], dsts=[gathered], replica_group=rg, collective_dim=0)
+    reduced = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    ncc.all_reduce(srcs=[gathered], dsts=[reduced], replica_group=rg, op=nl.add)
+    rank = ncc.rank_id()  # a register holding 0: selects the first row
+    t = nl.ndarray((1, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=reduced.reshape((x.shape[0], 1, x.shape[1])).select(0, rank))
+    nisa.dma_copy(dst=out_rows, src=t)
+    return reduced
+
+
+def test_collectives_on_one_rank_and_a_group_that_needs_more_ranks():
+    x = torch.randn(4, 8)
+    rows = torch.zeros(1, 8)
+    torch.testing.assert_close(sim(_one_rank_collectives)(x, rows), x)
+    torch.testing.assert_close(rows, x[:1])
+
+    @nki.jit
+    def two_ranks(x):
+        out = nl.ndarray((2 * x.shape[0], x.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+        ncc.all_gather(srcs=[x], dsts=[out], replica_group=ncc.ReplicaGroup([[0, 1]]), collective_dim=0)
+        return out
+
+    with pytest.raises(nki.NkiError, match=r"one rank.*across 2 ranks"):
+        sim(two_ranks)(x)
+
+
+@nki.jit
+def _blocks_of_tiles(x):
+    n = x.shape[0] // 128
+    blocks = nl.ndarray((n, nl.par_dim(128), x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    for b in nl.affine_range(n):
+        nisa.dma_copy(dst=blocks[b], src=x[b * 128:(b + 1) * 128, :])
+    for b in nl.affine_range(n):
+        nisa.dma_copy(dst=out[b * 128:(b + 1) * 128, :], src=blocks[n - 1 - b])
+    return out
+
+
+def test_par_dim_marks_the_partition_dimension_after_blocks():
+    x = torch.randn(384, 16)
+    torch.testing.assert_close(sim(_blocks_of_tiles)(x), torch.cat([x[256:], x[128:256], x[:128]]))
+    assert int(nl.par_dim(128)) == 128
+    assert nt.tensor[128, 512] is nt.tensor and issubclass(nt.mutable_tensor, nt.tensor)
