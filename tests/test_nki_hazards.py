@@ -2,6 +2,7 @@
 accesses a trace records) and the order check (nki.simulate(kernel, order=...), nki/order.py)."""
 
 import inspect
+import pickle
 import warnings
 
 import pytest
@@ -245,6 +246,20 @@ def test_strict_mode_raises_every_hazard_as_one_error():
         assert _hazards(nki.jit(_same_rows(nl.affine_range)), x) == []
     with pytest.raises(ValueError, match="check must be"):
         nki.jit(_same_rows(nl.affine_range), check="races")(x)
+
+
+def test_hazard_and_order_errors_survive_pickling_with_their_message():
+    # pytest-xdist and multiprocessing rebuild warnings and errors from their message alone (CI broke on it).
+    x = torch.randn(4, P, F)
+    with pytest.warns(HazardWarning) as caught:
+        nki.jit(_same_rows(nl.affine_range), check="hazards")(x)
+    with pytest.raises(HazardError) as err:
+        nki.jit(_same_rows(nl.affine_range), check="hazards-strict")(x)
+    with pytest.raises(nki.OrderError) as order:
+        nki.simulate(nki.jit(_same_rows(nl.affine_range), check="off"), order="reverse")(x)
+    for e in (caught[0].message, err.value, order.value):
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e) and str(back) == str(e) and str(e)
 
 
 def test_kernel_hazards_lists_them_without_a_launch():

@@ -61,17 +61,20 @@ class HazardWarning(limits.NkiWarning):
     """A race between the iterations of an nl.affine_range loop (or a launch's programs) that running them in
     order hides. Its `hazard` attribute is the Hazard."""
 
-    def __init__(self, hazard: "Hazard"):
-        super().__init__(hazard.message())
-        self.hazard = hazard
+    def __init__(self, hazard: "Hazard | str"):
+        # A str too: pytest-xdist rebuilds a warning from its message when it crosses processes.
+        super().__init__(hazard if isinstance(hazard, str) else hazard.message())
+        self.hazard = None if isinstance(hazard, str) else hazard
 
 
 class HazardError(limits.NkiError):
     """Strict mode (NATIVELAB_NKI_HAZARDS=strict, or nki.jit(check="hazards-strict")): the hazards found."""
 
-    def __init__(self, hazards: list):
-        super().__init__("\n".join(h.message() for h in hazards))
-        self.hazards = hazards
+    def __init__(self, hazards: "list | str"):
+        # A str too, so that pickling (multiprocessing, pytest-xdist) can rebuild it from its message.
+        text = hazards if isinstance(hazards, str) else "\n".join(h.message() for h in hazards)
+        super().__init__(text)
+        self.hazards = [] if isinstance(hazards, str) else hazards
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ GRID = "the launch grid"
 class OrderError(limits.NkiError):
     """A kernel's result changed when its affine_range iterations (or programs) ran in another order."""
 
-    def __init__(self, message: str, output: str, index: tuple, expected, got, loop: str | None, order: str):
+    # All but the message optional: pickling (multiprocessing, pytest-xdist) rebuilds it from its message alone.
+    def __init__(self, message: str, output: str = "", index: tuple = (), expected=None, got=None,
+                 loop: str | None = None, order: str = ""):
         super().__init__(message)
         self.output, self.index, self.expected, self.got = output, index, expected, got
         self.loop, self.order = loop, order
