@@ -1,5 +1,6 @@
 """Autograd and optimizers on the device match the same training on plain CPU."""
 
+import contextlib
 import copy
 import threading
 
@@ -162,6 +163,25 @@ def test_moving_a_module_keeps_its_parameters_and_their_ties():
     lazy.to_empty(device="neuron")
     assert lazy.lm_head.weight is lazy.wte.weight
     assert not torch.__future__.get_swap_module_params_on_conversion()  # a CPU-only program converts as before
+
+
+def test_moving_a_module_under_inference_mode_or_no_grad_keeps_its_parameters():
+    # A generator copying a model to the device inside torch.inference_mode() (a model made there too: its
+    # parameters are inference tensors, without an autograd edge): the same values and Parameter objects, no error.
+    for ctx, made_inside in ((torch.inference_mode, False), (torch.inference_mode, True), (torch.no_grad, False)):
+        torch.manual_seed(0)
+        with ctx() if made_inside else contextlib.nullcontext():
+            m = _TiedLM()
+        weight = m.wte.weight
+        with ctx():
+            m.to("neuron")
+            out = m(torch.tensor([[1, 4, 7]], device="neuron")).cpu()
+        torch.manual_seed(0)
+        ref = _TiedLM()
+        with torch.no_grad():
+            want = ref(torch.tensor([[1, 4, 7]]))
+        assert m.wte.weight is weight and m.lm_head.weight is weight and weight.device.type == "neuron"
+        torch.testing.assert_close(out, want)
 
 
 def test_moving_a_module_after_a_forward_keeps_its_parameters():

@@ -281,8 +281,10 @@ def swap_tensors_held_by_autograd(t1: torch.Tensor, t2: torch.Tensor) -> None:
     slots = set(copyreg._slotnames(t1.__class__))
     if slots != set(copyreg._slotnames(t2.__class__)):
         raise RuntimeError("Cannot swap t1 and t2 if they have different slots")
-    if t1.requires_grad and t1.is_leaf:
-        torch.autograd.graph.get_gradient_edge(t1).node.register_prehook(_moved_parameter_backward)
+    if t1.requires_grad and t1.is_leaf and not t1.is_inference():  # an inference tensor has no autograd edge
+        # autograd off (a .to() under torch.inference_mode or no_grad) makes no edge: switched on for the lookup
+        with torch.inference_mode(False), torch.enable_grad():
+            torch.autograd.graph.get_gradient_edge(t1).node.register_prehook(_moved_parameter_backward)
 
     def swap_attr(name):
         tmp = getattr(t1, name)

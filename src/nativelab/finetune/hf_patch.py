@@ -57,8 +57,12 @@ def _make_rope(original):
 def _with_globals(fn, **overrides):
     """A copy of `fn` whose module globals are overridden (the attention forward with the RoPE kernel)."""
     fn = inspect.unwrap(fn)
-    new = types.FunctionType(fn.__code__, {**fn.__globals__, **overrides}, fn.__name__, fn.__defaults__,
-                             fn.__closure__)
+    # Without the module's `__name__`: Dynamo resolves a traced function's globals by that name, so it would
+    # read (and guard on) the module's own `apply_rotary_pos_emb`, not ours (since transformers 5.25 with the
+    # `kernels` package, a module object that has no `__defaults__`: guard creation failed). Nameless globals
+    # are taken as this dict.
+    scope = {k: v for k, v in fn.__globals__.items() if k != "__name__"}
+    new = types.FunctionType(fn.__code__, {**scope, **overrides}, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     return new
 
