@@ -5,6 +5,7 @@ import inspect
 import pickle
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -267,6 +268,13 @@ def test_kernel_hazards_lists_them_without_a_launch():
     with settings.NKI_HAZARDS.set("off"):
         assert [h.kind for h in k.hazards(torch.randn(4, P, F))] == ["WAW"]
     assert _matmul_k_loop.hazards(torch.randn(2 * P, P), torch.randn(2 * P, F)) == []
+
+
+def test_kernel_hazards_takes_numpy_arrays_as_a_launch_does():
+    """Standalone NKI passes NumPy arrays (AWS's nki.simulate quick start); hazards() takes what a launch takes."""
+    x = np.random.rand(4, P, F).astype(np.float32)
+    assert [h.kind for h in nki.jit(_same_rows(nl.affine_range)).hazards(x)] == ["WAW"]
+    assert nki.jit(_same_rows(nl.sequential_range)).hazards(x) == []
 
 
 def test_the_order_check_finds_a_planted_race_and_the_loop_it_traces_to():

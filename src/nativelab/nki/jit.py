@@ -244,11 +244,7 @@ class JitKernel:
         known = self._launches.get((self.grid, limits.target_version(), key)) if key is not None else None
         if known is not None:
             return self._launch(known[0], [kwargs[i] if type(i) is str else args[i] for i in known[1]], False)
-        numpy_mode = any(isinstance(a, np.ndarray) for a in list(args) + list(kwargs.values()))
-        if numpy_mode:  # standalone NKI: NumPy arrays in and out, run on the CPU
-            args = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
-            kwargs = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-                      for k, v in kwargs.items()}
+        numpy_mode, args, kwargs = _from_numpy(args, kwargs)
         sig = _Signature(self.fn, self.grid, args, kwargs)
         tensors = sig.tensors
         devices = {t.device for t in tensors}
@@ -352,6 +348,7 @@ class JitKernel:
     def hazards(self, *args, **kwargs) -> list:
         """The races (nki/hazards.py's Hazard) in a launch with these arguments, all of them (no budget):
         traced, not run; an empty list for a race-free kernel."""
+        _, args, kwargs = _from_numpy(args, kwargs)  # the arguments a launch takes, NumPy arrays too
         sig = _Signature(self.fn, self.grid, args, kwargs)
         traced = self._traces.get(sig.key)
         if traced is None:
@@ -471,6 +468,16 @@ class JitKernel:
 def _describe(sig: _Signature) -> str:
     return ", ".join(f"{sig.tensor_name(k)}: {tuple(s)} {str(t.dtype).replace('torch.', '')}"
                      for k, (s, t) in enumerate(zip(sig.shapes, sig.tensors)))
+
+
+def _from_numpy(args, kwargs):
+    """Standalone NKI's NumPy arrays as CPU tensors: (whether any argument was one, args, kwargs)."""
+    numpy_mode = any(isinstance(a, np.ndarray) for a in list(args) + list(kwargs.values()))
+    if numpy_mode:
+        args = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
+        kwargs = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                  for k, v in kwargs.items()}
+    return numpy_mode, args, kwargs
 
 
 def _result(traced: _Traced, outs, tensors, numpy_mode: bool):
