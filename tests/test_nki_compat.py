@@ -1,6 +1,8 @@
 """What AWS's public kernels (nki-library, nki-samples) rely on beyond the instructions: a tensor's dtype printed
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
-nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes."""
+nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum."""
+
+import enum
 
 import pytest
 import torch
@@ -136,3 +138,24 @@ def test_par_dim_marks_the_partition_dimension_after_blocks():
     torch.testing.assert_close(sim(_blocks_of_tiles)(x), torch.cat([x[256:], x[128:256], x[:128]]))
     assert int(nl.par_dim(128)) == 128
     assert nt.tensor[128, 512] is nt.tensor and issubclass(nt.mutable_tensor, nt.tensor)
+
+
+@nki.jit
+def _scaled_by_generation(x):
+    # nki-library's test framework keys its goldens by the generation's name (`nc_version.gen3.name`)
+    factor = {"gen2": 2.0, "gen3": 3.0, "gen4": 4.0}[nisa.get_nc_version().name]
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=_scale_tile(_load(x), factor))
+    return out
+
+
+def test_nc_version_is_an_enum_with_names():
+    # https://awsdocs-neuron.readthedocs-hosted.com/general/nki/api/generated/nki.isa.nc_version.html:
+    # `class nki.isa.nc_version(value)`, "NeuronCore version", attributes gen2 (Trn1/Inf2), gen3 (Trn2), gen4 (Trn3)
+    assert issubclass(nisa.nc_version, enum.Enum)
+    assert [v.name for v in nisa.nc_version] == ["gen2", "gen3", "gen4"]
+    assert nisa.nc_version.gen3.name == "gen3" and nisa.nc_version(3) is nisa.nc_version.gen3
+    assert nisa.get_nc_version() is nisa.nc_version.gen3  # the emulated core: a NeuronCore-v3 (Trn2)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(sim(_scaled_by_generation)(x), 3 * x)
+
