@@ -1,9 +1,12 @@
 """What AWS's public kernels (nki-library, nki-samples) rely on beyond the instructions: a tensor's dtype printed
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
-nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum."""
+nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
+NumPy dtypes."""
 
 import enum
 
+import ml_dtypes
+import numpy as np
 import pytest
 import torch
 
@@ -158,4 +161,33 @@ def test_nc_version_is_an_enum_with_names():
     assert nisa.get_nc_version() is nisa.nc_version.gen3  # the emulated core: a NeuronCore-v3 (Trn2)
     x = torch.randn(4, 16)
     torch.testing.assert_close(sim(_scaled_by_generation)(x), 3 * x)
+
+
+@nki.jit
+def _cast_copy(x, dtype):
+    t = _load(x)
+    y = nl.ndarray(x.shape, dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=y, src=t)
+    out = nl.ndarray(x.shape, dtype=dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+def test_nki_dtypes_are_numpy_dtypes_where_numpy_asks():
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.0/_modules/nki/language.html: AWS's nki.language
+    # imports ml_dtypes for its bfloat16 / float8 types; nki.simulate "executes every nki.isa and nki.language
+    # operation using Python and NumPy" (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/
+    # nki_simulator.html), so a test builds its inputs with `.astype(nl.<dtype>)`
+    assert np.ones(4).astype(nl.float32).dtype == np.float32
+    assert np.zeros(4, dtype=nl.bfloat16).dtype == ml_dtypes.bfloat16
+    assert np.dtype(nl.float8_e4m3fn) == ml_dtypes.float8_e4m3fn and np.dtype(nl.float8_e5m2) == ml_dtypes.float8_e5m2
+    assert np.dtype(nl.int32) == np.int32 and np.dtype(nl.uint8) == np.uint8 and np.dtype(nl.bool) == np.bool_
+    # still NKI's names, still equal to the torch dtypes, and now to the NumPy ones too, both ways round
+    assert str(nl.bfloat16) == "bfloat16" and nl.bfloat16 == torch.bfloat16 and {torch.bfloat16: 1}[nl.bfloat16] == 1
+    assert nl.bfloat16 == ml_dtypes.bfloat16 and np.dtype(ml_dtypes.bfloat16) == nl.bfloat16
+    assert nl.float32 == np.float32 and nl.float32 != np.float16 and nl.float32 != nl.bfloat16
+    x = np.linspace(-3, 3, 64, dtype=np.float64).reshape(4, 16)
+    got = sim(_cast_copy)(x.astype(nl.float32), nl.float16)  # the kernel rounds to fp16, as NumPy does
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, x.astype(nl.float32).astype(nl.float16))
 
