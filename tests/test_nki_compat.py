@@ -1,7 +1,7 @@
 """What AWS's public kernels (nki-library, nki-samples) rely on beyond the instructions: a tensor's dtype printed
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
-NumPy dtypes."""
+NumPy dtypes and nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8."""
 
 import enum
 
@@ -191,3 +191,35 @@ def test_nki_dtypes_are_numpy_dtypes_where_numpy_asks():
     assert got.dtype == np.float16
     np.testing.assert_array_equal(got, x.astype(nl.float32).astype(nl.float16))
 
+
+@nki.jit
+def _exp_halves_to_bf16_and_fp8(x):
+    # each program of the launch grid (LNC-2: one a core) takes its half of the rows
+    rows = x.shape[0] // nl.num_programs(0)
+    lo = nl.program_id(0) * rows
+    t = nl.ndarray((rows, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[lo:lo + rows, :])
+    e = nl.ndarray(t.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e, op=nl.exp, data=t)
+    f = nl.ndarray(t.shape, dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=f, src=t)
+    out_e = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out_f = nl.ndarray(x.shape, dtype=nl.float8_e4m3fn, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_e[lo:lo + rows, :], src=e)
+    nisa.dma_copy(dst=out_f[lo:lo + rows, :], src=f)
+    return out_e, out_f
+
+
+@pytest.mark.parametrize("launch", [lambda k: sim(k), lambda k: sim(k)[2], lambda k: sim(k[2])],
+                         ids=["lnc1", "simulate(k)[2]", "simulate(k[2])"])
+def test_simulate_takes_and_returns_ml_dtypes_arrays(launch):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.simulate.html: "A callable that,
+    # when invoked with NumPy arrays, executes the kernel on CPU and returns NumPy array results"; with LNC2:
+    # `nki.simulate(my_kernel[2])(a_np, b_np)`. AWS's bf16 / fp8 NumPy arrays are ml_dtypes' types
+    x = np.random.default_rng(0).uniform(-2, 2, (128, 64)).astype(ml_dtypes.bfloat16)
+    e, f = launch(_exp_halves_to_bf16_and_fp8)(x=x)  # by keyword, as nki-library's tests call kernels
+    assert type(e) is np.ndarray and e.dtype == ml_dtypes.bfloat16 and e.shape == x.shape
+    assert type(f) is np.ndarray and f.dtype == ml_dtypes.float8_e4m3fn
+    xf = x.astype(np.float32)
+    np.testing.assert_allclose(e.astype(np.float32), np.exp(xf), rtol=1e-2)  # one bf16 rounding of exp
+    np.testing.assert_array_equal(f.astype(np.float32), xf.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))

@@ -22,6 +22,7 @@ _NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bool: "bool"}  # the rest:
 # the torch dtypes NumPy has only through ml_dtypes (AWS's NKI imports it for these)
 _ML_DTYPES = {torch.bfloat16: ml_dtypes.bfloat16, torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
               torch.float8_e5m2: ml_dtypes.float8_e5m2, torch.float8_e8m0fnu: ml_dtypes.float8_e8m0fnu}
+_FROM_ML = {np.dtype(v): k for k, v in _ML_DTYPES.items()}
 
 
 @functools.cache
@@ -29,6 +30,23 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The NumPy dtype of a torch dtype (TypeError where NumPy has none)."""
     ml = _ML_DTYPES.get(dtype)
     return np.dtype(ml) if ml is not None else torch.empty((), dtype=dtype).numpy().dtype
+
+
+def to_tensor(a: np.ndarray) -> torch.Tensor:
+    """A NumPy array as a CPU tensor (sharing its memory where it is contiguous), ml_dtypes' types included."""
+    a = np.ascontiguousarray(a)
+    t = _FROM_ML.get(a.dtype)
+    if t is None:
+        return torch.from_numpy(a)
+    return torch.from_numpy(a.view(f"u{a.itemsize}")).view(t)  # the same bits under the torch dtype
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a NumPy array sharing its memory, bf16 / fp8 as ml_dtypes' types."""
+    if t.dtype not in _ML_DTYPES:
+        return t.numpy()
+    carrier = {1: torch.uint8, 2: torch.uint16}[t.dtype.itemsize]
+    return t.view(carrier).numpy().view(numpy_dtype(t.dtype))
 
 
 class KernelDtype:
