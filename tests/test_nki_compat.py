@@ -1,7 +1,7 @@
 """What AWS's public kernels (nki-library, nki-samples) rely on beyond the instructions: a tensor's dtype printed
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
-NumPy dtypes and nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8."""
+NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF."""
 
 import enum
 
@@ -223,3 +223,31 @@ def test_simulate_takes_and_returns_ml_dtypes_arrays(launch):
     xf = x.astype(np.float32)
     np.testing.assert_allclose(e.astype(np.float32), np.exp(xf), rtol=1e-2)  # one bf16 rounding of exp
     np.testing.assert_array_equal(f.astype(np.float32), xf.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+@nki.jit
+def _identity_in_sbuf(x):
+    ident = nl.shared_identity_matrix(n=128, dtype=nl.bfloat16)
+    assert ident.buffer == nl.sbuf
+    as_fp32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=as_fp32, src=ident)  # an engine reads it where it is
+    t = _load(x)
+    xt = nl.ndarray((x.shape[1], 128), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=xt, stationary=t, moving=ident)  # x.T @ I: the Tensor Engine's transpose
+    out_i = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_i, src=as_fp32)
+    xt_sb = nl.ndarray(xt.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=xt_sb, src=xt)
+    out_t = nl.ndarray(xt.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_t, src=xt_sb)
+    return out_i, out_t
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_shared_identity_matrix_is_in_sbuf(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/general/nki/api/generated/nki.language.shared_identity_matrix.html:
+    # "Create an identity matrix in SBUF with the specified data type"; its example stores it with nl.store
+    x = torch.randn(128, 64).to(torch.bfloat16)
+    ident, xt = run(_identity_in_sbuf)(x)
+    torch.testing.assert_close(ident, torch.eye(128))
+    torch.testing.assert_close(xt, x.float().T)

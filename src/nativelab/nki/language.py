@@ -147,8 +147,12 @@ def shared_constant(constant, dtype=None, **_ignored) -> NkiTensor:
 
 
 def shared_identity_matrix(n: int, dtype=bfloat16, **_ignored) -> NkiTensor:
-    """An n x n identity matrix in HBM (what nc_transpose on the Tensor Engine multiplies by)."""
-    return core.constant(trace.current(), torch.eye(int(n), dtype=dtype_of(dtype), device=trace.device()))
+    """An n x n identity matrix in SBUF, as AWS's page has it (what nc_transpose on the Tensor Engine multiplies
+    by): engines read it in place, no load. The compiler loads it from the binary's constants: one DMA."""
+    t = ndarray((int(n), int(n)), dtype, sbuf, "identity")
+    record("shared_identity_matrix", "dma", t)
+    write(t, torch.eye(int(n), dtype=t.dtype, device=t.data.device), "shared_identity_matrix")
+    return t
 
 
 # --- loops and programs (a trace unrolls loops: Python runs their bodies with plain ints)
