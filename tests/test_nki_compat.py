@@ -1,7 +1,8 @@
 """What AWS's public kernels (nki-library, nki-samples) rely on beyond the instructions: a tensor's dtype printed
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
-NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF."""
+NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF,
+a unary operator (nl.abs) as tensor_scalar_reduce's op0."""
 
 import enum
 
@@ -251,3 +252,27 @@ def test_shared_identity_matrix_is_in_sbuf(run):
     ident, xt = run(_identity_in_sbuf)(x)
     torch.testing.assert_close(ident, torch.eye(128))
     torch.testing.assert_close(xt, x.float().T)
+
+
+@nki.jit
+def _row_absmax(x):
+    t = _load(x)
+    a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=m)
+    out_a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    out_m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_a, src=a)
+    nisa.dma_copy(dst=out_m, src=m)
+    return out_a, out_m
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_a_unary_operator_in_op0_applies_to_the_data(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.26.1/nki/api/nki.api.shared.html, "Supported Math Operators
+    # for NKI ISA": Absolute (nki.language.abs) is an arithmetic `op` of the Vector Engine, like add, taking one
+    # input: `data <op0> operand0` is abs(data), operand0 unused (a row's absmax in one instruction)
+    x = torch.randn(16, 40)
+    a, m = run(_row_absmax)(x)
+    torch.testing.assert_close(a, x.abs())
+    torch.testing.assert_close(m, x.abs().amax(1, keepdim=True))
