@@ -2,7 +2,7 @@
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
 NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF,
-a unary operator (nl.abs) as tensor_scalar_reduce's op0."""
+a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file."""
 
 import enum
 
@@ -276,3 +276,30 @@ def test_a_unary_operator_in_op0_applies_to_the_data(run):
     a, m = run(_row_absmax)(x)
     torch.testing.assert_close(a, x.abs())
     torch.testing.assert_close(m, x.abs().amax(1, keepdim=True))
+
+
+
+def _plus_constant(constant):
+    @nki.jit
+    def kernel(x):
+        c = nl.shared_constant(constant, dtype=nl.float32)
+        t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=c)
+        nisa.tensor_tensor(dst=t, data1=t, data2=_load(x), op=nl.add)
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    return kernel
+
+
+def test_shared_constant_takes_an_array_or_a_npy_file(tmp_path):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/api/generated/nki.language.shared_constant.html:
+    # "constant – the constant data. Can be a numpy array or a file path to a .npy file"
+    x = torch.randn(8, 16)
+    c = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 7
+    path = tmp_path / "table.npy"
+    np.save(path, c)
+    c16 = c.astype(ml_dtypes.bfloat16)  # a bf16 array, as AWS's NumPy has it
+    for constant, values in ((str(path), c), (path, c), (c, c), (c16, c16.astype(np.float32))):
+        torch.testing.assert_close(sim(_plus_constant(constant))(x), x + torch.from_numpy(values))

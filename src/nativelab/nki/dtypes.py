@@ -34,7 +34,7 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 def to_tensor(a: np.ndarray) -> torch.Tensor:
     """A NumPy array as a CPU tensor (sharing its memory where it is contiguous), ml_dtypes' types included."""
-    a = np.ascontiguousarray(a)
+    a = a if a.flags.c_contiguous else np.ascontiguousarray(a)  # (a 0-d array stays 0-d)
     t = _FROM_ML.get(a.dtype)
     if t is None:
         return torch.from_numpy(a)

@@ -8,6 +8,7 @@ import builtins
 import contextlib
 import enum
 import math
+import os
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ import torch
 from . import core, isa, limits, mx, ops, tensor, trace
 from .core import ParDim as par_dim  # noqa: F401 - nl.par_dim
 from .core import compute, dtype_of, ndarray, on_chip, record, value_of
-from .dtypes import kernel_dtype
+from .dtypes import kernel_dtype, to_tensor
 from .ops import ALL as _OPS
 from .ops import Op
 from .tensor import (  # noqa: F401 - re-exported as nl.*
@@ -140,8 +141,11 @@ def full_like(a: NkiTensor, fill_value, dtype=None, buffer=None, name: str = "",
 
 
 def shared_constant(constant, dtype=None, **_ignored) -> NkiTensor:
-    """A constant HBM tensor with the given values (a NumPy array or a torch tensor), baked into the trace."""
-    value = torch.as_tensor(np.asarray(constant) if not isinstance(constant, torch.Tensor) else constant)
+    """A constant HBM tensor with the given values, baked into the trace: a NumPy array (ml_dtypes' bf16 / fp8
+    too) or the path of a .npy file, as AWS's page has it, or a torch tensor."""
+    if isinstance(constant, (str, os.PathLike)):
+        constant = np.load(constant)
+    value = constant if isinstance(constant, torch.Tensor) else to_tensor(np.asarray(constant))
     value = value.to(dtype_of(dtype) if dtype is not None else value.dtype)
     return core.constant(trace.current(), value)
 
