@@ -1,7 +1,13 @@
 """What AWS's public kernels (nki-library, nki-samples) rely on beyond the instructions: a tensor's dtype printed
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
-nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes."""
+nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
+NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF,
+a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file."""
 
+import enum
+
+import ml_dtypes
+import numpy as np
 import pytest
 import torch
 
@@ -136,3 +142,164 @@ def test_par_dim_marks_the_partition_dimension_after_blocks():
     torch.testing.assert_close(sim(_blocks_of_tiles)(x), torch.cat([x[256:], x[128:256], x[:128]]))
     assert int(nl.par_dim(128)) == 128
     assert nt.tensor[128, 512] is nt.tensor and issubclass(nt.mutable_tensor, nt.tensor)
+
+
+@nki.jit
+def _scaled_by_generation(x):
+    # nki-library's test framework keys its goldens by the generation's name (`nc_version.gen3.name`)
+    factor = {"gen2": 2.0, "gen3": 3.0, "gen4": 4.0}[nisa.get_nc_version().name]
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=_scale_tile(_load(x), factor))
+    return out
+
+
+def test_nc_version_is_an_enum_with_names():
+    # https://awsdocs-neuron.readthedocs-hosted.com/general/nki/api/generated/nki.isa.nc_version.html:
+    # `class nki.isa.nc_version(value)`, "NeuronCore version", attributes gen2 (Trn1/Inf2), gen3 (Trn2), gen4 (Trn3)
+    assert issubclass(nisa.nc_version, enum.Enum)
+    assert [v.name for v in nisa.nc_version] == ["gen2", "gen3", "gen4"]
+    assert nisa.nc_version.gen3.name == "gen3" and nisa.nc_version(3) is nisa.nc_version.gen3
+    assert nisa.get_nc_version() is nisa.nc_version.gen3  # the emulated core: a NeuronCore-v3 (Trn2)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(sim(_scaled_by_generation)(x), 3 * x)
+
+
+@nki.jit
+def _cast_copy(x, dtype):
+    t = _load(x)
+    y = nl.ndarray(x.shape, dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=y, src=t)
+    out = nl.ndarray(x.shape, dtype=dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+def test_nki_dtypes_are_numpy_dtypes_where_numpy_asks():
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.0/_modules/nki/language.html: AWS's nki.language
+    # imports ml_dtypes for its bfloat16 / float8 types; nki.simulate "executes every nki.isa and nki.language
+    # operation using Python and NumPy" (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/
+    # nki_simulator.html), so a test builds its inputs with `.astype(nl.<dtype>)`
+    assert np.ones(4).astype(nl.float32).dtype == np.float32
+    assert np.zeros(4, dtype=nl.bfloat16).dtype == ml_dtypes.bfloat16
+    assert np.dtype(nl.float8_e4m3fn) == ml_dtypes.float8_e4m3fn and np.dtype(nl.float8_e5m2) == ml_dtypes.float8_e5m2
+    assert np.dtype(nl.int32) == np.int32 and np.dtype(nl.uint8) == np.uint8 and np.dtype(nl.bool) == np.bool_
+    # still NKI's names, still equal to the torch dtypes, and now to the NumPy ones too, both ways round
+    assert str(nl.bfloat16) == "bfloat16" and nl.bfloat16 == torch.bfloat16 and {torch.bfloat16: 1}[nl.bfloat16] == 1
+    assert nl.bfloat16 == ml_dtypes.bfloat16 and np.dtype(ml_dtypes.bfloat16) == nl.bfloat16
+    assert nl.float32 == np.float32 and nl.float32 != np.float16 and nl.float32 != nl.bfloat16
+    x = np.linspace(-3, 3, 64, dtype=np.float64).reshape(4, 16)
+    got = sim(_cast_copy)(x.astype(nl.float32), nl.float16)  # the kernel rounds to fp16, as NumPy does
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, x.astype(nl.float32).astype(nl.float16))
+
+
+@nki.jit
+def _exp_halves_to_bf16_and_fp8(x):
+    # each program of the launch grid (LNC-2: one a core) takes its half of the rows
+    rows = x.shape[0] // nl.num_programs(0)
+    lo = nl.program_id(0) * rows
+    t = nl.ndarray((rows, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[lo:lo + rows, :])
+    e = nl.ndarray(t.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e, op=nl.exp, data=t)
+    f = nl.ndarray(t.shape, dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=f, src=t)
+    out_e = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    out_f = nl.ndarray(x.shape, dtype=nl.float8_e4m3fn, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_e[lo:lo + rows, :], src=e)
+    nisa.dma_copy(dst=out_f[lo:lo + rows, :], src=f)
+    return out_e, out_f
+
+
+@pytest.mark.parametrize("launch", [lambda k: sim(k), lambda k: sim(k)[2], lambda k: sim(k[2])],
+                         ids=["lnc1", "simulate(k)[2]", "simulate(k[2])"])
+def test_simulate_takes_and_returns_ml_dtypes_arrays(launch):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.simulate.html: "A callable that,
+    # when invoked with NumPy arrays, executes the kernel on CPU and returns NumPy array results"; with LNC2:
+    # `nki.simulate(my_kernel[2])(a_np, b_np)`. AWS's bf16 / fp8 NumPy arrays are ml_dtypes' types
+    x = np.random.default_rng(0).uniform(-2, 2, (128, 64)).astype(ml_dtypes.bfloat16)
+    e, f = launch(_exp_halves_to_bf16_and_fp8)(x=x)  # by keyword, as nki-library's tests call kernels
+    assert type(e) is np.ndarray and e.dtype == ml_dtypes.bfloat16 and e.shape == x.shape
+    assert type(f) is np.ndarray and f.dtype == ml_dtypes.float8_e4m3fn
+    xf = x.astype(np.float32)
+    np.testing.assert_allclose(e.astype(np.float32), np.exp(xf), rtol=1e-2)  # one bf16 rounding of exp
+    np.testing.assert_array_equal(f.astype(np.float32), xf.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+@nki.jit
+def _identity_in_sbuf(x):
+    ident = nl.shared_identity_matrix(n=128, dtype=nl.bfloat16)
+    assert ident.buffer == nl.sbuf
+    as_fp32 = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=as_fp32, src=ident)  # an engine reads it where it is
+    t = _load(x)
+    xt = nl.ndarray((x.shape[1], 128), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=xt, stationary=t, moving=ident)  # x.T @ I: the Tensor Engine's transpose
+    out_i = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_i, src=as_fp32)
+    xt_sb = nl.ndarray(xt.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=xt_sb, src=xt)
+    out_t = nl.ndarray(xt.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_t, src=xt_sb)
+    return out_i, out_t
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_shared_identity_matrix_is_in_sbuf(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/general/nki/api/generated/nki.language.shared_identity_matrix.html:
+    # "Create an identity matrix in SBUF with the specified data type"; its example stores it with nl.store
+    x = torch.randn(128, 64).to(torch.bfloat16)
+    ident, xt = run(_identity_in_sbuf)(x)
+    torch.testing.assert_close(ident, torch.eye(128))
+    torch.testing.assert_close(xt, x.float().T)
+
+
+@nki.jit
+def _row_absmax(x):
+    t = _load(x)
+    a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=m)
+    out_a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    out_m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_a, src=a)
+    nisa.dma_copy(dst=out_m, src=m)
+    return out_a, out_m
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_a_unary_operator_in_op0_applies_to_the_data(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.26.1/nki/api/nki.api.shared.html, "Supported Math Operators
+    # for NKI ISA": Absolute (nki.language.abs) is an arithmetic `op` of the Vector Engine, like add, taking one
+    # input: `data <op0> operand0` is abs(data), operand0 unused (a row's absmax in one instruction)
+    x = torch.randn(16, 40)
+    a, m = run(_row_absmax)(x)
+    torch.testing.assert_close(a, x.abs())
+    torch.testing.assert_close(m, x.abs().amax(1, keepdim=True))
+
+
+
+def _plus_constant(constant):
+    @nki.jit
+    def kernel(x):
+        c = nl.shared_constant(constant, dtype=nl.float32)
+        t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=c)
+        nisa.tensor_tensor(dst=t, data1=t, data2=_load(x), op=nl.add)
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    return kernel
+
+
+def test_shared_constant_takes_an_array_or_a_npy_file(tmp_path):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/api/generated/nki.language.shared_constant.html:
+    # "constant – the constant data. Can be a numpy array or a file path to a .npy file"
+    x = torch.randn(8, 16)
+    c = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 7
+    path = tmp_path / "table.npy"
+    np.save(path, c)
+    c16 = c.astype(ml_dtypes.bfloat16)  # a bf16 array, as AWS's NumPy has it
+    for constant, values in ((str(path), c), (path, c), (c, c), (c16, c16.astype(np.float32))):
+        torch.testing.assert_close(sim(_plus_constant(constant))(x), x + torch.from_numpy(values))

@@ -32,6 +32,7 @@ from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
 from . import cost, fusion, hazards, limits, order, programs, trace
 from ._private import is_fake
+from .dtypes import to_numpy, to_tensor
 from .tensor import NkiTensor, Storage, hbm, new_trace, view_of
 
 NKI_VERSION = "nativelab-nki 2"  # bump when tracing changes the graphs it records
@@ -473,10 +474,9 @@ def _describe(sig: _Signature) -> str:
 def _from_numpy(args, kwargs):
     """Standalone NKI's NumPy arrays as CPU tensors: (whether any argument was one, args, kwargs)."""
     numpy_mode = any(isinstance(a, np.ndarray) for a in list(args) + list(kwargs.values()))
-    if numpy_mode:
-        args = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
-        kwargs = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-                  for k, v in kwargs.items()}
+    if numpy_mode:  # ml_dtypes' bf16 / fp8 arrays too, as AWS's simulator takes them
+        args = [to_tensor(a) if isinstance(a, np.ndarray) else a for a in args]
+        kwargs = {k: to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
     return numpy_mode, args, kwargs
 
 
@@ -489,7 +489,7 @@ def _result(traced: _Traced, outs, tensors, numpy_mode: bool):
 
 def _to_numpy(r):
     if isinstance(r, torch.Tensor):
-        return r.numpy()
+        return to_numpy(r)  # bf16 / fp8 as ml_dtypes' types
     if isinstance(r, (tuple, list)):
         return type(r)(_to_numpy(x) for x in r)
     if isinstance(r, dict):

@@ -8,6 +8,7 @@ import builtins
 import contextlib
 import enum
 import math
+import os
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ import torch
 from . import core, isa, limits, mx, ops, tensor, trace
 from .core import ParDim as par_dim  # noqa: F401 - nl.par_dim
 from .core import compute, dtype_of, ndarray, on_chip, record, value_of
-from .dtypes import kernel_dtype
+from .dtypes import kernel_dtype, to_tensor
 from .ops import ALL as _OPS
 from .ops import Op
 from .tensor import (  # noqa: F401 - re-exported as nl.*
@@ -140,15 +141,22 @@ def full_like(a: NkiTensor, fill_value, dtype=None, buffer=None, name: str = "",
 
 
 def shared_constant(constant, dtype=None, **_ignored) -> NkiTensor:
-    """A constant HBM tensor with the given values (a NumPy array or a torch tensor), baked into the trace."""
-    value = torch.as_tensor(np.asarray(constant) if not isinstance(constant, torch.Tensor) else constant)
+    """A constant HBM tensor with the given values, baked into the trace: a NumPy array (ml_dtypes' bf16 / fp8
+    too) or the path of a .npy file, as AWS's page has it, or a torch tensor."""
+    if isinstance(constant, (str, os.PathLike)):
+        constant = np.load(constant)
+    value = constant if isinstance(constant, torch.Tensor) else to_tensor(np.asarray(constant))
     value = value.to(dtype_of(dtype) if dtype is not None else value.dtype)
     return core.constant(trace.current(), value)
 
 
 def shared_identity_matrix(n: int, dtype=bfloat16, **_ignored) -> NkiTensor:
-    """An n x n identity matrix in HBM (what nc_transpose on the Tensor Engine multiplies by)."""
-    return core.constant(trace.current(), torch.eye(int(n), dtype=dtype_of(dtype), device=trace.device()))
+    """An n x n identity matrix in SBUF, as AWS's page has it (what nc_transpose on the Tensor Engine multiplies
+    by): engines read it in place, no load. The compiler loads it from the binary's constants: one DMA."""
+    t = ndarray((int(n), int(n)), dtype, sbuf, "identity")
+    record("shared_identity_matrix", "dma", t)
+    write(t, torch.eye(int(n), dtype=t.dtype, device=t.data.device), "shared_identity_matrix")
+    return t
 
 
 # --- loops and programs (a trace unrolls loops: Python runs their bodies with plain ints)

@@ -88,8 +88,11 @@ def _f32(x) -> float:
 
 
 def _binary(op, x, y, reverse: bool):
-    """x <op> y, or y <op> x when reversed."""
+    """x <op> y, or y <op> x when reversed. A one-input ALU operator of AWS's table (nl.abs, nl.reciprocal,
+    nl.rsqrt, nl.logical_not) applies to x (the data) alone: its operand is unused."""
     f = as_op(op)
+    if f.arity == 1:
+        return f.apply(x)
     return f.apply(y, x) if reverse else f.apply(x, y)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 
 class engine:  # noqa: N801 - NKI's names
     tensor = "tensor"
@@ -39,7 +41,9 @@ class matmul_perf_mode:  # noqa: N801
     double_row = "double_row"
 
 
-class nc_version:  # noqa: N801
+class nc_version(enum.IntEnum):  # noqa: N801
+    """The NeuronCore generation: an enum as AWS's (nki-library reads `.name`), its values the generation's
+    number (so it compares with an integer, as it did when these were plain integers)."""
     gen2 = 2
     gen3 = 3
     gen4 = 4
