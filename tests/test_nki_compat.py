@@ -5,6 +5,7 @@ NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_i
 a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file."""
 
 import enum
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -303,3 +304,43 @@ def test_shared_constant_takes_an_array_or_a_npy_file(tmp_path):
     c16 = c.astype(ml_dtypes.bfloat16)  # a bf16 array, as AWS's NumPy has it
     for constant, values in ((str(path), c), (path, c), (c, c), (c16, c16.astype(np.float32))):
         torch.testing.assert_close(sim(_plus_constant(constant))(x), x + torch.from_numpy(values))
+
+
+_ACCESS_LINE = {}
+
+
+@nki.jit
+def _column_blocks(x, touch_the_last):
+    # three 8-column views of a (4, 16) tile; the third reaches past it and is skipped unless asked for
+    t = _load(x)
+    out = nl.ndarray((4, 24), dtype=x.dtype, buffer=nl.shared_hbm)
+    out_sb = nl.ndarray((4, 24), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=out_sb, value=-1.0)
+    for j in range(3):
+        block = t.ap(pattern=[[16, 4], [1, 8]], offset=j * 8)  # j == 2 reaches element 71 of 64
+        if j < 2 or touch_the_last:
+            _ACCESS_LINE["line"] = sys._getframe().f_lineno + 1
+            nisa.tensor_copy(dst=out_sb[:, j * 8:(j + 1) * 8], src=block)
+    nisa.dma_copy(dst=out, src=out_sb)
+    return out
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_a_view_past_the_tile_is_an_error_where_it_is_accessed_not_where_it_is_made(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/nki/api/generated/nki.language.NkiTensor.html: view
+    # operations, .ap() among them ("low-level access pattern override"), "return new NkiTensor objects that share
+    # the same underlying storage - no data is copied. Views are consumed by NKI ISA instructions"; the access
+    # patterns page (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-aps.html) says what
+    # an instruction reads through one. Neither page says when a pattern past the tile is refused: making a view
+    # reads nothing, so a view that no instruction uses is no error; the instruction that reads through it is one
+    x = torch.randn(4, 16)
+    got = run(_column_blocks)(x, False)
+    torch.testing.assert_close(got, torch.cat([x, torch.full((4, 8), -1.0)], dim=1))
+    with pytest.raises(nki.NkiError) as err:
+        run(_column_blocks)(x, True)
+    line = _ACCESS_LINE["line"]
+    made = line - 3
+    assert str(err.value) == (
+        f"tensor_copy at tests/test_nki_compat.py:{line}: accesses a view outside its tile: access pattern "
+        f"[[16, 4], [1, 8]] from offset 16 (made at tests/test_nki_compat.py:{made}) reaches element 71 of "
+        f"(4, 16) float32 (nl.sbuf), which has 64 elements")
