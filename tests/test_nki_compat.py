@@ -344,3 +344,43 @@ def test_a_view_past_the_tile_is_an_error_where_it_is_accessed_not_where_it_is_m
         f"tensor_copy at tests/test_nki_compat.py:{line}: accesses a view outside its tile: access pattern "
         f"[[16, 4], [1, 8]] from offset 16 (made at tests/test_nki_compat.py:{made}) reaches element 71 of "
         f"(4, 16) float32 (nl.sbuf), which has 64 elements")
+
+
+@nki.jit
+def _double_fp8_matmul(x, y, mode):
+    # x (256, M), y (256, N): the contraction's halves are the two rows of each partition
+    k2 = x.shape[0] // 2
+    st = nl.ndarray((k2, 2, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    mv = nl.ndarray((k2, 2, y.shape[1]), dtype=y.dtype, buffer=nl.sbuf)
+    for t, src in ((st, x), (mv, y)):  # row r of partition p: src[r * k2 + p]
+        nisa.dma_copy(dst=t, src=src.ap(pattern=[[src.shape[1], k2], [k2 * src.shape[1], 2], [1, src.shape[1]]]))
+    acc = nl.ndarray((x.shape[1], y.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=st, moving=mv, perf_mode=mode)
+    res = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    out = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_nc_matmul_double_row_contracts_two_rows_per_partition(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.matmul_perf_mode.html:
+    # double_row, "Double FP8 mode, 2x matmul throughput by packing two FP8 weight/ifmap element pairs"; the
+    # Trainium2 guide (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.29.0/_sources/nki/guides/architecture/
+    # trainium2_arch.rst, "Double FP8 Matmul Performance"): stationary [128, 2, 128], moving [128, 2, 512],
+    # dst [128, 512]; "the first and second tile correspond to first and second halves of the contraction
+    # dimension"; "Mixing FP8_E4 in one input matrix and FP8_E5 in the other is also allowed"; the sequence
+    # "takes the same amount of time as the regular BF16/FP16 ... with a 128 contraction dimension"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 64, generator=g).to(torch.float8_e4m3fn)
+    y = torch.randn(256, 96, generator=g).to(torch.float8_e5m2)
+    double = nisa.matmul_perf_mode.double_row
+    torch.testing.assert_close(run(_double_fp8_matmul)(x, y, double), x.float().T @ y.float())
+    # one MultiplyMoving of 96 columns: max(96, 64) cycles at 2.4 GHz, as a bf16 matmul of a 128 contraction
+    tensor_s = _double_fp8_matmul.estimate(x, y, double).busy["tensor"]
+    assert tensor_s == pytest.approx(96 / 2.4e9)
+    # the nc_matmul page: "Tensor Engine supports FP8 double performance mode"; a bf16 operand is not FP8
+    with pytest.raises(nki.NkiError, match=r"perf_mode double_row is the double FP8 mode: moving must be "
+                                           r"float8_e4m3 or float8_e5m2, got torch.bfloat16"):
+        run(_double_fp8_matmul)(x, y.to(torch.bfloat16), double)

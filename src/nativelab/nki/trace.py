@@ -52,6 +52,7 @@ class Instruction:
     loops: tuple = ()  # the loop iterations it is in, outermost first: ((loop id, iteration), ...); nki/hazards.py
     epoch: int = 0  # the rendezvous its program had passed (LNC-2): what it is ordered after on the other core
     accumulates: str | None = None  # an associative accumulation into its destination ("matmul", "add")
+    pairs: int = 1  # Tensor Engine: contraction rows each PE multiplies per cycle (2: nc_matmul's double_row)
 
 
 # what each program instance's core has of its own (Trace attributes swapped at a program switch)
