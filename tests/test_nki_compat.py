@@ -384,3 +384,39 @@ def test_nc_matmul_double_row_contracts_two_rows_per_partition(run):
     with pytest.raises(nki.NkiError, match=r"perf_mode double_row is the double FP8 mode: moving must be "
                                            r"float8_e4m3 or float8_e5m2, got torch.bfloat16"):
         run(_double_fp8_matmul)(x, y.to(torch.bfloat16), double)
+
+
+@nki.jit
+def _both_programs_store_all(x, skew):
+    # no sharding: each program of an LNC-2 launch computes and stores the whole output
+    t = _load(x)
+    if skew:  # the programs' values differ by their rank
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=float(nl.program_id(0)))
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    _ACCESS_LINE["store"] = sys._getframe().f_lineno + 1
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_lnc2_programs_writing_equal_values_are_duplicated_work_not_a_race_on_values():
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html: "A NEFF compiled for
+    # LNC=2 contains PNC-specific instructions for each of the two PNCs ... the two PNCs have access to shared HBM
+    # memory"; nl.shared_hbm is "Visible to all kernel instances in the SPMD grid" (https://awsdocs-neuron.
+    # readthedocs-hosted.com/en/v2.31.0/nki/api/generated/nki.language.shared_hbm.html). The pages are silent on two
+    # cores storing the same elements: stored with equal values either order leaves the same bytes (no race on
+    # values), but each core does the other's work, which is still worth a warning
+    x = torch.randn(8, 16)
+    with pytest.warns(nki.HazardWarning) as caught:
+        got = sim(_both_programs_store_all[2])(x, False)
+    torch.testing.assert_close(got, x)
+    line = f"tests/test_nki_compat.py:{_ACCESS_LINE['store']}"
+    (w,) = [str(c.message) for c in caught if c.category is nki.HazardWarning]
+    site = _both_programs_store_all[2].hazards(x, False)[0].site
+    assert w == (f"nki: WAW hazard (write after write) between the programs of the launch grid (2,): program 0's "
+                 f"dma_copy at {line} and program 1's dma_copy at {line} write the same elements of the tensor "
+                 f"(8, 16) float32 (shared_hbm, allocated at {site}) with equal values: either order leaves the "
+                 f"same result, so this is no race on values, but both programs do the same work: give each program "
+                 f"its own part of the tensor")
+    (h,) = _both_programs_store_all[2].hazards(x, True)  # unequal values: a race on values, as before
+    assert h.kind == "WAW" and not h.equal and "with equal values" not in h.message()
+    assert "the result depends on which comes first" in h.message()

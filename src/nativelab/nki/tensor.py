@@ -697,6 +697,8 @@ def _region(tr, t: NkiTensor):
     st = t.storage
     if st.uid not in tr.storages:
         tr.storages[st.uid] = (st.describe(), st.buffer.name, st.site, st.born, st.shape, st.meta.element_size())
+    if tr.capture is not None and not st.buffer.on_chip:
+        tr.capture[st.uid] = st
     if _indirect(t.chain) is not None:
         return st.uid, 0, st.meta.numel() - 1, None
     v = t.layout()
