@@ -2,7 +2,8 @@
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
 NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF,
-a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file."""
+a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file; an .ap() view past
+its tile an error only where accessed, nc_matmul's double_row perf mode, LNC-2 writes of equal values."""
 
 import enum
 import sys
