@@ -2,9 +2,11 @@
 as its NKI name, a kernel called from inside a kernel running inline, lists of tensors as arguments,
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
 NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF,
-a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file."""
+a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file; an .ap() view past
+its tile an error only where accessed, nc_matmul's double_row perf mode, LNC-2 writes of equal values."""
 
 import enum
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -303,3 +305,119 @@ def test_shared_constant_takes_an_array_or_a_npy_file(tmp_path):
     c16 = c.astype(ml_dtypes.bfloat16)  # a bf16 array, as AWS's NumPy has it
     for constant, values in ((str(path), c), (path, c), (c, c), (c16, c16.astype(np.float32))):
         torch.testing.assert_close(sim(_plus_constant(constant))(x), x + torch.from_numpy(values))
+
+
+_ACCESS_LINE = {}
+
+
+@nki.jit
+def _column_blocks(x, touch_the_last):
+    # three 8-column views of a (4, 16) tile; the third reaches past it and is skipped unless asked for
+    t = _load(x)
+    out = nl.ndarray((4, 24), dtype=x.dtype, buffer=nl.shared_hbm)
+    out_sb = nl.ndarray((4, 24), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=out_sb, value=-1.0)
+    for j in range(3):
+        block = t.ap(pattern=[[16, 4], [1, 8]], offset=j * 8)  # j == 2 reaches element 71 of 64
+        if j < 2 or touch_the_last:
+            _ACCESS_LINE["line"] = sys._getframe().f_lineno + 1
+            nisa.tensor_copy(dst=out_sb[:, j * 8:(j + 1) * 8], src=block)
+    nisa.dma_copy(dst=out, src=out_sb)
+    return out
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_a_view_past_the_tile_is_an_error_where_it_is_accessed_not_where_it_is_made(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/nki/api/generated/nki.language.NkiTensor.html: view
+    # operations, .ap() among them ("low-level access pattern override"), "return new NkiTensor objects that share
+    # the same underlying storage - no data is copied. Views are consumed by NKI ISA instructions"; the access
+    # patterns page (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-aps.html) says what
+    # an instruction reads through one. Neither page says when a pattern past the tile is refused: making a view
+    # reads nothing, so a view that no instruction uses is no error; the instruction that reads through it is one
+    x = torch.randn(4, 16)
+    got = run(_column_blocks)(x, False)
+    torch.testing.assert_close(got, torch.cat([x, torch.full((4, 8), -1.0)], dim=1))
+    with pytest.raises(nki.NkiError) as err:
+        run(_column_blocks)(x, True)
+    line = _ACCESS_LINE["line"]
+    made = line - 3
+    assert str(err.value) == (
+        f"tensor_copy at tests/test_nki_compat.py:{line}: accesses a view outside its tile: access pattern "
+        f"[[16, 4], [1, 8]] from offset 16 (made at tests/test_nki_compat.py:{made}) reaches element 71 of "
+        f"(4, 16) float32 (nl.sbuf), which has 64 elements")
+
+
+@nki.jit
+def _double_fp8_matmul(x, y, mode):
+    # x (256, M), y (256, N): the contraction's halves are the two rows of each partition
+    k2 = x.shape[0] // 2
+    st = nl.ndarray((k2, 2, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    mv = nl.ndarray((k2, 2, y.shape[1]), dtype=y.dtype, buffer=nl.sbuf)
+    for t, src in ((st, x), (mv, y)):  # row r of partition p: src[r * k2 + p]
+        nisa.dma_copy(dst=t, src=src.ap(pattern=[[src.shape[1], k2], [k2 * src.shape[1], 2], [1, src.shape[1]]]))
+    acc = nl.ndarray((x.shape[1], y.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=st, moving=mv, perf_mode=mode)
+    res = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    out = nl.ndarray(acc.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_nc_matmul_double_row_contracts_two_rows_per_partition(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.matmul_perf_mode.html:
+    # double_row, "Double FP8 mode, 2x matmul throughput by packing two FP8 weight/ifmap element pairs"; the
+    # Trainium2 guide (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.29.0/_sources/nki/guides/architecture/
+    # trainium2_arch.rst, "Double FP8 Matmul Performance"): stationary [128, 2, 128], moving [128, 2, 512],
+    # dst [128, 512]; "the first and second tile correspond to first and second halves of the contraction
+    # dimension"; "Mixing FP8_E4 in one input matrix and FP8_E5 in the other is also allowed"; the sequence
+    # "takes the same amount of time as the regular BF16/FP16 ... with a 128 contraction dimension"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 64, generator=g).to(torch.float8_e4m3fn)
+    y = torch.randn(256, 96, generator=g).to(torch.float8_e5m2)
+    double = nisa.matmul_perf_mode.double_row
+    torch.testing.assert_close(run(_double_fp8_matmul)(x, y, double), x.float().T @ y.float())
+    # one MultiplyMoving of 96 columns: max(96, 64) cycles at 2.4 GHz, as a bf16 matmul of a 128 contraction
+    tensor_s = _double_fp8_matmul.estimate(x, y, double).busy["tensor"]
+    assert tensor_s == pytest.approx(96 / 2.4e9)
+    # the nc_matmul page: "Tensor Engine supports FP8 double performance mode"; a bf16 operand is not FP8
+    with pytest.raises(nki.NkiError, match=r"perf_mode double_row is the double FP8 mode: moving must be "
+                                           r"float8_e4m3 or float8_e5m2, got torch.bfloat16"):
+        run(_double_fp8_matmul)(x, y.to(torch.bfloat16), double)
+
+
+@nki.jit
+def _both_programs_store_all(x, skew):
+    # no sharding: each program of an LNC-2 launch computes and stores the whole output
+    t = _load(x)
+    if skew:  # the programs' values differ by their rank
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=float(nl.program_id(0)))
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    _ACCESS_LINE["store"] = sys._getframe().f_lineno + 1
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_lnc2_programs_writing_equal_values_are_duplicated_work_not_a_race_on_values():
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html: "A NEFF compiled for
+    # LNC=2 contains PNC-specific instructions for each of the two PNCs ... the two PNCs have access to shared HBM
+    # memory"; nl.shared_hbm is "Visible to all kernel instances in the SPMD grid" (https://awsdocs-neuron.
+    # readthedocs-hosted.com/en/v2.31.0/nki/api/generated/nki.language.shared_hbm.html). The pages are silent on two
+    # cores storing the same elements: stored with equal values either order leaves the same bytes (no race on
+    # values), but each core does the other's work, which is still worth a warning
+    x = torch.randn(8, 16)
+    with pytest.warns(nki.HazardWarning) as caught:
+        got = sim(_both_programs_store_all[2])(x, False)
+    torch.testing.assert_close(got, x)
+    line = f"tests/test_nki_compat.py:{_ACCESS_LINE['store']}"
+    (w,) = [str(c.message) for c in caught if c.category is nki.HazardWarning]
+    site = _both_programs_store_all[2].hazards(x, False)[0].site
+    assert w == (f"nki: WAW hazard (write after write) between the programs of the launch grid (2,): program 0's "
+                 f"dma_copy at {line} and program 1's dma_copy at {line} write the same elements of the tensor "
+                 f"(8, 16) float32 (shared_hbm, allocated at {site}) with equal values: either order leaves the "
+                 f"same result, so this is no race on values, but both programs do the same work: give each program "
+                 f"its own part of the tensor")
+    (h,) = _both_programs_store_all[2].hazards(x, True)  # unequal values: a race on values, as before
+    assert h.kind == "WAW" and not h.equal and "with equal values" not in h.message()
+    assert "the result depends on which comes first" in h.message()

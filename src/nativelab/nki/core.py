@@ -102,9 +102,21 @@ def instruction(fn):
             if issued:
                 issued[0].reads.extend(tr.pending_reads)
                 issued[-1].writes.extend(tr.pending_writes)
+                if tr.capture is not None and tr.loop_key[:1] and tr.loop_key[0][0] == trace.GRID_LOOP:
+                    issued[-1].written = [_bytes_left(tr, region) for region in issued[-1].writes]
             tr.pending_reads, tr.pending_writes = [], []
 
     return call
+
+
+def _bytes_left(tr, region):
+    """The bytes [first, last] of a written HBM region's allocation as the write left them (Trace.capture)."""
+    sid, lo, hi, view = region
+    st = tr.capture.get(sid)
+    if st is None or view is None:
+        return None
+    flat = st.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return flat[lo * view[3]:(hi + 1) * view[3]].numpy().copy()
 
 
 def record(name: str, engine: str, t: NkiTensor, flops_per_element: int = 1, flops: int | None = None,

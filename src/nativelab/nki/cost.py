@@ -49,6 +49,9 @@ MM_FP32_FACTOR = 4  # [trn1] ... and about 4x that for fp32 inputs ([trn2]: 79 B
 MIN_II_CYCLES = 64  # [act] minimum initiation interval of a Scalar Engine instruction (roughly 64 cycles)
 READ_ACCUMULATOR_CYCLES = 64  # [trn1] ActReadAccumulator (activation's reduce_res) costs roughly 64 cycles
 VECTOR_SMALL_OVERHEAD = 100  # [trn1] static overhead of a Vector instruction with N << 128
+# [trn2] double FP8 (nc_matmul perf_mode double_row): "each processing element performs two pairs of FP8
+# multiplications ... per cycle": a (K, 2, N) moving tile takes a bf16 (K, N) MultiplyMoving's max(N, 64) cycles
+# for twice its FLOPs ("the same amount of time as the regular BF16/FP16 ... sequence with a 128 contraction")
 MX_VALUES_PER_PE = 4  # [mxfp] each PE multiplies the four values of an _x4 element at once: an nc_matmul_mx of
 # N moving columns takes a bf16 MultiplyMoving's max(N, 64) cycles and contracts 4x the rows (the 4x)
 VECTOR_BF16_COPY_SPEEDUP = 4  # [trn2] Vector perf mode: tensor_copy / tensor_scalar with bf16/fp16 in SBUF
@@ -80,8 +83,8 @@ def instruction_seconds(ins) -> tuple[float, float]:
     if ins.name == "sendrecv":  # bytes over the core's DMA share, on the DMA queues or GpSimd's DMA
         return n / (HBM_BYTES_PER_S / CORES_PER_CHIP), DMA_FIXED_S
     if ins.engine == "tensor":
-        if ins.name == "nc_matmul":
-            cycles = max(n, MM_INIT_CYCLES) * (MM_FP32_FACTOR if ins.dtype == torch.float32 else 1)
+        if ins.name == "nc_matmul":  # double_row: n counts both rows of the moving tile, streamed at once
+            cycles = max(n // ins.pairs, MM_INIT_CYCLES) * (MM_FP32_FACTOR if ins.dtype == torch.float32 else 1)
         elif ins.name == "nc_matmul_mx":
             cycles = max(n, MM_INIT_CYCLES)
         else:  # a transpose is a matmul against identity (fp32 transposes are 2x faster in transpose mode)

@@ -34,6 +34,11 @@ Allowed, as AWS's pages say (no finding):
 Two accumulations of the same kind into the same tile do not race with each other; anything else that
 reads or writes the accumulator in another iteration does (a partial sum read while others add to it).
 
+Two programs of a launch writing the same HBM elements with equal values (both compute the whole output,
+unsharded) are still reported, as duplicated work, but not as a race on values: where the launch's tensors have
+values, one interpreted run keeps what each program's write left (Trace.capture), and a WAW whose programs left
+equal bytes says so.
+
 Not checked: accesses through runtime offsets (.ap's scalar_offset / vector_offset, gathers, scatters):
 their addresses are values read at run time. Engine registers (reduce_cmd accumulators) are not memory.
 
@@ -87,6 +92,7 @@ class Hazard:
     first: tuple  # (instruction, its line, iteration) of the earlier access in program order
     second: tuple  # ... and of the later one
     also: tuple = ()  # the other kinds between the same two instructions
+    equal: bool = False  # a WAW between programs that wrote equal values (known from a run on real values)
 
     def message(self) -> str:
         (i1, l1, n1), (i2, l2, n2) = self.first, self.second
@@ -94,6 +100,12 @@ class Hazard:
         unit = "program" if self.loop.startswith("the launch grid") else "iteration"
         also = f"; also {', '.join(self.also)}" if self.also else ""
         thing = "tile" if self.memory in ("sbuf", "psum") else "tensor"
+        if unit == "program" and self.equal:
+            return (f"nki: {self.kind} hazard ({KINDS[self.kind]}{also}) between the programs of {self.loop}: "
+                    f"program {n1}'s {i1} at {l1} and program {n2}'s {i2} at {l2} write the same elements of the "
+                    f"{thing} {self.tensor} ({self.memory}, allocated at {self.site}) with equal values: either "
+                    f"order leaves the same result, so this is no race on values, but both programs do the same "
+                    f"work: give each program its own part of the tensor")
         if unit == "program":
             fix = "give each program its own part of the tensor, or order them (nisa.core_barrier)"
         elif self.kind == "WAW":
@@ -117,6 +129,7 @@ class _Access:
     iteration: object
     epoch: int
     group: str | None  # the accumulation it belongs to, if it is an accumulator access
+    left: object = None  # a write's bytes [lo, hi] as it left them (a run on real values), else None
 
 
 def mode(option) -> str:
@@ -144,8 +157,9 @@ def find(instructions, loops, storages, grid=(), budget: int | None = None) -> t
             continue
         written = {(sid, view) for sid, _, _, view in ins.writes}
         written_ids = {sid for sid, _ in written}
+        left = ins.written or [None] * len(ins.writes)
         for write, regions in ((False, ins.reads), (True, ins.writes)):
-            for sid, lo, hi, view in regions:
+            for n, (sid, lo, hi, view) in enumerate(regions):
                 if view is None:  # moved by runtime offsets (or a barrier's token): addresses unknown here
                     continue
                 group = None
@@ -156,7 +170,8 @@ def find(instructions, loops, storages, grid=(), budget: int | None = None) -> t
                     if loop == trace.GRID_LOOP and storages[sid][1] not in ("hbm", "shared_hbm"):
                         continue  # a program's own tiles and private HBM: no other program reaches them
                     groups.setdefault((loop, ins.loops[:k], sid), []).append(
-                        _Access(index, write, lo * view[3], (hi + 1) * view[3] - 1, view, iteration, ins.epoch, group))
+                        _Access(index, write, lo * view[3], (hi + 1) * view[3] - 1, view, iteration, ins.epoch, group,
+                                left[n] if write else None))
     found: dict = {}  # (loop id of the first found, loop line, tensor, instruction lines) -> {kind: (a, b)}
     spent = 0
     for (loop, _, sid), accesses in groups.items():
@@ -167,8 +182,9 @@ def find(instructions, loops, storages, grid=(), budget: int | None = None) -> t
         for kind, a, b in _conflicts(accesses, loop == trace.GRID_LOOP):
             ia, ib = instructions[a.index], instructions[b.index]
             key = (loops[loop][1], storages[sid][:3], frozenset((ia.line, ib.line)))  # RAW and WAR of a pair: one
-            entry = found.setdefault(key, (loop, {}))
+            entry = found.setdefault(key, (loop, {}, [True]))
             entry[1].setdefault(kind, (a, b))
+            entry[2][0] = entry[2][0] and kind == "WAW" and loop == trace.GRID_LOOP and _equal_values(a, b)
         if budget is not None and spent > budget:
             return _hazards(found, instructions, loops, grid), True
     return _hazards(found, instructions, loops, grid), False
@@ -280,6 +296,14 @@ def _conflicts(accesses, grid: bool):
         last[a.write][idx] = x
 
 
+def _equal_values(a: _Access, b: _Access) -> bool:
+    """Two writes left equal bytes in the elements both wrote (known only from a run on real values)."""
+    if a.left is None or b.left is None:
+        return False
+    common = np.intersect1d(_pieces(a.view, 1), _pieces(b.view, 1))
+    return bool(np.array_equal(a.left[common - a.lo], b.left[common - b.lo]))
+
+
 def _size(view) -> int:
     return math.prod(view[1])
 
@@ -300,13 +324,13 @@ def _pieces(view, unit: int) -> np.ndarray:
 
 def _hazards(found: dict, instructions, loops, grid) -> list:
     out = []
-    for (line, (describe, memory, site), _), (loop, hits) in found.items():
+    for (line, (describe, memory, site), _), (loop, hits, equal) in found.items():
         kinds = [k for k in _PRIORITY if k in hits]
         a, b = hits[kinds[0]]
         where = (f"the launch grid {tuple(grid) or (1,)}" if loop == trace.GRID_LOOP else f"nl.affine_range at {line}")
         ia, ib = instructions[a.index], instructions[b.index]
         out.append(Hazard(kinds[0], where, describe, memory, site, (ia.name, ia.line, a.iteration),
-                          (ib.name, ib.line, b.iteration), tuple(kinds[1:])))
+                          (ib.name, ib.line, b.iteration), tuple(kinds[1:]), equal[0]))
     return out
 
 

@@ -328,17 +328,28 @@ class JitKernel:
                           stacklevel=4)
         traced = _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes),
                          tr.runtime_control, tr.loops, tr.storages)
-        self._check_hazards(traced, tr)
+        self._check_hazards(traced, tr, sig)
         return traced
 
-    def _check_hazards(self, traced: _Traced, tr: trace.Trace) -> None:
+    def _find_hazards(self, traced: _Traced, tr, sig: _Signature | None, budget: int | None) -> tuple[list, bool]:
+        """hazards.find on the trace `tr`; where two programs write the same HBM elements and the launch's tensors
+        have values, on one run of them (interpreted, on copies) that keeps what each write left, so that a WAW
+        of equal values is told apart from a race on values."""
+        found, stopped = hazards.find(tr.instructions, tr.loops, tr.storages, self.grid, budget)
+        if sig is None or getattr(tr, "capture", None) is not None or not any(
+                h.kind == "WAW" and h.loop.startswith("the launch grid") for h in found) or any(
+                is_fake(t) or t.device.type == "meta" for t in sig.tensors):
+            return found, stopped
+        real = self._interpret(sig, [t.detach().cpu().clone() for t in sig.tensors], traced, True, False, capture=True)
+        return hazards.find(real.instructions, real.loops, real.storages, self.grid, budget)
+
+    def _check_hazards(self, traced: _Traced, tr: trace.Trace, sig: _Signature | None = None) -> None:
         """Once per signature: the races between affine_range iterations (and programs) in the trace's
         accesses, each a warning (strict: one error); see nki/hazards.py."""
         how = hazards.mode(self.options.get("check"))
         if how == "off":
             return
-        found, stopped = hazards.find(tr.instructions, tr.loops, tr.storages, self.grid,
-                                      hazards.AUTO_BUDGET if how == "auto" else None)
+        found, stopped = self._find_hazards(traced, tr, sig, hazards.AUTO_BUDGET if how == "auto" else None)
         traced.hazards = found
         if stopped:
             metrics.log.info("nki kernel %s: the hazard checker stopped at its budget of %d elements "
@@ -356,7 +367,7 @@ class JitKernel:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", hazards.HazardWarning)
                 traced = self._traces[sig.key] = self._trace(sig)
-        return hazards.find(traced.instructions, traced.loops, traced.storages, self.grid)[0]
+        return self._find_hazards(traced, traced, sig, None)[0]
 
     def _simulate(self, sig: _Signature, tensors, traced: _Traced, estimate: bool = False):
         """Interpret the kernel instruction by instruction on CPU copies (nki.simulate, and every launch of a
@@ -382,12 +393,13 @@ class JitKernel:
         return [st.tensor.to(device) for st in tr.outputs], est
 
     def _interpret(self, sig: _Signature, host, traced: _Traced, record: bool, warn: bool,
-                   ordering=None) -> trace.Trace:
+                   ordering=None, capture: bool = False) -> trace.Trace:
         """One interpreted run on the CPU tensors `host` (written in place). `record`: the instructions are
         recorded (an interpreted signature's estimate is its launch's); `warn`: its NkiWarnings are given (an
         interpreted signature's first launch: its checking pass skipped its runtime loops). `ordering`:
         nki/order.py's Order for the affine_range loops and the programs."""
-        tr = trace.Trace(self.name, self.grid, quiet=not record, device="cpu", order=ordering)
+        tr = trace.Trace(self.name, self.grid, quiet=not record, device="cpu", order=ordering,
+                         capture={} if capture else None)
         with warnings.catch_warnings():
             if not warn:
                 warnings.simplefilter("ignore", limits.NkiWarning)

@@ -6,6 +6,8 @@ Every figure is AWS's, from the pages named beside it (Neuron SDK docs, the aws-
           what the Trainium2 guide says is unchanged
   [mm]    the nki.isa.nc_matmul API page (v2.31)
   [mx]    the nki.isa.nc_matmul_mx and nki.isa.quantize_mx API pages (aws-neuron-sdk nki/api/nki/isa/__init__.py)
+  [pm]    the nki.isa.matmul_perf_mode page: double_row, "Double FP8 mode, 2x matmul throughput by packing two
+          FP8 weight/ifmap element pairs"; the Trainium2 guide's "Double FP8 Matmul Performance" [trn2]
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ GEMM_MOVING_FMAX = 512  # [mm, trn1: moving free size <= 512, one PSUM bank of f
 TENSOR_TRANSPOSE_MAX = 128  # nc_transpose on the Tensor Engine: a matmul against identity, so <= 128 x 128
 BN_STATS_FMAX = 512  # [trn1: bn_stats "free dimension size of input tile cannot exceed 512"; its API page]
 VECTOR_TRANSPOSE_MAX = 32  # nc_transpose on the Vector Engine: 32 x 32 blocks (nki.isa.nc_transpose page)
+DOUBLE_ROW_ROWS = 2  # [trn2] double FP8: stationary (K/2, 2, M), moving (K/2, 2, N), "the second dimension (the
+# most major free dimension) of both input tensors must be two": two K rows per partition, contraction up to 256
+DOUBLE_ROW_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # [trn2, pm] FP8_E4 / FP8_E5, mixed allowed (FP8_E3 has no
+# double rate); the maximum tiles are [128, 2, 128] and [128, 2, 512], the usual K, M, N limits per row [trn2]
 MX_PARTITION_MULTIPLE = 32  # [mx] MX data tiles span whole quadrants: partitions a multiple of 32, <= 128
 MX_MOVING_FMAX_FP32 = 4096  # [mx] nc_matmul_mx moving free size: 8 PSUM banks of fp32 (the entire PSUM) ...
 MX_MOVING_FMAX_BF16 = 8192  # ... or of bf16

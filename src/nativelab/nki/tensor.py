@@ -325,17 +325,19 @@ class NkiTensor:
         static = list(zip(steps, nums))[1:] if runtime is not None and runtime.vector else list(zip(steps, nums))
         last = offset + sum((n - 1) * s for s, n in static if n > 0 and s > 0)
         first = offset + sum((n - 1) * s for s, n in static if n > 0 and s < 0)
-        limits.check(first >= 0 and last < numel, "ap",
-                     f"access pattern {[[s, n] for s, n in zip(steps, nums)]} from offset {offset} reaches "
-                     f"element {last if last >= numel else first} of {base.describe()} ({base.buffer}), "
-                     f"which has {numel} elements")
+        # a view past the tile is no error until an instruction accesses it (a kernel may build one and skip it):
+        # the access raises, at its own line (_check_in_bounds)
+        outside = None if first >= 0 and last < numel else (
+            f"access pattern {[[s, n] for s, n in zip(steps, nums)]} from offset {offset} (made at "
+            f"{limits.kernel_line()}) reaches element {last if last >= numel else first} of {base.describe()} "
+            f"({base.buffer}), which has {numel} elements")
         if base.buffer.on_chip and len(steps) > 1:
             per_partition = math.prod(base.shape) // base.shape[0]
             limits.check(steps[0] == per_partition, "ap",
                          f"the partition step of an {base.buffer} access pattern must be the tensor's free size "
                          f"{per_partition} (partitions are read contiguously), got {steps[0]}")
         ap = ("ap", tuple(nums), tuple(steps), offset, dtype) + ((runtime,) if runtime is not None else ())
-        chain = (ap,) + ((("packed", packed),) if packed else ())
+        chain = (ap,) + ((("packed", packed),) if packed else ()) + ((("outside", outside),) if outside else ())
         return NkiTensor(base, chain, True)
 
     def is_indirect(self) -> bool:
@@ -695,6 +697,8 @@ def _region(tr, t: NkiTensor):
     st = t.storage
     if st.uid not in tr.storages:
         tr.storages[st.uid] = (st.describe(), st.buffer.name, st.site, st.born, st.shape, st.meta.element_size())
+    if tr.capture is not None and not st.buffer.on_chip:
+        tr.capture[st.uid] = st
     if _indirect(t.chain) is not None:
         return st.uid, 0, st.meta.numel() - 1, None
     v = t.layout()
@@ -707,6 +711,7 @@ def _region(tr, t: NkiTensor):
 def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Tensor:
     """The torch view an instruction reads; warns (once per allocation and line) if part of it was never
     written (unless check_written is False: a destination's old values an instruction may keep)."""
+    _check_in_bounds(t, instruction)
     st = t.storage
     tr = trace.active()
     runtime = _indirect(t.chain)
@@ -721,6 +726,20 @@ def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Te
         if check_written:
             _warn_unwritten(tr, t, instruction, "reads")
     return t.data
+
+
+def _check_in_bounds(t: NkiTensor, instruction: str) -> None:
+    """An access through a view made by .ap() past its tile is an error at the accessing line (the view itself
+    was not: _outside); indexed back inside the tile, the view is fine."""
+    made = next((op[1] for op in t.chain if op[0] == "outside"), None)
+    if made is None:
+        return
+    v = t.layout()
+    lo = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s < 0 and n > 0)
+    hi = v.storage_offset() + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if s > 0 and n > 0)
+    limits.check(v.numel() == 0 or (lo >= 0 and (hi + 1) * v.element_size() <= t.storage.meta.numel()
+                                    * t.storage.meta.element_size()), instruction,
+                 f"accesses a view outside its tile: {made}")
 
 
 def _warn_unwritten(tr, t: NkiTensor, instruction: str, what: str) -> None:
@@ -740,6 +759,7 @@ def write(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool 
           source: NkiTensor | None = None) -> None:
     """Write `value` (rounded to the destination's dtype) through the view `t`. `source`: the value is a view
     of that tensor (a copy instruction), not a fresh result, its elements in the view's row-major order."""
+    _check_in_bounds(t, instruction)
     tr = trace.active()
     if accumulate and tr is not None:  # adds to what the destination holds: that is read
         _warn_unwritten(tr, t, instruction, "accumulates into")
@@ -848,10 +868,11 @@ def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor, accumulate:
         idx = torch.where(_valid(t.chain[k], idx, numel), idx, numel)
         flat = torch.cat([flat, flat.new_zeros(1)])
     region = value
-    if t.chain[k + 1:]:  # indexed further after the access pattern: update that part of the region
+    after = tuple(op for op in t.chain[k + 1:] if op[0] != "outside")  # (a mark, not a view)
+    if after:  # indexed further after the access pattern: update that part of the region
         limits.check(not accumulate, "dma", "a scatter-add through a view indexed after its access pattern")
         region = (flat[idx] if idx is not None else torch.as_strided(flat, nums, steps, offset)).clone()
-        _apply(region, t.chain[k + 1:]).copy_(value)
+        _apply(region, after).copy_(value)
     if idx is not None and accumulate:
         wide = torch.float32 if flat.dtype.is_floating_point else flat.dtype
         new = flat.to(wide).index_put((idx.reshape(-1),), region.reshape(-1).to(wide), accumulate=True)

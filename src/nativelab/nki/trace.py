@@ -52,6 +52,8 @@ class Instruction:
     loops: tuple = ()  # the loop iterations it is in, outermost first: ((loop id, iteration), ...); nki/hazards.py
     epoch: int = 0  # the rendezvous its program had passed (LNC-2): what it is ordered after on the other core
     accumulates: str | None = None  # an associative accumulation into its destination ("matmul", "add")
+    written: list | None = None  # with Trace.capture: per region of `writes`, the bytes it left there (or None)
+    pairs: int = 1  # Tensor Engine: contraction rows each PE multiplies per cycle (2: nc_matmul's double_row)
 
 
 # what each program instance's core has of its own (Trace attributes swapped at a program switch)
@@ -94,6 +96,9 @@ class Trace:
     epoch: int = 0  # rendezvous the running program has passed
     storages: dict = field(default_factory=dict)  # storage id -> (description, memory, allocation site)
     order: object = None  # nki/order.py's Order: the affine_range iterations and programs run in another order
+    # a run on real values for the hazard checker: the bytes each write leaves in an HBM tensor that a launch
+    # grid's programs write (storage id -> storage while running; nki/hazards.py compares programs' values)
+    capture: dict | None = None
 
     def program_state(self) -> dict:
         return {k: getattr(self, k) for k in PROGRAM_STATE}

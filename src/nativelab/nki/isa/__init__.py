@@ -250,7 +250,11 @@ def nc_matmul(dst, stationary: NkiTensor, moving: NkiTensor = None, is_stationar
         _tile(ins, t, what, "tensor", ("sbuf",))
         limits.check(t.dtype in _FLOAT_INPUTS, ins,
                      f"{what} is {t.dtype}; the Tensor Engine takes bf16, fp16, tf32/fp32 and fp8 inputs")
-    k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    double = perf_mode is not None and str(perf_mode) != matmul_perf_mode.none
+    if double:
+        _double_row(ins, stationary, moving, is_transpose, tile_size)
+    rows = limits.DOUBLE_ROW_ROWS if double else 1  # contraction rows per partition
+    k, m, n = stationary.shape[0], _free(stationary) // rows, _free(moving) // rows
     limits.check(moving.shape[0] == k, ins,
                  f"stationary and moving must share the contraction (partition) size: {k} vs {moving.shape[0]}")
     limits.check(m <= limits.GEMM_STATIONARY_FMAX, ins,
@@ -267,18 +271,38 @@ def nc_matmul(dst, stationary: NkiTensor, moving: NkiTensor = None, is_stationar
     fuser = trace.active().fuser if trace.active() is not None else None
     # matmuls into one PSUM tile are an associative accumulation (AWS's nl.affine_range page): nki/hazards.py
     group = None if is_transpose else "matmul"
-    if fuser is not None and dst.dtype == torch.float32:  # recorded for compiling: one GEMM per K loop
+    if fuser is not None and dst.dtype == torch.float32 and not double:  # compiled: one GEMM per K loop
         s_value, m_value = read(stationary, ins), read(moving, ins)
         record(ins, "tensor", moving, flops=2 * k * m * n, accumulates=group)
         note_write(dst)
         fuser.defer(dst, stationary, s_value, moving, m_value, k, m, n, add)
         return dst
-    s = read_float(stationary, ins).reshape(k, m)
-    mv = read_float(moving, ins).reshape(k, n)
+    # double_row: partition p's two rows are contraction indices (p, 0) and (p, 1), multiplied in one PE [trn2]
+    s = read_float(stationary, ins).reshape(k * rows, m)
+    mv = read_float(moving, ins).reshape(k * rows, n)
     out = (s.t() @ mv).reshape(dst.shape)
-    record(ins, "tensor", moving, flops=2 * k * m * n, accumulates=group)
+    record(ins, "tensor", moving, flops=2 * k * rows * m * n, accumulates=group)
+    tr = trace.active()
+    if double and tr is not None and tr.instructions:
+        tr.instructions[-1].pairs = rows
     write(dst, out, ins, accumulate=add)
     return dst
+
+
+def _double_row(ins: str, stationary: NkiTensor, moving: NkiTensor, is_transpose, tile_size) -> None:
+    """perf_mode=double_row's operands (the nki.isa.nc_matmul page, the Trainium2 guide's "Double FP8 Matmul
+    Performance"): FP8 (K, 2, M) stationary and (K, 2, N) moving; not with transpose or column tiling."""
+    limits.check(limits.target_version() >= 3, ins, "perf_mode double_row needs NeuronCore-v3 or newer")
+    for what, t in (("stationary", stationary), ("moving", moving)):
+        limits.check(t.ndim == 3 and t.shape[1] == limits.DOUBLE_ROW_ROWS, ins,
+                     f"perf_mode double_row takes a (K, 2, free) {what}: its second dimension holds the two "
+                     f"contraction rows of each partition; got {what} of shape {t.shape}")
+        limits.check(str(t.dtype).replace("torch.", "") in limits.DOUBLE_ROW_DTYPES, ins,
+                     f"perf_mode double_row is the double FP8 mode: {what} must be float8_e4m3 or float8_e5m2, "
+                     f"got {t.dtype}")
+    limits.check(not is_transpose, ins, "perf_mode double_row cannot be combined with transpose mode")
+    limits.check(not tile_size or int(tile_size[1]) >= limits.GEMM_STATIONARY_FMAX, ins,
+                 f"perf_mode double_row cannot be combined with column tiling (tile_size {tuple(tile_size)})")
 
 
 def nc_transpose(dst, data: NkiTensor = None, engine=None, name=None, **_kw):
@@ -1182,7 +1206,11 @@ def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stati
     limits.check_v4(ins)
     for what, t in (("stationary", stationary), ("moving", moving)):
         _mx_tile(ins, t, what, "tensor", mx.PACKED)
-    k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    double = perf_mode is not None and str(perf_mode) != matmul_perf_mode.none
+    if double:
+        _double_row(ins, stationary, moving, is_transpose, tile_size)
+    rows = limits.DOUBLE_ROW_ROWS if double else 1  # contraction rows per partition
+    k, m, n = stationary.shape[0], _free(stationary) // rows, _free(moving) // rows
     limits.check(moving.shape[0] == k, ins,
                  f"stationary and moving must share the contraction (partition) size: {k} vs {moving.shape[0]}")
     _mx_partitions(ins, "stationary", k)
