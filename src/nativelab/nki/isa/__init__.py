@@ -1206,11 +1206,7 @@ def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stati
     limits.check_v4(ins)
     for what, t in (("stationary", stationary), ("moving", moving)):
         _mx_tile(ins, t, what, "tensor", mx.PACKED)
-    double = perf_mode is not None and str(perf_mode) != matmul_perf_mode.none
-    if double:
-        _double_row(ins, stationary, moving, is_transpose, tile_size)
-    rows = limits.DOUBLE_ROW_ROWS if double else 1  # contraction rows per partition
-    k, m, n = stationary.shape[0], _free(stationary) // rows, _free(moving) // rows
+    k, m, n = stationary.shape[0], _free(stationary), _free(moving)
     limits.check(moving.shape[0] == k, ins,
                  f"stationary and moving must share the contraction (partition) size: {k} vs {moving.shape[0]}")
     _mx_partitions(ins, "stationary", k)
