@@ -426,6 +426,7 @@ def _two_ranks(tmp_path, *script_args) -> list[dict]:
     return [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
 
 
+@pytest.mark.slow  # collectives over a process group
 def test_collectives_per_step_with_lines_and_time(tmp_path):
     name = "collectives.py"
     # A rank's collective bandwidth from the published figures (trainium2.html: 3.5 TB/s DMA; HBM 2.9 TB/s, each
@@ -451,6 +452,7 @@ def test_collectives_per_step_with_lines_and_time(tmp_path):
         assert r["estimate"]["parts"]["collectives"] == pytest.approx(total)
 
 
+@pytest.mark.slow  # FSDP2 over a process group
 def test_fsdp2_collectives_at_the_users_lines(tmp_path):
     name = "collectives.py"
     for r in _two_ranks(tmp_path, "fsdp"):

@@ -55,6 +55,7 @@ TWO_FILES = {
 }
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_two_file_program_runs_as_python_runs_it(tmp_path, capsys):
     _write(tmp_path, TWO_FILES)
     script = tmp_path / "prog" / "main.py"

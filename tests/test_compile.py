@@ -12,7 +12,8 @@ import nativelab
 import nativelab.compiler as compiler
 from conftest import run_python
 
-pytestmark = pytest.mark.slow  # every test here compiles generated code
+# Every test here compiles generated code; the fast tier keeps the guide's Step 3 model, a fallback inside a
+# graph and a bad option, the rest is slow.
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +40,7 @@ def test_guide_step3_model_compiled_matches_eager_and_cpu():
     assert s["cache_misses"] == 1 and len(compiler.cache.entries()) == 1
 
 
+@pytest.mark.slow
 def test_training_loop_compiled_matches_cpu():
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3))
@@ -85,6 +87,7 @@ class Block(nn.Module):
         return x + self.out(y)
 
 
+@pytest.mark.slow
 def test_kv_cache_block_compiled_matches_cpu_and_updates_cache_in_place():
     torch.manual_seed(0)
     ref = Block()
@@ -120,6 +123,7 @@ def test_fallback_op_in_a_graph_is_recorded_and_correct():
     assert st["fallback_nodes"] == 2 and st["partitions"] == 2  # relu*2 | sort | +1 ... argmax
 
 
+@pytest.mark.slow
 def test_new_shape_compiles_a_new_static_graph():
     f = torch.compile(lambda x: torch.tanh(x) * 3, backend="neuron")
     for n in (4, 7, 9):
@@ -128,6 +132,7 @@ def test_new_shape_compiles_a_new_static_graph():
     assert compiler.stats()["partitions"] == 3  # one static graph per shape (4, 7, 9)
 
 
+@pytest.mark.slow
 def test_new_prompt_length_under_inference_mode_compiles_again():
     # The second prompt length makes Dynamo's graph symbolic; specializing it must not trace autograd over
     # the inference-mode inputs (it once raised "Inference tensors cannot be saved for backward").
@@ -140,6 +145,7 @@ def test_new_prompt_length_under_inference_mode_compiles_again():
         assert compiled.generate(prompt, 3) == eager.generate(prompt, 3), prompt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
 def test_a_mode_other_than_default_warns_and_compiles_as_default(mode):
     # The real backend: "Only default applies. Other modes log a warning and fall back to default".
@@ -167,6 +173,7 @@ CHILD = (
 )
 
 
+@pytest.mark.slow
 def test_cache_is_reused_across_processes_and_recovers_from_corruption():
     env = {"NATIVELAB_CACHE_DIR": os.environ["NATIVELAB_CACHE_DIR"]}
     first = run_python(CHILD, env, timeout=300)
@@ -186,6 +193,7 @@ def test_cache_is_reused_across_processes_and_recovers_from_corruption():
     assert compiler.cache.read(again.stem) is not None  # a whole, valid entry again
 
 
+@pytest.mark.slow
 def test_cache_writes_are_atomic_and_checked(tmp_path):
     from nativelab.compiler import cache
 
@@ -215,6 +223,7 @@ print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_c
 """
 
 
+@pytest.mark.slow
 def test_a_graph_generated_for_one_vector_isa_is_not_served_to_another(tmp_path):
     # Inductor's FX graph cache key names no CPU ISA: a graph generated with 16-lane AVX-512 loops was served to a
     # process forced to AVX2 (ATEN_CPU_CAPABILITY, the bench's forced-AVX2 run; or a cache shared between
@@ -236,6 +245,7 @@ def test_a_graph_generated_for_one_vector_isa_is_not_served_to_another(tmp_path)
     assert forced.stdout.split() == ["0", "1"]  # another ISA: generated again, not served
 
 
+@pytest.mark.slow
 def test_two_processes_compiling_the_same_graph_at_once():
     import subprocess
     import sys
@@ -249,6 +259,7 @@ def test_two_processes_compiling_the_same_graph_at_once():
     assert run_python(CHILD, {}, timeout=300).stdout.split() == ["1", "0", "0"]
 
 
+@pytest.mark.slow
 def test_inference_graph_freezes_parameters_and_follows_in_place_updates():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 4)).to("neuron")
@@ -266,6 +277,7 @@ def test_inference_graph_freezes_parameters_and_follows_in_place_updates():
     assert not torch.allclose(first.cpu(), second.cpu())
 
 
+@pytest.mark.slow
 def test_two_models_through_one_compiled_function_keep_their_frozen_graphs():
     """Two models of one class run the same Dynamo graph with their own parameters as inputs; each keeps its
     frozen variant, so alternating between them compiles once per model, not at every switch (two Lab 2
@@ -292,6 +304,7 @@ def test_two_models_through_one_compiled_function_keep_their_frozen_graphs():
         assert compiler.stats()["partitions"] > partitions
 
 
+@pytest.mark.slow
 def test_compiling_while_device_work_is_queued():
     # Buffers made just before compiling are still queued (zero_) when the compiler reads them as constants;
     # that drain happens inside the compiler's fake-tensor tracing and must still run real host code.
@@ -304,6 +317,7 @@ def test_compiling_while_device_work_is_queued():
     torch.testing.assert_close(got.cpu(), model.cpu()(x) + 2, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bf16_tile_read_twice_in_one_kernel_matches_eager():
     """One bf16 tensor read transposed by two outputs of one fused kernel (the RoPE backward's pattern). On
     AVX-512 machines Inductor moves it through 32x32 tile transposes that GCC 12 miscompiles when a kernel has
@@ -322,6 +336,7 @@ def test_bf16_tile_read_twice_in_one_kernel_matches_eager():
             assert torch.equal(g.cpu(), want)
 
 
+@pytest.mark.slow
 def test_large_bf16_products_run_as_fp32_gemms_small_ones_stay_bf16(monkeypatch):
     """compiler/gemm.py: a large bf16 product becomes an fp32 GEMM of upcast operands (bf16 x bf16 products are
     exact in fp32, so only the summation order differs from a bf16 GEMM with fp32 accumulation); a decode-sized
@@ -352,6 +367,7 @@ def test_large_bf16_products_run_as_fp32_gemms_small_ones_stay_bf16(monkeypatch)
     torch.testing.assert_close(small.cpu(), v @ w.t(), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.slow
 def test_outputs_are_where_eager_puts_them():
     # `.cpu()` inside a compiled function returns a CPU tensor, as eager does, readable at once.
     def f(x):
@@ -366,6 +382,7 @@ def test_outputs_are_where_eager_puts_them():
     assert torch.equal(host, want_host)
 
 
+@pytest.mark.slow
 def test_inference_graph_holding_a_constant_tensor():
     # nanoGPT's generate(): `x[:, [-1], :]` under no_grad puts the index list in the graph as a constant tensor.
     torch.manual_seed(0)
@@ -386,6 +403,7 @@ def _two_dropouts(x):
     return F.dropout(x * 2, 0.5, training=True) + F.dropout(x.sin(), 0.3, training=True)
 
 
+@pytest.mark.slow
 def test_compiled_random_ops_draw_from_the_device_generator_at_the_call():
     # Inductor seeds a graph's random numbers from the default generator when its code runs. On the device
     # that code runs from the queue: it must still draw at the call, from the device's generator (as eager
@@ -415,6 +433,7 @@ def test_compiled_random_ops_draw_from_the_device_generator_at_the_call():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compiled_checkpoint_replays_the_forwards_dropout_in_backward():
     # AOTAutograd saves the generator state before a random op in a checkpointed region and replays the op
     # from it in the backward graph (run_and_save_rng_state / run_with_rng_state); PyTorch implements those for
@@ -435,6 +454,7 @@ def test_compiled_checkpoint_replays_the_forwards_dropout_in_backward():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_default_backend_on_device_tensors_compiles_through_the_neuron_backend(monkeypatch):
     # torch.compile(m) with no backend asked Inductor for code on `neuron` and crashed (`assert scheduling_ctor`)
     from nativelab.compiler import default_backend
@@ -454,12 +474,14 @@ def test_default_backend_on_device_tensors_compiles_through_the_neuron_backend(m
         torch.compile(lambda t: t.exp())(x.to("neuron"))
 
 
+@pytest.mark.slow
 def test_default_backend_on_cpu_tensors_is_inductor_unchanged():
     got = torch.compile(lambda t: (t * 3).sin())(torch.ones(4))
     torch.testing.assert_close(got, torch.ones(4).mul(3).sin())
     assert compiler.stats()["graphs"] == 0 and compiler.stats()["default_backend_graphs"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [None, "neuron"])
 def test_compile_under_set_default_device(backend):
     # A graph with no inputs at all makes its tensors on the default device: the device's graph runtime must

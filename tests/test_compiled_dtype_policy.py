@@ -87,6 +87,7 @@ def test_compiled_equals_eager_and_both_narrow(name):
         assert not torch.equal(w, expected)  # plain CPU computes the wide type: the policy did something
 
 
+@pytest.mark.slow  # compiles a forward and a backward
 def test_float64_model_forward_and_backward_compiled_equals_eager():
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)).double()

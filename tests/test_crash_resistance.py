@@ -9,6 +9,9 @@ import pytest
 
 from conftest import run_python
 
+# Each case starts an interpreter (3-4 s of imports on 2 cores) to survive a crash: slow, as a sweep is.
+pytestmark = pytest.mark.slow
+
 PRELUDE = """
 import torch, nativelab
 def raises(fn, kind, *words):

@@ -20,6 +20,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 PROMPT = [1, 15043, 29892, 590, 1024, 338]
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_import_survives_an_emulator_that_cannot_register(tmp_path):
     """No C++ compiler to build the device's runtime (simulated: an empty build cache and a missing compiler):
     one warning that says so, no `neuron`, CPU / CUDA work on."""

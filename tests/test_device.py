@@ -198,6 +198,7 @@ def test_streams_are_in_order():
     assert y.cpu().tolist() == [5.0] * 4
 
 
+@pytest.mark.slow  # a fresh interpreter per setting
 def test_env_core_count_and_bad_env_values():
     r = run_python("import torch, nativelab; print(torch.neuron.device_count())", {"NEURON_RT_NUM_CORES": "2"})
     assert r.returncode == 0, r.stderr

@@ -109,6 +109,7 @@ def test_training_lowers_the_loss_and_the_saved_model_reloads_with_identical_log
     assert not torch.allclose(got, fresh, atol=1e-3)  # and training did change the model
 
 
+@pytest.mark.slow  # compiles the patched model's kernels
 def test_kernels_give_the_same_training_as_plain_hf(tmp_path, dataset):
     """--kernels patches RMSNorm, RoPE, MLP and LM head + loss; losses and held-out loss match plain HF."""
     plain = run(_cfg(tmp_path / "a", dataset, method="full", lr=1e-3, max_steps=4), model=tiny_model(),

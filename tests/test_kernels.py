@@ -11,7 +11,8 @@ from nativelab.kernels import ops
 from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.sample import seed_state
 
-pytestmark = pytest.mark.slow  # kernels compile generated code on first use of each shape
+# Kernels compile generated code on first use of each shape: the fast tier keeps rmsnorm, bad input and greedy
+# sampling, the rest is slow.
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -35,6 +36,7 @@ def test_rmsnorm(device, dtype):
     torch.testing.assert_close(got.cpu(), ops.reference_rmsnorm(x, w, 1e-6), **TOL[dtype])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_out_of_place_and_in_place(dtype):
     torch.manual_seed(0)
@@ -46,6 +48,7 @@ def test_rope_out_of_place_and_in_place(dtype):
     torch.testing.assert_close(xd.cpu(), ref, **TOL[dtype])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mlp(dtype, residual):
@@ -60,6 +63,7 @@ def test_mlp(dtype, residual):
         torch.testing.assert_close(ops.mlp(*args, 1e-5, residual).cpu(), ref, **TOL[dtype])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
 def test_qkv(heads):
     torch.manual_seed(0)
@@ -73,6 +77,7 @@ def test_qkv(heads):
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_kernels_in_a_compiled_graph_stay_one_node():
     torch.manual_seed(0)
     x, w = torch.randn(4, 16), torch.randn(16)
@@ -100,6 +105,7 @@ def test_bad_input_is_rejected_before_any_work():
         ops.sample(torch.randn(1, 10).to("neuron"), seed_state(0, "neuron"), 1.0, 0, 1.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (20, 1.0), (50, 0.5)])
 def test_sample_stays_in_the_allowed_set_without_fallbacks(top_k, top_p):
     torch.manual_seed(0)
@@ -114,6 +120,7 @@ def test_sample_stays_in_the_allowed_set_without_fallbacks(top_k, top_p):
     assert state.cpu().tolist() == [42, 20]
 
 
+@pytest.mark.slow
 def test_sample_with_widely_spread_logits_keeps_the_top_p_set():
     # Most probabilities underflow here (the kernel guards against denormals): the nucleus must not change.
     torch.manual_seed(1)
@@ -126,6 +133,7 @@ def test_sample_with_widely_spread_logits_keeps_the_top_p_set():
         assert all(allowed[r, t] for r, t in enumerate(tok.tolist()))
 
 
+@pytest.mark.slow
 def test_sample_frequencies_follow_the_distribution_and_seed_reproduces():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     state = seed_state(7, "neuron")
@@ -143,6 +151,7 @@ def test_greedy_sample_is_argmax():
     assert torch.equal(got.cpu(), logits.argmax(-1))
 
 
+@pytest.mark.slow
 def test_kernel_pattern_eager_compiled_and_cache_across_processes():
     code = (
         "import torch, nativelab.compiler as c\n"
@@ -163,6 +172,7 @@ def test_kernel_pattern_eager_compiled_and_cache_across_processes():
     assert first.stdout.split() == ["0", "1"] and second.stdout.split() == ["1", "0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
 def test_attention_cte_matches_reference_and_sdpa(heads):
     torch.manual_seed(0)
@@ -176,6 +186,7 @@ def test_attention_cte_matches_reference_and_sdpa(heads):
     torch.testing.assert_close(got, sdpa, rtol=1e-4, atol=1e-5)  # an independent reference
 
 
+@pytest.mark.slow
 def test_attention_tkg_writes_the_cache_in_place_and_masks_unfilled_positions():
     torch.manual_seed(0)
     kc, vc = torch.zeros(1, 2, 10, 8), torch.zeros(1, 2, 10, 8)
@@ -194,6 +205,7 @@ def test_attention_tkg_writes_the_cache_in_place_and_masks_unfilled_positions():
     torch.testing.assert_close(got2.cpu(), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_transformer_tkg_matches_the_llama_model_over_several_steps():
     from nativelab.models.llama import Llama
 
@@ -224,6 +236,7 @@ except ImportError:  # pragma: no cover - hypothesis is in the test extras
 
 if given is not None:
 
+    @pytest.mark.slow
     @settings(max_examples=5, deadline=None)
     @given(rows=st.integers(1, 4), cols=st.sampled_from([2, 6, 16, 30]), half=st.sampled_from([1, 2, 4]))
     def test_rmsnorm_and_rope_any_shape(rows, cols, half):
@@ -237,6 +250,7 @@ if given is not None:
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["neuron", "cpu"])
 def test_cross_entropy_loss_and_gradients_with_int32_labels_and_ignore_index(device):
     torch.manual_seed(0)
@@ -252,6 +266,7 @@ def test_cross_entropy_loss_and_gradients_with_int32_labels_and_ignore_index(dev
     torch.testing.assert_close(d.grad.cpu(), logits.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_cross_entropy_matches_lm_head_plus_loss(dtype):
     torch.manual_seed(0)
@@ -268,6 +283,7 @@ def test_linear_cross_entropy_matches_lm_head_plus_loss(dtype):
     torch.testing.assert_close(wd.grad.cpu(), w.grad, **TOL[dtype])
 
 
+@pytest.mark.slow
 def test_training_step_with_linear_cross_entropy_compiled():
     torch.manual_seed(0)
     emb = torch.nn.Embedding(30, 16).to("neuron")
@@ -290,6 +306,7 @@ def test_training_step_with_linear_cross_entropy_compiled():
     assert losses[-1] < losses[0] * 0.9, losses
 
 
+@pytest.mark.slow
 def test_meta_tensors_launch_nothing():
     from nativelab.kernels import Kernel
 
@@ -299,6 +316,7 @@ def test_meta_tensors_launch_nothing():
     assert k(t, t) is None and ran == [] and k._compiled == {}
 
 
+@pytest.mark.slow
 def test_inference_bakes_weights_and_follows_in_place_updates():
     torch.manual_seed(0)
     x = torch.randn(1, 2, 16)
@@ -331,6 +349,7 @@ def _grads_match(op, ref, inputs, grad_out, needs, tol):
             assert d.grad is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rmsnorm_gradients(dtype):
     torch.manual_seed(0)
@@ -340,6 +359,7 @@ def test_rmsnorm_gradients(dtype):
     _grads_match(ops.rmsnorm, ops.reference_rmsnorm, [x, w, 1e-6], g, [True, True, False], tol)
 
 
+@pytest.mark.slow
 def test_rope_gradient_on_a_transposed_view():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, 8)  # (B, T, H, D) transposed to (B, H, T, D) as Hugging Face attention does
@@ -350,6 +370,7 @@ def test_rope_gradient_on_a_transposed_view():
                  [x, cos, sin], g, [True, False, False], TOL[torch.float32])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("train_weights", [True, False], ids=["full", "frozen"])
 def test_mlp_gradients(residual, train_weights):
@@ -361,6 +382,7 @@ def test_mlp_gradients(residual, train_weights):
                  [True] + [train_weights] * 3 + [False] * 3, TOL[torch.float32])
 
 
+@pytest.mark.slow
 def test_linear_cross_entropy_frozen_head_gives_no_weight_gradient():
     torch.manual_seed(0)
     h, w, target = torch.randn(6, 16), torch.randn(50, 16) * 0.3, torch.randint(0, 50, (6,))
@@ -368,6 +390,7 @@ def test_linear_cross_entropy_frozen_head_gives_no_weight_gradient():
                  torch.tensor(1.0), [True, False, False], TOL[torch.float32])
 
 
+@pytest.mark.slow
 def test_weights_stay_inputs_compiles_once_for_changing_weights():
     """Without autograd a kernel bakes its weights (one compiled variant per weight set); inside
     weights_stay_inputs() (fine-tuning's held-out loss and samples) they stay inputs: one variant serves
@@ -394,6 +417,7 @@ def test_weights_stay_inputs_compiles_once_for_changing_weights():
         assert len(mlp_kernel_no_norm._compiled) == before + 1 + len(layers)
 
 
+@pytest.mark.slow
 def test_whole_step_kernels_name_a_short_layer_list_or_a_wrong_lm_head():
     """transformer_tkg and transformer_tkg_token check their per-layer lists and LM head before anything runs."""
     from nativelab.models.llama import Llama

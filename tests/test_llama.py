@@ -68,6 +68,7 @@ def test_three_tiers_greedy_eager_match_the_cacheless_reference():
         assert fallbacks == (["aten::argmax.out"] if tier == "base" else []), (tier, fallbacks)
 
 
+@pytest.mark.slow  # compiles bf16 kernels for three tiers
 def test_three_tiers_in_bf16_give_close_logits_along_one_sequence():
     # bf16 rounds differently in fused kernels, so greedy paths may part; fed the same tokens, every step's
     # logits must agree with the base tier's within bf16 tolerance (and with fp32 on the CPU).
@@ -101,7 +102,7 @@ def test_three_tiers_compiled_match_and_do_not_recompile(tmp_path, monkeypatch):
         assert compiler.stats()["graphs"] == graphs, f"{tier} recompiled during generation"
 
 
-@pytest.mark.parametrize("tier", ["base", "core"])
+@pytest.mark.parametrize("tier", ["base", pytest.param("core", marks=pytest.mark.slow)])  # core: compiles its sampler
 def test_sampling_is_reproducible_and_stays_in_the_top_p_set(tier):
     s = Sampling(greedy=False, temperature=0.9, top_p=0.8, seed=3)
     a = Generator(_on_device(tier), s).generate(PROMPT, 6)

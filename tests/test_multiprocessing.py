@@ -1,5 +1,6 @@
 """Spawned subprocesses get their own device (the entry point registers it in each one)."""
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -22,6 +23,7 @@ def _worker(rank, q):
     q.put((rank, str(y.device), y.item(), torch.neuron.device_count()))
 
 
+@pytest.mark.slow  # multi-process
 def test_spawned_workers_use_the_device():
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
@@ -90,6 +92,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # multi-process
 def test_device_tensors_are_shared_with_another_process(tmp_path):
     out = _run_script(tmp_path, SEND, timeout=240)
     assert out.returncode == 0, out.stderr
@@ -133,6 +136,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # multi-process
 def test_forked_child_of_an_initialised_device_gets_cudas_error(tmp_path):
     out = _run_script(tmp_path, FORK, timeout=180)
     assert out.returncode == 0, out.stderr

@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from conftest import run_python
 from nativelab.apps import neuron_ls
 
@@ -33,6 +35,7 @@ def test_default_is_the_guides_four_logical_cores_and_96_gb_on_this_processs_cpu
     assert neuron_ls.ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and neuron_ls.ranges([]) == "-"
 
 
+@pytest.mark.slow  # a fresh interpreter per setting
 def test_cores_follow_neuron_rt_num_cores_and_virtual_core_size():
     assert neuron_ls_row({"NEURON_RT_NUM_CORES": "2"})[:4] == ["0", "2", "0-1", f"{2 * GIB_PER_LOGICAL_CORE[2]} GB"]
     assert neuron_ls_row({"NEURON_RT_VIRTUAL_CORE_SIZE": "1"})[:4] == ["0", "8", "0-7", "96 GB"]
@@ -41,6 +44,7 @@ def test_cores_follow_neuron_rt_num_cores_and_virtual_core_size():
                                                                                                  "4.5 GB"]
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 def test_bad_settings_and_arguments_get_one_clear_error():
     r = run_python(MAIN, {"NEURON_RT_NUM_CORES": "four"})
     assert r.returncode != 0 and "NEURON_RT_NUM_CORES='four': expected an integer" in r.stderr

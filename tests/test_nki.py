@@ -745,7 +745,8 @@ def _where_scalar(c, x):
     return out
 
 
-def test_where_streams_the_condition_and_each_tile_operand():
+@pytest.mark.parametrize("run", ["simulate", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_where_streams_the_condition_and_each_tile_operand(run):
     """nl.where on the Vector Engine: k streamed inputs of N fp32 elements per partition take k * N cycles at
     0.96 GHz (the condition and each tile operand; a scalar operand is an immediate)."""
     c, x = torch.ones(128, 512, dtype=torch.uint8), torch.randn(128, 512)
@@ -753,7 +754,8 @@ def test_where_streams_the_condition_and_each_tile_operand():
     three = _where_tiles.estimate(c, x, x)
     assert two.busy["vector"] == pytest.approx(2 * 512 / 0.96e9)
     assert three.busy["vector"] == pytest.approx(3 * 512 / 0.96e9)
-    torch.testing.assert_close(_where_tiles(c == 0, x, -x), -x)
+    where = sim(_where_tiles) if run == "simulate" else _where_tiles
+    torch.testing.assert_close(where(c == 0, x, -x), -x)
 
 
 def test_independent_tiles_overlap_on_different_engines():

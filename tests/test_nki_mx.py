@@ -188,6 +188,7 @@ def _quantize_matmul_reference(a, b):
     return torch.einsum("kmj,knj->mn", dequant(qa, ca), dequant(qb, cb)).float()
 
 
+@pytest.mark.slow  # compiles two kernels
 def test_quantize_then_matmul_mx_on_cpu_and_neuron_tensors(trn3, tmp_path, monkeypatch):
     """The MX round trip interpreted on CPU tensors (two quadrants) and compiled on the device's: one value."""
     a, b = _mixed(64, 32, seed=2), _mixed(64, 64, seed=3)

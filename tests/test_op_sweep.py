@@ -123,6 +123,7 @@ ISSUE_24_OPS = (
 )
 
 
+@pytest.mark.slow  # a sweep
 def test_variants_of_the_ops_issue_24_found_agree_with_cpu():
     passed, failed = _run_sweep(f"op_sweep.sweep_variants(torch.float32, ops={ISSUE_24_OPS!r}, samples=100)")
     assert failed == {}
@@ -133,6 +134,7 @@ def test_variants_of_the_ops_issue_24_found_agree_with_cpu():
 ERROR_INPUTS_EXPECTED: dict[str, str] = {}
 
 
+@pytest.mark.slow  # a sweep
 def test_opinfo_error_inputs_raise_at_the_call():
     """OpInfo's error inputs are the checks every device makes at the call (CUDA included); each raises its
     error at the call on the device, never only at the sync."""

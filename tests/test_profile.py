@@ -326,6 +326,7 @@ def test_profile_command_rejects_bad_input(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []  # refused before writing anything
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_profiler_stands_aside_with_the_real_neuron_stack(tmp_path):
     (tmp_path / "torch_neuronx").mkdir()
     (tmp_path / "torch_neuronx" / "__init__.py").write_text("")

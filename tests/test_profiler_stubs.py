@@ -1,6 +1,7 @@
 """The profiler's device stubs: device time per op from the runtime's timing events (positive, not more
 than the wall time), and no warnings from PyTorch's default stubs."""
 
+import pytest
 import torch
 
 from conftest import run_python
@@ -26,6 +27,7 @@ print(rows["aten::mm"].count >= 5, rows["aten::mm"].self_device_time_total > 0, 
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_legacy_device_profile_records_device_time():
     out = run_python(LEGACY)
     assert out.returncode == 0, out.stderr

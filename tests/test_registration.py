@@ -3,6 +3,8 @@
 import os
 import textwrap
 
+import pytest
+
 from conftest import run_python
 
 
@@ -96,6 +98,7 @@ CPU_ONLY_PROGRAM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two fresh interpreters
 def test_a_program_that_never_uses_the_device_runs_as_without_nativelab():
     plain = run_python(CPU_ONLY_PROGRAM, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     with_nativelab = run_python(CPU_ONLY_PROGRAM)  # `import torch` registers the device

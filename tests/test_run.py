@@ -6,6 +6,39 @@ import pytest
 from conftest import run_python
 
 
+def _check_the_report(text: str, results: list, tokens: int) -> None:
+    """The guide's report and the tier table of a tiny fp32 `run --model all --greedy`."""
+    for line in ("Model   : base — Baseline (pure PyTorch ops, RoPE, static KV cache)", "Size    : tiny",
+                 "Compile : False", f"Tokens  : {tokens}", "Params  : 102,720  (0.4 MB float32)", "Warmup...",
+                 "Timing...", f"Tokens generated: {tokens}", f"Tokens: every tier gives the same {tokens} tokens"):
+        assert line in text, line
+    assert "CPU fallback ops: [" not in text  # the guide's Step 6 adds that line to run.py (tests/test_lab2.py)
+    assert [x["model"] for x in results] == ["base", "core", "experimental"]
+    assert [x["fallback_ops"] for x in results] == [["aten::argmax.out"], [], []]  # the table's column
+    assert "['aten::argmax.out']" in text.split("CPU fallback ops")[-1]
+    assert all(x["tok_per_s"][0] > 0 for x in results)
+    # 2 layers x (4096 + 2048 + 2048 + 4096 attention + 3 x 64 x 160 MLP + 2 x 64 norms) + 256 x 64 tied
+    # embedding + 64 final norm = 102,720: the LM head shares the embedding, also on the device
+    assert len({tuple(x["generated"]) for x in results}) == 1  # fp32: every tier says the same
+    # the traffic column: eager base round-trips every intermediate, the fused tiers do not
+    assert "Device MB/token" in text
+    assert results[0]["device_bytes_per_token"] > results[1]["device_bytes_per_token"] > 0
+    assert results[0]["device_bytes_per_token"] > results[2]["device_bytes_per_token"] > 0
+
+
+def test_run_prints_the_tier_table_in_process(tmp_path, capsys):
+    """The fast tier's run: the three tiers eager, 4 tokens, in this process."""
+    from nativelab.cli import main
+
+    out, png = tmp_path / "r.json", tmp_path / "tiers.png"
+    assert main(["run", "--model", "all", "--size", "tiny", "--greedy", "--tokens", "4", "--warmup", "1",
+                 "--dtype", "float32", "--json", str(out), "--plot", str(png)]) in (0, None)
+    text = capsys.readouterr().out
+    _check_the_report(text, json.loads(out.read_text()), 4)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Plot: " in text
+
+
+@pytest.mark.slow  # three tiers with --estimate in a fresh interpreter
 def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     out = tmp_path / "r.json"
     r = run_python(
@@ -15,26 +48,11 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    text = r.stdout
-    for line in ("Model   : base — Baseline (pure PyTorch ops, RoPE, static KV cache)", "Size    : tiny",
-                 "Compile : False", "Tokens  : 8", "Params  : 102,720  (0.4 MB float32)", "Warmup...", "Timing...",
-                 "Tokens generated: 8", "est. trn2 tok/s : ", "Tokens: every tier gives the same 8 tokens"):
-        assert line in text, line
-    assert "CPU fallback ops: [" not in text  # the guide's Step 6 adds that line to run.py (tests/test_lab2.py)
     results = json.loads(out.read_text())
-    assert [x["model"] for x in results] == ["base", "core", "experimental"]
-    assert [x["fallback_ops"] for x in results] == [["aten::argmax.out"], [], []]  # the table's column
-    assert "['aten::argmax.out']" in text.split("CPU fallback ops")[-1]
+    _check_the_report(r.stdout, results, 8)
+    assert "est. trn2 tok/s : " in r.stdout
     assert all(x["est_trn2_tok_per_s"] > 0 for x in results)  # the porting check's estimate, per tier
-    assert all(x["tok_per_s"][0] > 0 for x in results)
-    # 2 layers x (4096 + 2048 + 2048 + 4096 attention + 3 x 64 x 160 MLP + 2 x 64 norms) + 256 x 64 tied
-    # embedding + 64 final norm = 102,720: the LM head shares the embedding, also on the device
-    assert len({tuple(x["generated"]) for x in results}) == 1  # fp32: every tier says the same
-    # the traffic column: eager base round-trips every intermediate, the fused tiers do not
-    assert "Device MB/token" in text
-    assert results[0]["device_bytes_per_token"] > results[1]["device_bytes_per_token"] > 0
-    assert results[0]["device_bytes_per_token"] > results[2]["device_bytes_per_token"] > 0
-    assert (tmp_path / "tiers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Plot: " in text
+    assert (tmp_path / "tiers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Plot: " in r.stdout
 
 
 def test_the_last_line_says_how_many_tokens_agree():
@@ -51,12 +69,17 @@ def test_the_last_line_says_how_many_tokens_agree():
     assert "fp32 summation order" in token_agreement(tiers("float32", same, [1, 6, 7, 8], same))
 
 
-def test_bad_flags_are_clear_errors():
-    r = run_python("from nativelab.cli import main; main(['run', '--size', 'huge'])")
-    assert r.returncode != 0 and "invalid choice: 'huge'" in r.stderr
-    r = run_python("from nativelab.cli import main; main(['run', '--size', 'tiny', '--tokens', '200'])")
-    assert r.returncode != 0 and "exceeds the maximum sequence length 64 of size 'tiny'" in r.stderr
-    assert "Warmup" not in r.stdout  # refused before any work
+def test_bad_flags_are_clear_errors(capsys):
+    from nativelab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--size", "huge"])
+    assert e.value.code != 0 and "invalid choice: 'huge'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--size", "tiny", "--tokens", "200"])
+    # SystemExit(message): the interpreter prints the message to stderr and exits with status 1
+    assert "exceeds the maximum sequence length 64 of size 'tiny'" in str(e.value.code)
+    assert "Warmup" not in capsys.readouterr().out  # refused before any work
 
 
 def test_timed_section_keeps_the_garbage_collector_out_and_restores_it():

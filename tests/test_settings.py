@@ -111,6 +111,7 @@ def test_a_mode_is_an_override_of_this_process_restored_after_the_block(monkeypa
     assert build.enabled() is False  # the environment is read at each launch, as documented
 
 
+@pytest.mark.slow  # child interpreters
 def test_a_child_started_inside_a_mode_sees_the_environment_not_the_mode(monkeypatch):
     """host_kernels(False) used to write NATIVELAB_CPU_KERNELS=0 into os.environ, so every process started
     inside the block (a compile worker, a torchrun job, subprocess.run) ran without the kernels too."""

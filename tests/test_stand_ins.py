@@ -108,6 +108,7 @@ def test_no_stand_in_without_the_emulated_device():
     assert r.stdout.split() == ["False", "None"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers
 def test_accelerate_and_the_trainer_choose_neuron():
     code = textwrap.dedent("""
         import torch

@@ -208,6 +208,7 @@ def test_sample_same_tokens_as_the_cpu_kernel(temperature, top_k, top_p):
             assert out.cpu().tolist() == logits.cpu().argmax(-1).tolist()
 
 
+@pytest.mark.slow  # many draws in Triton's interpreter
 def test_sample_draws_follow_the_kept_distribution():
     """Over many counters the draws land only on top-p's tokens, in proportion to their renormalised mass."""
     logits = torch.tensor([[2.0, 1.5, 1.0, 0.0, -1.0, -3.0, -3.0, -4.0] + [-9.0] * 8]).to(DEV)
@@ -260,6 +261,7 @@ def test_linear_cross_entropy_in_chunks(monkeypatch):
     torch.testing.assert_close(gw, wr.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # three tiers in Triton's interpreter
 @pytest.mark.skipif(DEV == "cuda", reason="on a GPU, tests/test_cuda.py runs the model on CUDA itself")
 def test_the_llama_tiers_run_on_the_triton_kernels(monkeypatch):
     """The CUDA route end to end, in the interpreter: every library kernel's "cuda" target serves CPU tensors

@@ -28,6 +28,7 @@ SNIPPET = (
 )
 
 
+@pytest.mark.slow  # a fresh interpreter
 @pytest.mark.parametrize("fast", ["1", "0"])
 def test_the_issue_snippet_prints_zeros(fast):
     r = run_python(SNIPPET, env={"NATIVELAB_FAST_PATH": fast})
