@@ -495,9 +495,13 @@ def _matmul_into(s, m, buffer):
 
 @nki.jit
 def _psum_banks(x):
+    s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=s, value=1.0)
     tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
     for p in tiles:
-        nisa.memset(dst=p, value=0.0)  # LIMIT
+        nisa.nc_matmul(dst=p, stationary=s[:, 0:128], moving=s)  # LIMIT
+    for p in tiles:  # read after all are written: nine banks live at once
+        nisa.tensor_copy(dst=s, src=p)
     return x
 
 
@@ -517,8 +521,10 @@ def test_tiles_allocated_in_a_loop_body_live_for_one_iteration():
 def _sbuf_capacity(x):
     a = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # 160 KiB per partition
     nisa.memset(dst=a, value=0.0)
+    nisa.tensor_scalar(dst=a, data=a, op0=nl.add, operand0=1.0)
     b = nl.ndarray((128, 20 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # 80 KiB more: over 224 KiB
-    nisa.memset(dst=b, value=0.0)  # LIMIT
+    nisa.tensor_copy(dst=b, src=a[:, 0:20 * 1024])  # LIMIT
+    nisa.tensor_copy(dst=a[:, 0:20 * 1024], src=b)  # a is still live here
     return x
 
 
@@ -536,8 +542,10 @@ def _out_of_bounds(x):
      ["nc_matmul", "moving free size 1024", "exceeds 512"]),
     (_matmul_into, (torch.zeros(64, 64), torch.zeros(64, 64), nl.sbuf),
      ["nc_matmul", "writes its result to PSUM", "nl.sbuf"]),
-    (_psum_banks, (torch.zeros(1),), ["needs 1 bank", "with 8 live", "8 banks"]),
-    (_sbuf_capacity, (torch.zeros(1),), ["81920 B per partition", "163840 B already live", "229376 B"]),
+    (_psum_banks, (torch.zeros(1),), ["needs 262144 B (128 partitions x 2048 B)",
+                                      "with 2097152 B already live in 8 tile(s)", "8 banks of 2048 B"]),
+    (_sbuf_capacity, (torch.zeros(1),), ["needs 10485760 B (128 partitions x 81920 B)",
+                                         "with 20971520 B already live", "128 partitions x 229376 B"]),
     (_out_of_bounds, (torch.zeros(64, 64),), ["indexing", "slice 0:128", "dimension 0 of size 64"]),
 ], ids=["partitions", "stationary", "moving", "psum-output", "psum-banks", "sbuf-capacity", "hbm-bounds"])
 def test_limit_violation_is_one_error_at_the_kernel_line(kernel, args, expected):

@@ -421,3 +421,84 @@ def test_lnc2_programs_writing_equal_values_are_duplicated_work_not_a_race_on_va
     (h,) = _both_programs_store_all[2].hazards(x, True)  # unequal values: a race on values, as before
     assert h.kind == "WAW" and not h.equal and "with equal values" not in h.message()
     assert "the result depends on which comes first" in h.message()
+
+
+# Item 9: SBUF and PSUM held as AWS's compiler allocates them. AWS's NKI Block Dimension Migration Guide
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/migration/nki_block_dimension_migration_guide.html):
+# "The compiler analyzes the memory dependency and allocates a physical address to each tile. This means that
+# the physical tiles may not be alive in the memory simultaneously"; a Python list of tiles, each used in turn,
+# compiles as the block dimension did. nki.compiler.Allocation
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.compiler.Allocation.html): the
+# address is held from a tile's first write to its last read. Our kernels: a plain Python loop over a list of
+# tiles, each written, read and done with in its iteration (fits), and the same tiles all read after all are
+# written (does not fit: an error naming the numbers).
+_TILE_COLS = 20 * 1024  # 80 KiB of fp32 per partition: three exceed SBUF's 224 KiB, one at a time fits
+
+
+@nki.jit
+def _sbuf_list(x, together):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    tiles = [nl.ndarray(x.shape[1:], dtype=x.dtype, buffer=nl.sbuf) for _ in range(x.shape[0])]
+    for i, t in enumerate(tiles):
+        nisa.dma_copy(dst=t, src=x[i])
+        nisa.activation(dst=t, op=nl.exp, data=t)  # OVERFLOW
+        if not together:
+            nisa.dma_copy(dst=out[i], src=t)
+    for i, t in enumerate(tiles):
+        if together:
+            nisa.dma_copy(dst=out[i], src=t)
+    return out
+
+
+@nki.jit
+def _psum_list(x, together):
+    out = nl.ndarray((9,) + x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    s = _load(x)
+    o = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    banks = []
+    for i in range(9):  # one PSUM bank each: nine in a list, PSUM has eight
+        p = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p, stationary=s[:, 0:128], moving=s)  # OVERFLOW
+        banks.append(p)
+        if not together:
+            nisa.tensor_scalar(dst=o, data=p, op0=nl.multiply, operand0=float(i + 1))
+            nisa.dma_copy(dst=out[i], src=o)
+    for i, p in enumerate(banks):
+        if together:
+            nisa.tensor_scalar(dst=o, data=p, op0=nl.multiply, operand0=float(i + 1))
+            nisa.dma_copy(dst=out[i], src=o)
+    return out
+
+
+def _overflow_line(kernel):
+    import inspect
+    lines, start = inspect.getsourcelines(kernel.fn if hasattr(kernel, "fn") else kernel)
+    return start + next(i for i, line in enumerate(lines) if "# OVERFLOW" in line)
+
+
+def test_tiles_in_a_python_list_are_live_from_first_to_last_use_not_while_the_list_holds_them():
+    x = torch.randn(3, 128, _TILE_COLS) / 4
+    torch.testing.assert_close(sim(_sbuf_list)(x, False), torch.exp(x), rtol=1e-6, atol=1e-6)
+    m = torch.randn(128, 512)
+    want = torch.stack([(m[:, 0:128].T @ m) * (i + 1) for i in range(9)])
+    torch.testing.assert_close(sim(_psum_list)(m, False), want, rtol=1e-4, atol=1e-4)
+
+
+def test_tiles_live_together_past_the_memory_are_an_error_with_the_numbers():
+    here = "tests/test_nki_compat.py"
+    with pytest.raises(nki.NkiError) as e:
+        sim(_sbuf_list)(torch.zeros(3, 128, _TILE_COLS), True)
+    assert str(e.value) == (
+        f"SBUF allocation at {here}:{_overflow_line(_sbuf_list)}: the tile (128, 20480) float32 allocated at "
+        f"{here}:{_overflow_line(_sbuf_list) - 3} needs 10485760 B (128 partitions x 81920 B) with 20971520 B "
+        f"already live in 2 tile(s) (the largest: (128, 20480) float32 allocated at "
+        f"{here}:{_overflow_line(_sbuf_list) - 3}, 10485760 B; (128, 20480) float32 allocated at "
+        f"{here}:{_overflow_line(_sbuf_list) - 3}, 10485760 B); SBUF holds 29360128 B (28 MiB = 128 partitions x "
+        f"229376 B)")
+    with pytest.raises(nki.NkiError) as e:
+        sim(_psum_list)(torch.zeros(128, 512), True)
+    msg = str(e.value)
+    assert msg.startswith(f"PSUM allocation at {here}:{_overflow_line(_psum_list)}: the tile (128, 512) float32 "
+                          f"allocated at {here}:{_overflow_line(_psum_list) - 1} needs 262144 B (128 partitions x "
+                          f"2048 B) with 2097152 B already live in 8 tile(s)"), msg
+    assert msg.endswith("PSUM holds 2097152 B (2 MiB = 128 partitions x 8 banks of 2048 B)"), msg

@@ -58,6 +58,7 @@ def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored)
         t = NkiTensor(*_new(torch.empty(shape, dtype=dtype, device=trace.device()), buf, name))
         if pdim:  # blocks of tiles: what each partition holds is every block's share
             t.storage.bytes_per_partition = math.prod(shape) // shape[pdim] * t.storage.tensor.element_size()
+            t.storage.partitions = shape[pdim]
     else:
         t = hbm_tensor(tr, shape, dtype, buf, name)
     t.storage.packed = packed
@@ -65,11 +66,7 @@ def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored)
 
 
 def _new(t: torch.Tensor, buf: Buffer, name: str):
-    st = Storage(t, buf, name)
-    tr = trace.active()
-    if tr is not None and tr.scopes:  # allocated in a loop body: live for this iteration
-        tr.scopes[-1].append(st)
-    return (st,)
+    return (Storage(t, buf, name),)
 
 
 
@@ -89,9 +86,15 @@ def instruction(fn):
     @functools.wraps(fn)
     def call(*args, **kwargs):
         tr = trace.active()
-        if tr is None or tr.depth or tr.quiet:
+        if tr is None or tr.depth:
             return fn(*args, **kwargs)
+        tr.step += 1  # what one call reads and writes is live together (trace.Occupancy)
         tr.depth += 1
+        if tr.quiet:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tr.depth -= 1
         first = len(tr.instructions)
         tr.pending_reads, tr.pending_writes = [], []
         try:

@@ -102,7 +102,7 @@ class _Traced:
         self.written_inputs = written_inputs  # positions (among tensor arguments) the kernel writes
         self.result_spec = result_spec
         self.instructions = instructions
-        self.peak = peak  # peak live SBUF / PSUM bytes per partition
+        self.peak = peak  # peak SBUF / PSUM bytes live at once on a core, over all partitions (trace.Occupancy)
         self.loops, self.storages = loops, storages or {}  # what the hazard checker reads besides instructions
         self.hazards: list | None = None  # the races found when traced (nki/hazards.py), None if not checked
         self.launch = None
@@ -127,6 +127,8 @@ def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
         result = tr.launch.run(lambda pid: sig.call(fn, inputs))
     finally:
         trace._current.pop()
+    if tr.fuser is None and tr.order is None:  # in program order (the compile pass defers matmuls; an order check
+        tr.check_capacity()  # reorders iterations): the tiles fit the memories they are live in together
     return result, inputs
 
 

@@ -163,10 +163,10 @@ def shared_identity_matrix(n: int, dtype=bfloat16, **_ignored) -> NkiTensor:
 
 
 def _loop(start, stop, step, kind: str):
-    """The iterations, each a scope: on-chip tensors allocated in an iteration's body are live for that
-    iteration only (their SBUF/PSUM space is free for the next one, as the NKI compiler allocates them).
-    Each iteration is noted on the instructions it issues (the hazard checker's, nki/hazards.py), and an
-    order check (nki.simulate(kernel, order=...)) runs an affine_range's iterations in its order."""
+    """The iterations (a tile allocated in the body is one tile per iteration, live from its first access to its
+    last: trace.Occupancy, as the NKI compiler reuses a body's SBUF/PSUM space). Each iteration is noted on the
+    instructions it issues (the hazard checker's, nki/hazards.py), and an order check (nki.simulate(kernel,
+    order=...)) runs an affine_range's iterations in its order."""
     tr = trace.active()
     values = range(start, stop, step) if stop is not None else range(start)
     if tr is None:
@@ -179,14 +179,11 @@ def _loop(start, stop, step, kind: str):
         values = tr.order.iterations(line, values)
     outer = tr.loop_key
     for i in values:
-        tr.scopes.append([])
         tr.loop_key = outer + ((loop, i),)
         try:
             yield i
         finally:
             tr.loop_key = outer
-            for st in tr.scopes.pop():
-                st.free()
 
 
 def affine_range(start, stop=None, step=1, **_hints):

@@ -5,8 +5,8 @@ only at those rendezvous: make_fx's tracing state (the dispatch-mode stack, thre
 recording pass, which threads would not keep. A program that never waits runs from start to end before the
 next starts, as every other grid's programs do, so such a kernel traces as it did before.
 
-In an LNC-2 launch each program has its own core's state (trace.PROGRAM_STATE: SBUF/PSUM account, loop
-scopes, engine registers and PRNG), swapped at every switch, and its instructions are tagged with its core
+In an LNC-2 launch each program has its own core's state (trace.PROGRAM_STATE: SBUF/PSUM account,
+engine registers and PRNG), swapped at every switch, and its instructions are tagged with its core
 for the cost model. A rendezvous one program never reaches is an error, never a hang."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Launch:
                     self._leave(rank)
                 raise error  # the kernel caught it: still an error
         finally:
-            for rank, g in enumerate(gs):  # after an error: unwind the others (their loop scopes free tiles)
+            for rank, g in enumerate(gs):  # after an error: unwind the others
                 if g and not g.dead:
                     self._enter(rank)
                     try:

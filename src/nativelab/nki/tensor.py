@@ -106,10 +106,9 @@ class Storage:
         self.born = tr.loop_key if tr is not None else ()  # the loop iterations it was allocated in
         self.written = np.zeros(tensor.numel(), dtype=bool) if track and input_index is None else None
         p = tensor.shape[0] if tensor.dim() else 1
+        self.partitions = p
         self.bytes_per_partition = (tensor.numel() // max(p, 1)) * tensor.element_size()
-        self.accounted = False
-        self.banks = 0
-        self.release = None
+        self.live = None  # on chip: where its range starts and ends (trace.Occupancy)
         self.float_value = None  # (value, its fp32 upcast): upcast once, however many matmuls read it
         self.rounded = None  # (value, value.to(bf16) computed more cheaply): see fusion.py
         self.origin = None  # (argument storage, flat index in it or -1 per element): which are copies, fusion.py
@@ -127,7 +126,7 @@ class Storage:
         while root.lender is not None:
             root = root.lender
         borrower.lender, borrower.owned = root, False
-        root.borrowers.append((weakref.ref(borrower), borrower.tensor))  # weak: a dropped tile frees its SBUF
+        root.borrowers.append((weakref.ref(borrower), borrower.tensor))  # weak: a dropped tile is collected
 
     def before_in_place_write(self) -> None:
         """Make an in-place write safe: own the value, and give borrowers of it their own copies first."""
@@ -143,14 +142,6 @@ class Storage:
                 _bind(b.tensor)
                 b.owned, b.lender = True, None
         self.borrowers = []
-
-    def free(self) -> None:
-        """Its on-chip space is available again (dropped, or its loop iteration ended)."""
-        if self.release is not None:
-            release, self.release = self.release, None
-            release(self.buffer.name, self.bytes_per_partition, self.banks)
-
-    __del__ = free
 
 
 def _dtype_name(dtype) -> str:
@@ -720,7 +711,7 @@ def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Te
     if tr is not None:
         if tr.fuser is not None:
             tr.fuser.before_read(st)  # deferred matmuls and stores into it land first
-        tr.account(st)
+        tr.account(st, write=False)
         if not tr.quiet:
             tr.pending_reads.append(_region(tr, t))
         if check_written:
@@ -778,7 +769,7 @@ def note_write(t: NkiTensor) -> None:
     st = t.storage
     tr = trace.active()
     if tr is not None:
-        tr.account(st)
+        tr.account(st, write=True)
         if st.input_index is not None:
             tr.written_inputs.add(st.input_index)
         if not tr.quiet:
