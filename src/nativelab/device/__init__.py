@@ -92,6 +92,9 @@ def register() -> bool:
     guard.set_index(0)  # also makes backward run in this thread (see _private)
     stand_ins.install("torch_neuronx", "nativelab.device.torch_neuronx_api")  # accelerate, the Trainer, the guide
     stand_ins.install("nki", "nativelab.nki")  # `import nki`, `nki.language`, `nki.isa`: kernels run as written
+    # AWS's NKI 0.x docs import `from neuronxcc import nki` (nki.baremetal / benchmark / profile's examples):
+    # `neuronxcc.nki[.language|.isa|.typing]` resolve to nativelab.nki[...] (`neuronxcc` itself is nativelab)
+    stand_ins.install("neuronxcc", "nativelab")
     _state["registered"] = True
     return True
 

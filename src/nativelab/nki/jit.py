@@ -304,6 +304,7 @@ class JitKernel:
     def estimate(self, *args, **kwargs) -> cost.Estimate:
         """The estimated NeuronCore-v3 time and engine timeline of a launch with these arguments (traced,
         not run): `.summary()`, `.busy`, `.bound`, `.save_trace(path)` (Chrome / Perfetto)."""
+        _, args, kwargs = _from_numpy(args, kwargs)  # the arguments a launch takes, NumPy arrays too
         sig = _Signature(self.fn, self.grid, args, kwargs)
         traced = self._traces.get(sig.key)
         if traced is None:
