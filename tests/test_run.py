@@ -52,7 +52,27 @@ def test_run_prints_the_guides_report_and_fallbacks(tmp_path):
     _check_the_report(r.stdout, results, 8)
     assert "est. trn2 tok/s : " in r.stdout
     assert all(x["est_trn2_tok_per_s"] > 0 for x in results)  # the porting check's estimate, per tier
+    for x in results:  # its parts add up to the token's time: 1000 / (tok/s) ms
+        assert sum(x["est_trn2_ms_per_token"].values()) == pytest.approx(1e3 / x["est_trn2_tok_per_s"], rel=1e-9)
+    assert "est. trn2 ms/token" in r.stdout and "largest work (experimental, ms/token): " in r.stdout
     assert (tmp_path / "tiers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Plot: " in r.stdout
+
+
+def test_the_estimate_parts_table_adds_each_tiers_parts(capsys):
+    from nativelab.apps.run import print_estimate_parts
+
+    results = [{"model": "base", "est_trn2_ms_per_token": {"graph launch": 1.5, "collectives": 0.0, "kernels": 0.25},
+                "est_trn2_top_work_ms_per_token": {"graph:decode": 1.0}},
+               {"model": "core", "est_trn2_ms_per_token": {"graph launch": 0.5, "collectives": 0.0, "kernels": 1.0},
+                "est_trn2_top_work_ms_per_token": {"kernel:nki_mlp": 0.75, "graph:decode": 0.5}}]
+    print_estimate_parts(results)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["est.", "trn2", "ms/token", "base", "core"]
+    assert lines[1].split() == ["graph", "launch", "1.500", "0.500"]
+    assert lines[2].split() == ["kernels", "0.250", "1.000"]  # collectives: no tier spends time there, left out
+    assert lines[3].split() == ["total", "1.750", "1.500"]
+    assert lines[4] == "largest work (base, ms/token): graph:decode 1.000"
+    assert lines[5] == "largest work (core, ms/token): kernel:nki_mlp 0.750, graph:decode 0.500"
 
 
 def test_the_last_line_says_how_many_tokens_agree():

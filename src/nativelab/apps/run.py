@@ -151,26 +151,34 @@ def tiers_of(args) -> list[str]:
     return list(TIERS) if args.model == "all" else [args.model]
 
 
-def trn2_estimate(gen: Generator, prompt: list[int], tokens: int) -> float | None:
-    """Estimated Trainium2 tok/s of one generation: the porting check's first-order estimate (check/estimate.py:
+def trn2_estimate(gen: Generator, prompt: list[int], tokens: int) -> dict | None:
+    """The Trainium2 estimate of one generation: the porting check's first-order estimate (check/estimate.py:
     launches, kernels, each unit's max(bytes / HBM bandwidth, FLOPs / peak), fallbacks and syncs, with the
-    published trn2 figures and one fitted constant, launch_s; see check/hardware.py). None where the emulator
-    stepped aside, or while a check or profiling session already records (`nativelab check -- run ...`): the
-    extra generation would be part of what it measures."""
+    published trn2 figures and one fitted constant, launch_s; see check/hardware.py), as tok/s, ms per token by
+    part and the largest units of work. None where the emulator stepped aside, or while a check or profiling
+    session already records (`nativelab check -- run ...`): the extra generation would be part of what it
+    measures."""
     if not nativelab.device.is_registered() or session_active():
         return None
     with Check("est. trn2", tokens=True) as c:
         gen.generate(prompt, tokens)
-    return c.report().rate()
+    report = c.report()
+    e, per = report.estimate, max(report.estimate["per"] or 1, 1)
+    return {"tok_per_s": report.rate(), "ms_per_token": {k: v * 1e3 for k, v in e["parts_per"].items()},
+            "top_work_ms_per_token": {k: v * 1e3 / per for k, v in list(e["by_work"].items())[:5]}}
 
 
 def untimed_figures(gen: Generator, prompt: list[int], args) -> dict:
     """After the timed runs: device bytes per token (the profiler's traffic counter) and, with --estimate, the
-    est. trn2 tok/s, each from one more generation (their counters would slow the timed ones)."""
+    est. trn2 tok/s and its ms per token by part, each from one more generation (their counters would slow the
+    timed ones)."""
     on_device = args.device == DEVICE_NAME
+    est = trn2_estimate(gen, prompt, args.tokens) if on_device and args.estimate else None
     return {
         "device_bytes_per_token": traffic_per_token(lambda: gen.generate(prompt, args.tokens)) if on_device else None,
-        "est_trn2_tok_per_s": trn2_estimate(gen, prompt, args.tokens) if on_device and args.estimate else None,
+        "est_trn2_tok_per_s": est["tok_per_s"] if est else None,
+        "est_trn2_ms_per_token": est["ms_per_token"] if est else None,
+        "est_trn2_top_work_ms_per_token": est["top_work_ms_per_token"] if est else None,
     }
 
 
@@ -182,6 +190,8 @@ def finish(results: list[dict], args) -> list[dict]:
                                args.plot, title=f"Lab 2 tiers ({args.size}, {args.dtype}, "
                                f"{'compiled' if args.compile else 'eager'}, {'greedy' if args.greedy else 'top-p'})")
         print(f"Plot: {args.plot}")
+    if any(r.get("est_trn2_ms_per_token") for r in results):  # --estimate: where each tier's token goes
+        print_estimate_parts(results)
     if args.json:
         write_atomic(Path(args.json), json.dumps(results, indent=2).encode())
     return results
@@ -231,6 +241,21 @@ def print_table(results: list[dict]) -> None:
         for w in r["timed_section"]["warnings"]:
             print(f"Warning ({r['model']}): {w}")
     print(f"\n{token_agreement(results)}")
+
+
+def print_estimate_parts(results: list[dict]) -> None:
+    """Where the estimate puts each tier's token: ms per token by part (check/estimate.py's parts; a part no
+    tier spends time in is left out), the total, and each tier's largest units of device work."""
+    with_est = [r for r in results if r.get("est_trn2_ms_per_token")]
+    parts = [p for p in with_est[0]["est_trn2_ms_per_token"]
+             if any(r["est_trn2_ms_per_token"].get(p) for r in with_est)]
+    print(f"\n{'est. trn2 ms/token':<22}" + "".join(f" {r['model']:>13}" for r in with_est))
+    for p in parts:
+        print(f"{p:<22}" + "".join(f" {r['est_trn2_ms_per_token'].get(p, 0.0):>13.3f}" for r in with_est))
+    print(f"{'total':<22}" + "".join(f" {sum(r['est_trn2_ms_per_token'].values()):>13.3f}" for r in with_est))
+    for r in with_est:
+        top = ", ".join(f"{name} {ms:.3f}" for name, ms in r["est_trn2_top_work_ms_per_token"].items())
+        print(f"largest work ({r['model']}, ms/token): {top}")
 
 
 def token_agreement(results: list[dict]) -> str:
