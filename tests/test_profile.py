@@ -190,6 +190,19 @@ def test_plots_are_pngs(tmp_path):
     assert not (tmp_path / "missing").exists()
 
 
+def test_throughput_plot_stacks_each_tiers_estimated_parts(tmp_path, monkeypatch):
+    """The second panel's bars are each tier's parts stacked in order (a part no tier has is left out)."""
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    parts = [{"graph launch": 1.5, "collectives": 0.0, "kernels": 0.25}, {"graph launch": 0.5, "kernels": 1.0}]
+    plots.plot_throughput(["base", "core"], [10.0, 12.5], tmp_path / "r.png", est_ms_per_token=parts)
+    _, est_ax = figures[0].axes
+    bars = [(round(b.get_y(), 6), round(b.get_height(), 6)) for b in est_ax.patches]
+    assert bars == [(0.0, 1.5), (0.0, 0.5), (1.5, 0.25), (0.5, 1.0)]  # launch under kernels, per tier
+    assert [t.get_text() for t in est_ax.get_legend().get_texts()] == ["graph launch", "kernels"]
+    assert [t.get_text() for t in est_ax.texts] == ["1.75 ms", "1.50 ms"]
+
+
 def test_graph_breaks_and_recompiles_from_dynamo():
     def f(x):
         y = x * 2

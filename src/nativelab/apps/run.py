@@ -188,7 +188,9 @@ def finish(results: list[dict], args) -> list[dict]:
         print_table(results)
         _plots.plot_throughput([r["model"] for r in results], [statistics.median(r["tok_per_s"]) for r in results],
                                args.plot, title=f"Lab 2 tiers ({args.size}, {args.dtype}, "
-                               f"{'compiled' if args.compile else 'eager'}, {'greedy' if args.greedy else 'top-p'})")
+                               f"{'compiled' if args.compile else 'eager'}, {'greedy' if args.greedy else 'top-p'})",
+                               est_ms_per_token=[r["est_trn2_ms_per_token"] for r in results]
+                               if all(r.get("est_trn2_ms_per_token") for r in results) else None)
         print(f"Plot: {args.plot}")
     if any(r.get("est_trn2_ms_per_token") for r in results):  # --estimate: where each tier's token goes
         print_estimate_parts(results)

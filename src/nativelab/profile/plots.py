@@ -84,13 +84,36 @@ def plot_traffic(rows: list[dict], path) -> None:
     _save(fig, path)
 
 
-def plot_throughput(names: list[str], tok_per_s: list[float], path, title: str = "") -> None:
-    """tok/s per tier as bars, labelled with the figure and the ratio to the first."""
+def plot_throughput(names: list[str], tok_per_s: list[float], path, title: str = "",
+                    est_ms_per_token: list[dict] | None = None) -> None:
+    """tok/s per tier as bars, labelled with the figure and the ratio to the first; with `est_ms_per_token`
+    (each tier's estimated Trainium2 ms per token by part), a second panel of those parts as stacked bars."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    if est_ms_per_token:
+        fig, (ax, est_ax) = plt.subplots(1, 2, figsize=(12, 4))
+    else:
+        fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(names, tok_per_s, color=["#8c8c8c", "#4c72b0", "#55a868"][: len(names)] or None)
     for i, v in enumerate(tok_per_s):
         ax.text(i, v, f"{v:.1f} ({v / tok_per_s[0]:.2f}x)", ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("tok/s")
     ax.set_title(title or "throughput per tier")
+    if est_ms_per_token:
+        _parts_axes(est_ax, names, est_ms_per_token)
     _save(fig, path)
+
+
+def _parts_axes(ax, names: list[str], parts_per_tier: list[dict]) -> None:
+    """Each tier's ms per token stacked by part (parts no tier has are left out), its total on top."""
+    parts = [p for p in parts_per_tier[0] if any(d.get(p) for d in parts_per_tier)]
+    bottom = [0.0] * len(names)
+    cmap = _pyplot().get_cmap("tab10")
+    for k, part in enumerate(parts):
+        heights = [d.get(part, 0.0) for d in parts_per_tier]
+        ax.bar(names, heights, bottom=bottom, label=part, color=cmap(k % 10))
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.2f} ms", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("est. Trainium2 ms / token")
+    ax.set_title("where the estimate puts a token's time")
+    ax.legend(fontsize=7)
