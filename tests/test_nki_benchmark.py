@@ -225,3 +225,39 @@ def test_a_bad_percentile_is_named():
     for p in (101, -1, "p99"):
         with pytest.raises(ValueError, match="percentile"):
             k.benchmark_result.nc_latency.get_latency_percentile(p)
+
+
+# nki.compiler's kernel decorators, from the nki.compiler page of the neuronxcc.nki API
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.26.1/_sources/nki/api/nki.compiler.rst: "Kernel Decorators":
+# skip_middle_end_transformations, enable_stack_allocator, force_auto_alloc) and enable_stack_allocator's page
+# (.../en/latest/nki/api/generated/nki.compiler.enable_stack_allocator.html), whose example stacks them as:
+#     from neuronxcc import nki
+#     @nki.compiler.enable_stack_allocator
+#     @nki.compiler.skip_middle_end_transformations
+#     @nki.jit
+#     def kernel(...):
+# nki-autotune's kernels (awslabs/nki-autotune 36dc1b2, src/kernels.py) `import neuronxcc.nki.compiler as ncc`.
+def test_nki_compiler_kernel_decorators_leave_the_kernel_as_it_runs():
+    import neuronxcc.nki.compiler as ncc
+    from neuronxcc import nki as nxnki
+
+    assert nxnki.compiler is ncc
+
+    @nxnki.compiler.enable_stack_allocator
+    @nxnki.compiler.skip_middle_end_transformations
+    @nxnki.jit
+    def stacked(a_tensor, b_tensor):
+        return _add(a_tensor, b_tensor)
+
+    forced = ncc.force_auto_alloc(nki.jit(_add))
+    with_args = ncc.enable_stack_allocator(log_level=10)(ncc.skip_middle_end_transformations(nki.jit(_add)))
+    a, b = _inputs()
+    for k in (stacked, forced, with_args):
+        assert isinstance(k, nki.JitKernel)
+        with pytest.warns(nki.EstimateWarning):
+            np.testing.assert_array_equal(nki.baremetal(k)(a, b), a + b)
+        standalone._warned.clear()
+        assert k.estimate(torch.from_numpy(a), torch.from_numpy(b)).seconds * 1e6 == pytest.approx(
+            _estimate_us(_add, a, b), rel=1e-12)
+    with pytest.raises(AttributeError, match="sbuf"):  # the page's allocation control is not served
+        ncc.sbuf.alloc

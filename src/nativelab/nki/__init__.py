@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import collectives, isa, language, typing
+from . import collectives, compiler, isa, language, typing
 from .dtypes import KernelDtype
 from .jit import JitKernel, jit
 from .hazards import HazardError, HazardWarning
@@ -20,7 +20,7 @@ from .order import OrderError
 from .standalone import EstimateWarning, baremetal, benchmark, profile, simulate
 
 __version__ = "0.5.0+nativelab"
-__all__ = ["jit", "language", "isa", "collectives", "typing", "JitKernel", "NkiError", "NkiWarning", "HazardWarning",
+__all__ = ["jit", "language", "isa", "collectives", "compiler", "typing", "JitKernel", "NkiError", "NkiWarning", "HazardWarning",
            "HazardError", "OrderError", "simulate", "dtype", "baremetal", "benchmark", "profile",
            "EstimateWarning"]
 
