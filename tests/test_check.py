@@ -337,6 +337,29 @@ def test_eager_ops_cost_the_eager_launch_not_the_graph_launch():
     assert y.item() == 192.0
 
 
+def test_an_extra_host_sync_per_step_costs_exactly_the_sync_term():
+    """The same steps with one more device -> host read per step (a 4-byte .item() of a value both runs compute)
+    are estimated slower by exactly one round trip plus those bytes over the host link per step, nothing else."""
+    x = torch.ones(64).to("neuron")
+
+    def run(read: bool):
+        with Check("sync") as c:
+            for _ in range(5):
+                s = (x * 2).sum()
+                if read:
+                    s.item()
+                step()
+            torch.neuron.synchronize()
+        return c.report().estimate, c.hardware
+
+    (plain, hw), (reading, _) = run(False), run(True)
+    extra = reading["seconds_per"] - plain["seconds_per"]
+    assert extra == pytest.approx(hw.host_round_trip_s + 4 / hw.host_link_bytes_per_s, rel=1e-9)
+    assert reading["counts"]["sync_calls"] - plain["counts"]["sync_calls"] == 5
+    assert {k: v for k, v in reading["parts_per"].items() if k != "host syncs"} == \
+        {k: v for k, v in plain["parts_per"].items() if k != "host syncs"}
+
+
 def test_strict_mode_raises_at_the_line():
     name = "strict_argsort.py"
     env = dict(os.environ, NATIVELAB_STRICT="1", NATIVELAB_QUIET="1", PYTHONPATH=SRC)
