@@ -502,3 +502,26 @@ def test_tiles_live_together_past_the_memory_are_an_error_with_the_numbers():
                           f"allocated at {here}:{_overflow_line(_psum_list) - 1} needs 262144 B (128 partitions x "
                           f"2048 B) with 2097152 B already live in 8 tile(s)"), msg
     assert msg.endswith("PSUM holds 2097152 B (2 MiB = 128 partitions x 8 banks of 2048 B)"), msg
+
+
+@nki.jit
+def _gather_index_tile(data, idx):
+    # nki-library's rotational top-k (core/topk/rotational_topk.py) gathers its uint32 index tile with
+    # nc_n_gather: data uint32, dst in data's dtype
+    t = _load(data)
+    dst = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.sbuf)
+    nisa.nc_n_gather(dst=dst, data=t, indices=_load(idx))
+    out = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=dst)
+    return out
+
+
+def test_nc_n_gather_moves_uint32_data():
+    # a gather moves elements, whatever their type (no AWS page found lists nc_n_gather's data dtypes; nki-library's
+    # top-k gathers uint32 on the chip); torch on CPU has no gather for uint32, which was an error here
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 2**32, (16, 40), dtype=np.uint32) | np.uint32(2**31)  # top bit set: the bits survive
+    idx = rng.integers(0, 40, (16, 9), dtype=np.uint32)
+    out = sim(_gather_index_tile)(torch.from_numpy(data), torch.from_numpy(idx))
+    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(data, idx.astype(np.int64), axis=1))
+
