@@ -525,3 +525,27 @@ def test_nc_n_gather_moves_uint32_data():
     out = sim(_gather_index_tile)(torch.from_numpy(data), torch.from_numpy(idx))
     np.testing.assert_array_equal(out.numpy(), np.take_along_axis(data, idx.astype(np.int64), axis=1))
 
+
+@nki.jit
+def _scales_as_fp8_bytes(scales):
+    # nki-library's rmsnorm_quant (core/rmsnorm/rmsnorm_quant.py) stores its fp32 (P, 1) dequantization scales
+    # into 4 fp8 columns of its fp8 output: the tile read as fp8 through .ap, partition step 4
+    p = scales.shape[0]
+    out = nl.ndarray((p, 4), dtype=nl.float8_e4m3, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=_load(scales).ap(pattern=[[4, p], [1, 4]], dtype=nl.float8_e4m3))
+    return out
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_an_access_pattern_with_a_dtype_steps_partitions_in_that_dtype(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-aps.html: .ap(pattern, offset, ...,
+    # dtype); the pattern is the same on every partition, the partition dimension giving the number of partitions.
+    # The page does not say in which elements the partition step counts under `dtype`; nki-library's rmsnorm_quant
+    # reads an fp32 (P, 1) tile as fp8 with step 4, one partition's 4 bytes: the view's elements, as here
+    p = 16
+    scales = torch.arange(1, p + 1, dtype=torch.float32).reshape(p, 1) / 8  # no byte is one of fp8's NaN codes
+    raw = scales.numpy().view(np.uint8).reshape(p, 4)
+    assert not ((raw & 0x7F) == 0x7F).any()
+    out = run(_scales_as_fp8_bytes)(scales)
+    np.testing.assert_array_equal(out.view(torch.uint8).numpy(), raw)
+

@@ -323,10 +323,13 @@ class NkiTensor:
             f"{limits.kernel_line()}) reaches element {last if last >= numel else first} of {base.describe()} "
             f"({base.buffer}), which has {numel} elements")
         if base.buffer.on_chip and len(steps) > 1:
-            per_partition = math.prod(base.shape) // base.shape[0]
+            # counted in the view's elements: an fp32 (P, 1) tile read as fp8 steps 4 per partition (nki-library's
+            # rmsnorm_quant stores its fp32 dequantization scales so)
+            per_partition = numel // base.shape[0]
             limits.check(steps[0] == per_partition, "ap",
                          f"the partition step of an {base.buffer} access pattern must be the tensor's free size "
-                         f"{per_partition} (partitions are read contiguously), got {steps[0]}")
+                         f"{per_partition}{'' if dtype is None else f' in {dtype} elements'} (partitions are read "
+                         f"contiguously), got {steps[0]}")
         ap = ("ap", tuple(nums), tuple(steps), offset, dtype) + ((runtime,) if runtime is not None else ())
         chain = (ap,) + ((("packed", packed),) if packed else ()) + ((("outside", outside),) if outside else ())
         return NkiTensor(base, chain, True)
