@@ -28,6 +28,14 @@ def _load(x):
     return t
 
 
+def _stored(*tiles):
+    """Each tile copied to a new HBM tensor of its shape and dtype."""
+    outs = tuple(nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm) for t in tiles)
+    for out, t in zip(outs, tiles):
+        nisa.dma_copy(dst=out, src=t)
+    return outs
+
+
 @nki.jit
 def _nkilib_style_dtype(x):
     # nki-library's resolve_dtype_to_nki: the dtype's string against NKI's names
@@ -262,11 +270,7 @@ def _row_absmax(x):
     a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
     m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=m)
-    out_a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
-    out_m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out_a, src=a)
-    nisa.dma_copy(dst=out_m, src=m)
-    return out_a, out_m
+    return _stored(a, m)
 
 
 @pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
@@ -549,3 +553,25 @@ def test_an_access_pattern_with_a_dtype_steps_partitions_in_that_dtype(run):
     out = run(_scales_as_fp8_bytes)(scales)
     np.testing.assert_array_equal(out.view(torch.uint8).numpy(), raw)
 
+
+@nki.jit
+def _sum_of_squares_into_one_column(x):
+    # nki-library's qkv_cte (core/qkv/qkv_cte.py, its RMSNorm): activation_reduce wants a dst of data's shape, but
+    # only the reduction is kept, so the dst is a (P, 1) tile seen through pattern [[1, P], [0, H]]
+    p, h = x.shape
+    act = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    ssq = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=act.ap(pattern=[[1, p], [0, h]]), op=nl.square, data=_load(x), reduce_op=nl.add,
+                           reduce_res=ssq)
+    return _stored(act, ssq)
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_a_dst_pattern_of_step_0_writes_one_element_the_last_value_staying(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-aps.html: a pattern is [step, num]
+    # per dimension; the page does not say what a write through a step of 0 leaves. nki-library's qkv_cte writes
+    # so (above) and keeps only the reduction; here the elements land in the pattern's order, the last staying
+    x = torch.randn(16, 40)
+    act, ssq = run(_sum_of_squares_into_one_column)(x)
+    torch.testing.assert_close(ssq, (x * x).sum(1, keepdim=True))
+    torch.testing.assert_close(act, x[:, -1:] ** 2)

@@ -874,6 +874,12 @@ def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor, accumulate:
     elif idx is not None:
         new = flat.index_put((idx.reshape(-1),), region.reshape(-1).to(flat.dtype))
     else:
+        # a dimension of step 0 writes its elements to one place, in the pattern's order: the last stays (nki-library's
+        # qkv_cte gives activation_reduce a dst of pattern [[1, S], [0, H]] to keep only its reduction)
+        region, nums = region.reshape(nums), list(nums)
+        for d, (step, num) in enumerate(zip(steps, nums)):
+            if step == 0 and num > 1:
+                region, nums[d] = region.narrow(d, num - 1, 1), 1
         new = torch.as_strided_scatter(flat, region.to(flat.dtype), nums, steps, offset)
     if skip:
         new = new[:numel]
