@@ -28,6 +28,14 @@ def _load(x):
     return t
 
 
+def _stored(*tiles):
+    """Each tile copied to a new HBM tensor of its shape and dtype."""
+    outs = tuple(nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm) for t in tiles)
+    for out, t in zip(outs, tiles):
+        nisa.dma_copy(dst=out, src=t)
+    return outs
+
+
 @nki.jit
 def _nkilib_style_dtype(x):
     # nki-library's resolve_dtype_to_nki: the dtype's string against NKI's names
@@ -262,11 +270,7 @@ def _row_absmax(x):
     a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
     m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=m)
-    out_a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
-    out_m = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out_a, src=a)
-    nisa.dma_copy(dst=out_m, src=m)
-    return out_a, out_m
+    return _stored(a, m)
 
 
 @pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
@@ -502,3 +506,72 @@ def test_tiles_live_together_past_the_memory_are_an_error_with_the_numbers():
                           f"allocated at {here}:{_overflow_line(_psum_list) - 1} needs 262144 B (128 partitions x "
                           f"2048 B) with 2097152 B already live in 8 tile(s)"), msg
     assert msg.endswith("PSUM holds 2097152 B (2 MiB = 128 partitions x 8 banks of 2048 B)"), msg
+
+
+@nki.jit
+def _gather_index_tile(data, idx):
+    # nki-library's rotational top-k (core/topk/rotational_topk.py) gathers its uint32 index tile with
+    # nc_n_gather: data uint32, dst in data's dtype
+    t = _load(data)
+    dst = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.sbuf)
+    nisa.nc_n_gather(dst=dst, data=t, indices=_load(idx))
+    out = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=dst)
+    return out
+
+
+def test_nc_n_gather_moves_uint32_data():
+    # a gather moves elements, whatever their type (no AWS page found lists nc_n_gather's data dtypes; nki-library's
+    # top-k gathers uint32 on the chip); torch on CPU has no gather for uint32, which was an error here
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 2**32, (16, 40), dtype=np.uint32) | np.uint32(2**31)  # top bit set: the bits survive
+    idx = rng.integers(0, 40, (16, 9), dtype=np.uint32)
+    out = sim(_gather_index_tile)(torch.from_numpy(data), torch.from_numpy(idx))
+    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(data, idx.astype(np.int64), axis=1))
+
+
+@nki.jit
+def _scales_as_fp8_bytes(scales):
+    # nki-library's rmsnorm_quant (core/rmsnorm/rmsnorm_quant.py) stores its fp32 (P, 1) dequantization scales
+    # into 4 fp8 columns of its fp8 output: the tile read as fp8 through .ap, partition step 4
+    p = scales.shape[0]
+    out = nl.ndarray((p, 4), dtype=nl.float8_e4m3, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=_load(scales).ap(pattern=[[4, p], [1, 4]], dtype=nl.float8_e4m3))
+    return out
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_an_access_pattern_with_a_dtype_steps_partitions_in_that_dtype(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-aps.html: .ap(pattern, offset, ...,
+    # dtype); the pattern is the same on every partition, the partition dimension giving the number of partitions.
+    # The page does not say in which elements the partition step counts under `dtype`; nki-library's rmsnorm_quant
+    # reads an fp32 (P, 1) tile as fp8 with step 4, one partition's 4 bytes: the view's elements, as here
+    p = 16
+    scales = torch.arange(1, p + 1, dtype=torch.float32).reshape(p, 1) / 8  # no byte is one of fp8's NaN codes
+    raw = scales.numpy().view(np.uint8).reshape(p, 4)
+    assert not ((raw & 0x7F) == 0x7F).any()
+    out = run(_scales_as_fp8_bytes)(scales)
+    np.testing.assert_array_equal(out.view(torch.uint8).numpy(), raw)
+
+
+@nki.jit
+def _sum_of_squares_into_one_column(x):
+    # nki-library's qkv_cte (core/qkv/qkv_cte.py, its RMSNorm): activation_reduce wants a dst of data's shape, but
+    # only the reduction is kept, so the dst is a (P, 1) tile seen through pattern [[1, P], [0, H]]
+    p, h = x.shape
+    act = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    ssq = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=act.ap(pattern=[[1, p], [0, h]]), op=nl.square, data=_load(x), reduce_op=nl.add,
+                           reduce_res=ssq)
+    return _stored(act, ssq)
+
+
+@pytest.mark.parametrize("run", [sim, lambda k: k], ids=["interpreted", "compiled"])
+def test_a_dst_pattern_of_step_0_writes_one_element_the_last_value_staying(run):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-aps.html: a pattern is [step, num]
+    # per dimension; the page does not say what a write through a step of 0 leaves. nki-library's qkv_cte writes
+    # so (above) and keeps only the reduction; here the elements land in the pattern's order, the last staying
+    x = torch.randn(16, 40)
+    act, ssq = run(_sum_of_squares_into_one_column)(x)
+    torch.testing.assert_close(ssq, (x * x).sum(1, keepdim=True))
+    torch.testing.assert_close(act, x[:, -1:] ** 2)

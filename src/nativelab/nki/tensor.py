@@ -323,10 +323,13 @@ class NkiTensor:
             f"{limits.kernel_line()}) reaches element {last if last >= numel else first} of {base.describe()} "
             f"({base.buffer}), which has {numel} elements")
         if base.buffer.on_chip and len(steps) > 1:
-            per_partition = math.prod(base.shape) // base.shape[0]
+            # counted in the view's elements: an fp32 (P, 1) tile read as fp8 steps 4 per partition (nki-library's
+            # rmsnorm_quant stores its fp32 dequantization scales so)
+            per_partition = numel // base.shape[0]
             limits.check(steps[0] == per_partition, "ap",
                          f"the partition step of an {base.buffer} access pattern must be the tensor's free size "
-                         f"{per_partition} (partitions are read contiguously), got {steps[0]}")
+                         f"{per_partition}{'' if dtype is None else f' in {dtype} elements'} (partitions are read "
+                         f"contiguously), got {steps[0]}")
         ap = ("ap", tuple(nums), tuple(steps), offset, dtype) + ((runtime,) if runtime is not None else ())
         chain = (ap,) + ((("packed", packed),) if packed else ()) + ((("outside", outside),) if outside else ())
         return NkiTensor(base, chain, True)
@@ -871,6 +874,12 @@ def _write_through_access_pattern(t: NkiTensor, value: torch.Tensor, accumulate:
     elif idx is not None:
         new = flat.index_put((idx.reshape(-1),), region.reshape(-1).to(flat.dtype))
     else:
+        # a dimension of step 0 writes its elements to one place, in the pattern's order: the last stays (nki-library's
+        # qkv_cte gives activation_reduce a dst of pattern [[1, S], [0, H]] to keep only its reduction)
+        region, nums = region.reshape(nums), list(nums)
+        for d, (step, num) in enumerate(zip(steps, nums)):
+            if step == 0 and num > 1:
+                region, nums[d] = region.narrow(d, num - 1, 1), 1
         new = torch.as_strided_scatter(flat, region.to(flat.dtype), nums, steps, offset)
     if skip:
         new = new[:numel]

@@ -1033,6 +1033,19 @@ def nc_n_gather(dst, data: NkiTensor, indices: NkiTensor, name=None, **_kw):
     return dst
 
 
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _take(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
+    """torch.gather of any element type: a gather moves bits, but torch on CPU has no gather kernel for
+    uint16 / uint32 / uint64 or the fp8 types (nki-library's rotational top-k gathers its uint32 index tile with
+    nc_n_gather), so those are gathered through a signed integer view of the same width and viewed back."""
+    try:
+        return torch.gather(x, dim, idx)
+    except NotImplementedError:
+        return torch.gather(x.view(_SIGNED[x.element_size()]), dim, idx).view(x.dtype)
+
+
 def _gather(ins: str, dst: NkiTensor, data: NkiTensor, indices: NkiTensor) -> None:
     """nc_n_gather's computation (nl.gather_flattened's too): per partition, data's free elements at indices."""
     _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
@@ -1042,7 +1055,7 @@ def _gather(ins: str, dst: NkiTensor, data: NkiTensor, indices: NkiTensor) -> No
     limits.check(_free(dst) == _free(indices), ins, f"dst {dst.shape} must hold one element per index {indices.shape}")
     limits.check(dst.dtype == data.dtype, ins, f"dst must have data's dtype {data.dtype}, got {dst.dtype}")
     idx = read(indices, ins).to(torch.int64).reshape(p, -1)
-    out = torch.gather(read(data, ins).reshape(p, -1), 1, idx)
+    out = _take(read(data, ins).reshape(p, -1), 1, idx)
     record(ins, "gpsimd", dst)
     write(dst, out.reshape(dst.shape), ins)
 
@@ -1070,7 +1083,7 @@ def local_gather(dst, src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx=
     idx = read(index, ins).to(torch.int64).reshape(p // 16, 16, -1).transpose(1, 2).reshape(p // 16, -1)[:, :nv]
     pos = (idx.unsqueeze(2) + torch.arange(e, device=idx.device)).reshape(p // 16, 1, nv * e).expand(p // 16, 16, nv * e)
     flat = read(src_buffer, ins).reshape(p // 16, 16, -1)
-    out = torch.gather(flat, 2, pos).reshape(p, nv * e)
+    out = _take(flat, 2, pos).reshape(p, nv * e)
     dst = _out(dst, (p, nv, e), src_buffer.dtype)
     _tile(ins, dst, "dst", "gpsimd", ("sbuf",))
     limits.check(dst.dtype == src_buffer.dtype, ins, f"dst must have src_buffer's dtype {src_buffer.dtype}, got {dst.dtype}")
