@@ -7,8 +7,8 @@ memory roofline measured in the same process.
 
 Per tier: decode throughput (tok/s, median of interleaved repeats) and the ratio to base; compiled greedy also
 the est. trn2 tok/s, the porting check's first-order estimate of the same generation (`trn2_estimate` in
-nativelab/apps/run.py: published Trainium2 figures and one constant, launch_s, fitted once to the guide's base
-359 tok/s), beside the guide's measured trn2 figures (359 / 435 / 537).
+nativelab/apps/run.py: published figures and one constant, the host's per-token loop, fitted once to the
+guide's core 435.3 tok/s; nativelab/check/hardware.py), beside the guide's measured trn2 figures (359 / 435 / 537).
 
 Roofline: the bytes
 a decode step must read (weights + the KV cache it attends over) divided by the bandwidth measured by

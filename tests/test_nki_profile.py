@@ -103,7 +103,8 @@ def test_without_nki_launches_no_section():
 def test_checks_estimate_prices_an_nki_launch_at_its_own_estimate(tmp_path, monkeypatch):
     """Compiled launches on the device are seen as kernels with their estimate, and `nativelab check`'s
     Trainium2 estimate takes each NKI launch's time from the cost model (the figure computed here from the
-    published rules), not the generic per-kernel constant and roofline."""
+    published rules), not the generic per-instruction figure and roofline; each launch on its own is one
+    graph launch and one kernel boundary."""
     from nativelab.check import Check
 
     monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
@@ -117,7 +118,9 @@ def test_checks_estimate_prices_an_nki_launch_at_its_own_estimate(tmp_path, monk
     k = c.watch.nki_kernels()["profiled_add"]
     assert k["calls"] == 2 and k["est_trn2_us"] == pytest.approx(total * 1e6)
     est = c.report().as_dict()["estimate"]
-    assert est["parts"]["NKI kernels"] == pytest.approx(2 * total)
-    assert est["parts"]["kernels"] == 0 and est["parts"]["device roofline"] == 0  # not priced twice
+    assert est["parts"]["kernels"] == pytest.approx(2 * total)  # the estimate only: not priced twice
+    hw = c.hardware
+    assert est["parts"]["graph launches"] == pytest.approx(2 * hw.graph_launch_s)
+    assert est["parts"]["kernel boundaries"] == pytest.approx(2 * hw.kernel_boundary_s)
     assert est["counts"]["nki_launches"] == 2
     assert est["by_work"]["kernel:profiled_add"] == pytest.approx(2 * total)

@@ -153,9 +153,9 @@ def tiers_of(args) -> list[str]:
 
 def trn2_estimate(gen: Generator, prompt: list[int], tokens: int) -> dict | None:
     """The Trainium2 estimate of one generation: the porting check's first-order estimate (check/estimate.py:
-    launches, kernels, each unit's max(bytes / HBM bandwidth, FLOPs / peak), fallbacks and syncs, with the
-    published trn2 figures and one fitted constant, launch_s; see check/hardware.py), as tok/s, ms per token by
-    part and the largest units of work. None where the emulator stepped aside, or while a check or profiling
+    the kernels' work, graph launches, kernel boundaries, fallbacks, syncs and the host loop, each from a
+    published figure but the host loop's, the one fitted constant; see check/hardware.py), as tok/s, ms per
+    token by part and the largest units of work. None where the emulator stepped aside, or while a check or profiling
     session already records (`nativelab check -- run ...`): the extra generation would be part of what it
     measures."""
     if not nativelab.device.is_registered() or session_active():

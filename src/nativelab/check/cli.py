@@ -45,7 +45,7 @@ def parse_args(argv):
     ap.add_argument("--fail-on", default="", help=f"exit 1 when findings of these kinds exist "
                     f"(comma-separated: {','.join(F.FAIL_ON)})")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                    help="a Trainium2 parameter of the estimate (launch_s, kernel_s, host_round_trip_s, ...)")
+                    help="a Trainium2 parameter of the estimate (graph_launch_s, host_step_s, host_round_trip_s, ...)")
     ap.add_argument("--bf16-drift", action="store_true",
                     help="report bf16 ops whose results drift from a float32 shadow computation (eager ops; slow)")
     ap.add_argument("--quiet", action="store_true", help="no terminal report (with --json / --markdown)")

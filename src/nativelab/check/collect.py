@@ -60,7 +60,8 @@ def fallbacks(watch: Watch, hw: Trainium2) -> list[F.Finding]:
         to_host, to_device = sum(e.to_host for *_, e in evs), sum(e.to_device for *_, e in evs)
         calls = sum(e.count for *_, e in evs)
         seconds = sum(e.seconds for *_, e in evs)
-        cost = calls * hw.host_round_trip_s + (to_host + to_device) / hw.host_link_bytes_per_s
+        # as the estimate charges it: a round trip, the bytes over the host link, the CPU op's own time
+        cost = calls * hw.host_round_trip_s + (to_host + to_device) / hw.host_link_bytes_per_s + seconds
         once = watch.one_time(ev)
         also = [{"op": o, "site": str(st) if st else None, "count": e.count} for o, st, e in evs[1:]]
         title = f"{op} falls back to the CPU" + (f" (and {', '.join(sorted({a['op'] for a in also}))})"
@@ -217,7 +218,7 @@ def compilation(watch: Watch, hw: Trainium2) -> list[F.Finding]:
         reason = reasons.get((path, func), "")
         first = reason.strip().splitlines()[0] if reason else "graph break"
         out.append(F.Finding("graph-break", "warning", f"graph break in {func}(): {first}", str(site), line, n,
-                             F.GRAPH_BREAK_FIX, None, n * hw.launch_s, site.code(), {"reason": reason}))
+                             F.GRAPH_BREAK_FIX, None, n * hw.graph_launch_s, site.code(), {"reason": reason}))
     # recompiles: a frame compiled again because a guard failed
     for m in metrics:
         if not m.recompile_reason or _RESUME.match(m.co_name or ""):
@@ -395,7 +396,7 @@ EAGER_MIN_OPS = 100  # ... in a run of at least this many eager ops (a few ops a
 
 def eager_launches(watch: Watch, hw: Trainium2, est: dict) -> list[F.Finding]:
     """When eager op launches are most of the estimate, the lines that issue most of them."""
-    total, eager = est["seconds"], est["parts"]["eager op launch"]
+    total, eager = est["seconds"], est["parts"]["eager op launches"]
     n = sum(watch.launch_sites.values())
     if not total or eager / total <= EAGER_BOUND or n < EAGER_MIN_OPS:
         return []

@@ -1,16 +1,20 @@
-"""A first-order estimate of the checked run on Trainium2, from what the emulated device executed.
+"""A first-order estimate of the checked run on Trainium2, from what the emulated device executed: where a step's
+(a token's) time goes, part by part. Every figure is `hardware.Trainium2`'s, cited there; one is fitted.
 
-    device work   per launch of a compiled graph: launch_s; of an eager op: eager_launch_s
-    NKI kernel    per launch: nki/cost.py's estimate of that launch on a NeuronCore-v3 (its engines, DMA queues
-                  and dependencies), in place of kernel_s and the roofline
-                  per kernel (one op of a compiled graph, or one library-kernel call): kernel_s
-                  + max(bytes / HBM bandwidth, FLOPs / TensorEngine peak) of each unit of work
-    CPU fallback  host_round_trip_s + its bytes over the host link, each call
-    host sync     host_round_trip_s + its bytes over the host link (the host waits for the device)
-    collective    collective_latency_s + the ring algorithm's bytes / a rank's collective bandwidth
+    kernels            the device work: each unit's max(bytes / HBM bandwidth, FLOPs / TensorEngine peak), plus
+                       instruction_s per op (of a compiled graph, of a library kernel, an eager op); an NKI
+                       kernel's launch is nki/cost.py's estimate of it on a NeuronCore-v3 instead
+    graph launches     graph_launch_s per launch of a compiled graph, and per library kernel launched on its own
+    eager op launches  eager_launch_s per op run eagerly
+    kernel boundaries  kernel_boundary_s (an HBM write + load, a DMA each) per kernel a graph runs: each op of a
+                       compiled graph, each library-kernel call (the ops inside one keep their data on chip)
+    CPU fallbacks      host_round_trip_s + bytes over the host link + the CPU op's own time, each call
+    host syncs         host_round_trip_s + bytes over the host link (the host waits for the device)
+    host loop          host_step_s per generated token (the fitted constant), where the steps are tokens
+    collectives        collective_latency_s + the ring algorithm's bytes / a rank's collective bandwidth
 
 Bandwidth and FLOPs are one logical core's share of the chip (2 of 8 physical cores at LNC=2). Compile time
-is reported apart (it is paid once per shape). Figures and parameters: `hardware.Trainium2`.
+is reported apart (it is paid once per shape).
 """
 
 from __future__ import annotations
@@ -81,11 +85,12 @@ _FREE = {"aten::_assert_tensor_metadata", "aten::sym_size", "aten::sym_stride", 
 
 def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict:
     """Seconds on one Trainium2 logical core for the work the check saw, by part; `per` divides into per-step
-    (or per-token) figures."""
+    (or per-token) figures. `by_work` names each unit of device work (a compiled graph, a kernel, an eager op)
+    with its kernel time."""
     hw = hw or Trainium2()
     bw, peak = hw.core_bytes_per_s, hw.core_flops
-    launches = eager = kernels = 0
-    roof = mem_s = flop_s = 0.0
+    launches = eager = boundaries = ops = 0
+    kernel_s = mem_s = flop_s = 0.0
     by_name: dict[str, float] = {}
     nki = getattr(watch, "nki", {})  # NKI kernel -> its launches' nki/cost.py estimates (a profile Session's)
     nki_graphs = {gm for gm, name in getattr(watch, "kernel_names", {}).items() if name in nki}
@@ -93,59 +98,66 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         if st.kind not in ("op", "graph", "kernel"):
             continue
         src, is_kernel = watch.sources.get(name, (None, False))
-        if st.kind == "kernel" and (src in nki_graphs or name.removeprefix("kernel:") in nki):
-            continue  # an NKI launch: priced below by its own estimate
-        if src is not None:
-            k, f = graph_work(src, is_kernel)
-        else:
-            k, f = 1, 0
-        n_launch = st.calls if st.kind == "graph" else 0
-        n_eager = st.calls if st.kind == "op" else 0
+        if st.kind == "kernel":  # a library kernel launched on its own: its own NEFF, one kernel
+            launches += st.calls
+            boundaries += st.calls
+            if src in nki_graphs or name.removeprefix("kernel:") in nki:
+                continue  # an NKI launch: its time is its own estimate (below)
+        k, f = graph_work(src, is_kernel) if src is not None else (1, 0)
+        if st.kind == "graph":
+            launches += st.calls
+            boundaries += k * st.calls
+        elif st.kind == "op":
+            eager += st.calls
         byte_s = (st.read + st.written) / bw
         fl_s = f * st.calls / peak
-        t = n_launch * hw.launch_s + n_eager * hw.eager_launch_s + k * st.calls * hw.kernel_s + max(byte_s, fl_s)
-        launches += n_launch
-        eager += n_eager
-        kernels += k * st.calls
+        t = k * st.calls * hw.instruction_s + max(byte_s, fl_s)
+        ops += k * st.calls
         mem_s += byte_s
         flop_s += fl_s
-        roof += max(byte_s, fl_s)
+        kernel_s += t
         by_name[name] = t
-    # A library-kernel call counted one kernel in the graph (or queue entry) that ran it; it performs its traced
-    # ops, each an engine instruction sequence like an op of a compiled graph (fusion saves the HBM round trips
-    # between them, which the roofline already leaves out, and the launches).
+    # A library-kernel call counted one op in the graph (or queue entry) that ran it; it performs its traced ops,
+    # each an engine instruction sequence, with no HBM round trip between them (no kernel boundary).
     for gm, calls in watch.kernel_runs.items():
         if gm in nki_graphs:
             continue
         k, f = graph_work(gm, False)
-        kernels += (k - 1) * calls
         fl_s = f * calls / peak
+        inner = (k - 1) * calls
+        ops += inner
         flop_s += fl_s
+        kernel_s += inner * hw.instruction_s
+        name = f"kernel:{watch.kernel_names.get(gm, '?')}"
+        by_name[name] = by_name.get(name, 0.0) + inner * hw.instruction_s
+    nki_s = sum(st.est_seconds for st in nki.values())
+    for name, st in nki.items():
+        by_name[f"kernel:{name}"] = st.est_seconds
+    kernel_s += nki_s
     # Work done within one step of several (a checkpoint's copies, an evaluation) is reported apart, not spread
     # over the steps.
     one_time = _one_time(watch)
     fb = [ev for ev in watch.fallback_sites.values() if not one_time(ev)]
     fb_calls = sum(ev.count for ev in fb)
     fb_bytes = sum(ev.to_host + ev.to_device for ev in fb)
-    fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s
+    fb_host_s = sum(ev.seconds for ev in fb)
+    fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s + fb_host_s
     sy = [ev for ev in watch.sync_sites.values() if not one_time(ev)]
     sync_calls = sum(ev.count for ev in sy)
     sync_s = sync_calls * hw.host_round_trip_s + sum(ev.to_host for ev in sy) / hw.host_link_bytes_per_s
     once = [ev for ev in (*watch.fallback_sites.values(), *watch.sync_sites.values()) if one_time(ev)]
     once_s = sum(ev.count for ev in once) * hw.host_round_trip_s + \
         sum(ev.to_host + ev.to_device for ev in once) / hw.host_link_bytes_per_s
-    nki_s = sum(st.est_seconds for st in nki.values())
-    for name, st in nki.items():
-        by_name[f"kernel:{name}"] = st.est_seconds
+    tokens = watch.steps if getattr(watch, "step_kind", None) == "token" else 0
     coll_s = sum(hw.collective_seconds(kind, c.bytes, c.world, c.calls) for (kind, _), c in watch.collective_sites.items())
     parts = {
-        "graph launch": launches * hw.launch_s,
-        "eager op launch": eager * hw.eager_launch_s,
-        "kernels": kernels * hw.kernel_s,  # the kernels' FLOPs are in flop_s; their bytes in the graph's
-        "device roofline": roof,
-        "NKI kernels": nki_s,  # nki/cost.py's estimate of each launch
+        "kernels": kernel_s,
+        "graph launches": launches * hw.graph_launch_s,
+        "eager op launches": eager * hw.eager_launch_s,
+        "kernel boundaries": boundaries * hw.kernel_boundary_s,
         "CPU fallbacks": fallback_s,
         "host syncs": sync_s,
+        "host loop": tokens * hw.host_step_s,
         "collectives": coll_s,
     }
     total = sum(parts.values())
@@ -156,8 +168,9 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         "seconds_per": total / d,
         "parts": parts,
         "parts_per": {k: v / d for k, v in parts.items()},
-        "counts": {"launches": launches, "eager_ops": eager, "kernels": kernels, "fallback_calls": fb_calls,
-                   "sync_calls": sync_calls, "nki_launches": sum(st.calls for st in nki.values()),
+        "counts": {"launches": launches, "eager_ops": eager, "kernel_boundaries": boundaries, "ops": ops,
+                   "fallback_calls": fb_calls, "fallback_host_seconds": fb_host_s, "sync_calls": sync_calls,
+                   "tokens": tokens, "nki_launches": sum(st.calls for st in nki.values()),
                    "collective_calls": sum(c.calls for c in watch.collective_sites.values()),
                    "device_bytes": sum(st.read + st.written for st in watch.ops.values()
                                        if st.kind in ("op", "graph", "kernel")),
@@ -173,7 +186,8 @@ def _one_time(watch):
     return test if test is not None else (lambda ev: False)
 
 
-def fit(watch, param: str, measured_seconds_per: float, per: int, hw: Trainium2 | None = None) -> float:
+def fit(watch, measured_seconds_per: float, per: int, param: str = Trainium2.FITTED,
+        hw: Trainium2 | None = None) -> float:
     """The one fitted constant: the value of `param` (the estimate is linear in each parameter) that makes this
     run's estimate per step / token equal a measured time."""
     hw = hw or Trainium2()
