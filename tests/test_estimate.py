@@ -122,3 +122,33 @@ def test_the_estimate_predicts_the_guides_lab2_tiers():
     for t in ("base", "experimental"):
         assert rate[t] == pytest.approx(guide[t], rel=0.20), (t, rate)
     assert rate["core"] / rate["base"] >= 1.15 and rate["experimental"] / rate["base"] >= 1.4, rate
+
+
+def test_profile_and_check_split_the_same_program_alike():
+    """`nativelab profile` prices its session with the check's model: the same launches, kernel boundaries,
+    fallbacks and syncs, so every part but the measured CPU time of the fallbacks agrees."""
+    from nativelab.check.estimate import estimate as est
+    from nativelab.profile import Session
+
+    x = torch.arange(64, dtype=torch.float32).to("neuron")
+    f = torch.compile(lambda t: (t * 2 + 1).relu(), backend="neuron")
+    f(x)
+
+    def program():
+        for _ in range(3):
+            y = f(x)
+            torch.sort(y, stable=True)  # a fallback
+            y.sum().item()  # a sync
+        torch.neuron.synchronize()
+
+    with Session("profiled", timeline=False) as s:
+        program()
+    with Check("checked") as c:
+        program()
+    hw = Trainium2()
+    p, k = est(s, hw), est(c.watch, hw)
+    for key in ("launches", "eager_ops", "kernel_boundaries", "fallback_calls", "sync_calls"):
+        assert p["counts"][key] == k["counts"][key], key
+    assert p["counts"]["launches"] == 3 and p["counts"]["fallback_calls"] == 3 and p["counts"]["sync_calls"] == 3
+    for part in ("graph launches", "eager op launches", "kernel boundaries", "host syncs", "host loop"):
+        assert p["parts"][part] == pytest.approx(k["parts"][part]), part

@@ -137,5 +137,5 @@ def test_the_device_tools_implement_the_protocols_events_as_declared():
         implemented[cls.__name__] = mine
         for e in mine:
             assert arity(getattr(cls, e)) == arity(getattr(observe.Observer, e)), (cls.__name__, e)
-    assert implemented == {"Session": ["run", "host_op", "transfer", "nki_launch"], "Watch": list(observe.EVENTS),
+    assert implemented == {"Session": ["run", "host_op", "transfer", "kernel_run", "nki_launch"], "Watch": list(observe.EVENTS),
                            "_RefuseInForkedChild": ["dispatch"]}

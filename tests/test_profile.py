@@ -318,11 +318,36 @@ assert main(['profile', '--compare', 'base', 'experimental', '--size', 'tiny', '
     prof = json.loads((tmp_path / "run" / "profile.json").read_text())
     assert prof["tokens"] == 4 and prof["fallback_ops"] == ["aten::argmax.out"]
     assert prof["device_bytes_per_token"] > 0
+    from nativelab.check import Trainium2
+    est = prof["est_trn2_ms_per_token"]  # the check's split of a token's time, per token
+    assert est["host loop"] == pytest.approx(Trainium2().host_step_s * 1e3)
+    assert est["CPU fallbacks"] > 0 and prof["est_trn2_counts"]["fallback_calls"] >= 4  # argmax, every token
+    assert prof["est_trn2_total_ms_per_token"] == pytest.approx(sum(est.values()))
     json.loads((tmp_path / "run" / "trace.json").read_text())
     assert (tmp_path / "run" / "profile.png").read_bytes()[:8] == PNG_MAGIC
     script_prof = json.loads((tmp_path / "s.json").read_text())
     assert script_prof["ops"]["aten::add.Tensor"]["read"] == 128
     assert "Lab 2 tiers profiled" in r.stdout and (tmp_path / "cmp.png").read_bytes()[:8] == PNG_MAGIC
+    assert "Trainium2 first-order" in r.stdout and "est. trn2 ms/token" in r.stdout
+
+
+def test_profile_command_prints_and_writes_the_trn2_estimate(tmp_path, capsys):
+    """A profiled script gets the check's Trainium2 split of its run: one graph launch per call of its compiled
+    function, a kernel boundary per kernel."""
+    from nativelab.apps.profile import main
+    from nativelab.check import Trainium2
+
+    script = tmp_path / "s.py"
+    script.write_text("import torch\nf = torch.compile(lambda t: t * 2 + 1, backend='neuron')\n"
+                      "x = torch.ones(8).to('neuron')\nfor _ in range(3):\n    y = f(x)\nprint(y.sum().item())\n")
+    assert main(["--json", str(tmp_path / "s.json"), str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "Trainium2 first-order" in out and "ms / run" in out and "graph launches" in out
+    prof = json.loads((tmp_path / "s.json").read_text())
+    hw = Trainium2()
+    assert prof["est_trn2_counts"]["launches"] == 3 and prof["est_trn2_counts"]["kernel_boundaries"] == 3 * 2
+    assert prof["est_trn2_ms_per_run"]["graph launches"] == pytest.approx(3 * hw.graph_launch_s * 1e3)
+    assert prof["est_trn2_ms_per_run"]["kernel boundaries"] == pytest.approx(6 * hw.kernel_boundary_s * 1e3)
 
 
 def test_profile_command_rejects_bad_input(tmp_path, capsys):

@@ -13,6 +13,9 @@ import contextlib
 import os
 import sys
 
+from ..check.estimate import estimate
+from ..check.hardware import Trainium2
+from ..check.report import estimate_table
 from ..models.llama import SIZES, TIERS
 from ..models.llama.generate import counting_tokens as counting_generated
 from ..profile import Session, plots, report, running, trace
@@ -98,6 +101,21 @@ def _run_target(target: list[str]) -> int:
     return running.run_script(target)
 
 
+def trn2_estimates(sessions) -> list[dict]:
+    """Each session's Trainium2 estimate, split as `nativelab check` splits it (check/estimate.py), per
+    generated token where the session counted tokens, else for the whole run."""
+    hw = Trainium2()
+    return [estimate(s, hw, s.tokens or None) for s in sessions]
+
+
+def _estimate_json(e: dict) -> dict:
+    per = "token" if e["per"] else "run"
+    return {f"est_trn2_ms_per_{per}": {k: v * 1e3 for k, v in e["parts_per"].items()},
+            f"est_trn2_total_ms_per_{per}": e["seconds_per"] * 1e3,
+            f"est_trn2_top_work_ms_per_{per}": {k: v * 1e3 / (e["per"] or 1) for k, v in e["by_work"].items()},
+            "est_trn2_counts": e["counts"]}
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     torch_data = None
@@ -118,6 +136,7 @@ def main(argv=None) -> int:
             sessions = [s]
     if prof is not None:
         torch_data = trace.torch_trace(prof)
+    estimates = trn2_estimates(sessions)
     if args.compare:
         rows = report.compare_rows(sessions)
         for r, s in zip(rows, sessions):
@@ -125,11 +144,19 @@ def main(argv=None) -> int:
         mode = f"{args.size}, {args.dtype}, {'compiled' if args.compile else 'eager'}, " \
                f"{'greedy' if args.greedy else 'top-p'}, {args.tokens} tokens"
         report.print_compare(rows, title=f"Lab 2 tiers profiled ({mode})")
+        run.print_estimate_parts([{"model": s.name,
+                                   "est_trn2_ms_per_token": {k: v * 1e3 for k, v in e["parts_per"].items()},
+                                   "est_trn2_top_work_ms_per_token": {k: v * 1e3 / (e["per"] or 1)
+                                                                      for k, v in list(e["by_work"].items())[:5]}}
+                                  for s, e in zip(sessions, estimates)])
     else:
         report.print_report(sessions[0], top=args.top)
+        e = estimates[0]
+        report.make_console().print(estimate_table(e, "token" if e["per"] else "run",
+                                              1.0 / e["seconds_per"] if e["per"] and e["seconds_per"] else None))
         rows = report.compare_rows(sessions)
     if args.json:
-        report.write_json(args.json, sessions)
+        report.write_json(args.json, sessions, [_estimate_json(e) for e in estimates])
     if args.trace:
         trace.write_trace(args.trace, sessions, torch_data)
     if args.plot:

@@ -19,6 +19,7 @@ is reported apart (it is paid once per shape).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
@@ -137,19 +138,21 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     # Work done within one step of several (a checkpoint's copies, an evaluation) is reported apart, not spread
     # over the steps.
     one_time = _one_time(watch)
-    fb = [ev for ev in watch.fallback_sites.values() if not one_time(ev)]
+    fallbacks, syncs = _host_events(watch)
+    fb = [ev for ev in fallbacks if not one_time(ev)]
     fb_calls = sum(ev.count for ev in fb)
     fb_bytes = sum(ev.to_host + ev.to_device for ev in fb)
     fb_host_s = sum(ev.seconds for ev in fb)
     fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s + fb_host_s
-    sy = [ev for ev in watch.sync_sites.values() if not one_time(ev)]
+    sy = [ev for ev in syncs if not one_time(ev)]
     sync_calls = sum(ev.count for ev in sy)
     sync_s = sync_calls * hw.host_round_trip_s + sum(ev.to_host for ev in sy) / hw.host_link_bytes_per_s
-    once = [ev for ev in (*watch.fallback_sites.values(), *watch.sync_sites.values()) if one_time(ev)]
+    once = [ev for ev in (*fallbacks, *syncs) if one_time(ev)]
     once_s = sum(ev.count for ev in once) * hw.host_round_trip_s + \
         sum(ev.to_host + ev.to_device for ev in once) / hw.host_link_bytes_per_s
-    tokens = watch.steps if getattr(watch, "step_kind", None) == "token" else 0
-    coll_s = sum(hw.collective_seconds(kind, c.bytes, c.world, c.calls) for (kind, _), c in watch.collective_sites.items())
+    tokens = _tokens(watch)
+    collectives = getattr(watch, "collective_sites", {})  # a check's (a profile session does not group them)
+    coll_s = sum(hw.collective_seconds(kind, c.bytes, c.world, c.calls) for (kind, _), c in collectives.items())
     parts = {
         "kernels": kernel_s,
         "graph launches": launches * hw.graph_launch_s,
@@ -171,7 +174,7 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         "counts": {"launches": launches, "eager_ops": eager, "kernel_boundaries": boundaries, "ops": ops,
                    "fallback_calls": fb_calls, "fallback_host_seconds": fb_host_s, "sync_calls": sync_calls,
                    "tokens": tokens, "nki_launches": sum(st.calls for st in nki.values()),
-                   "collective_calls": sum(c.calls for c in watch.collective_sites.values()),
+                   "collective_calls": sum(c.calls for c in collectives.values()),
                    "device_bytes": sum(st.read + st.written for st in watch.ops.values()
                                        if st.kind in ("op", "graph", "kernel")),
                    "flops_seconds": flop_s, "bytes_seconds": mem_s},
@@ -179,6 +182,33 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
         "by_work": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:10]),
         "hardware": hw.as_dict(),
     }
+
+
+@dataclasses.dataclass
+class _HostEvent:
+    count: int
+    to_host: int
+    to_device: int = 0
+    seconds: float = 0.0
+
+
+def _host_events(watch) -> tuple[list, list]:
+    """(CPU fallbacks, host syncs), each with its calls, bytes each way and host seconds: a check's, by line; a
+    profiling session's, from its fallback ops and its device -> host reads besides the fallbacks' own."""
+    if hasattr(watch, "fallback_sites"):
+        return list(watch.fallback_sites.values()), list(watch.sync_sites.values())
+    fb = [_HostEvent(st.calls, st.to_host, st.to_device, st.seconds) for st in watch.ops.values()
+          if st.kind == "fallback"]
+    reads = watch.transfer_calls["device_to_host"] - sum(ev.count for ev in fb)
+    read_bytes = watch.transfers["device_to_host"] - sum(ev.to_host for ev in fb)
+    return fb, [_HostEvent(reads, read_bytes)] if reads > 0 else []
+
+
+def _tokens(watch) -> int:
+    """Generated tokens: a check's steps when they are tokens, a profiling session's counted tokens."""
+    if hasattr(watch, "step_kind"):
+        return watch.steps if watch.step_kind == "token" else 0
+    return getattr(watch, "tokens", 0)
 
 
 def _one_time(watch):

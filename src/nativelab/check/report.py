@@ -130,28 +130,7 @@ class Report:
             console.print(escape(f"note: {n}"))
 
     def _estimate_table(self) -> Table:
-        e = self.estimate
-        unit = self.unit
-        t = Table(title=f"Trainium2 first-order estimate (one logical core; per {unit})")
-        t.add_column("part")
-        t.add_column(f"ms / {unit}", justify="right")
-        t.add_column("share", justify="right")
-        total = e["seconds_per"] or 1e-12
-        for k, v in e["parts_per"].items():
-            if v:
-                t.add_row(k, f"{v * 1e3:.3f}", f"{v / total:.0%}")
-        t.add_row("[bold]total[/]", f"[bold]{e['seconds_per'] * 1e3:.3f}[/]", "100%")
-        rate = self.rate()
-        if rate:
-            t.add_row(f"{unit}s / s", f"{rate:,.1f}", "")
-        once = e.get("one_time") or {}
-        if once.get("calls"):
-            t.add_row(f"+ one-time host work, whole run ({once['calls']} calls; not per {unit})",
-                      f"{once['seconds'] * 1e3:.3f}", "")
-        if self.reference:
-            for k, v in self.reference.items():
-                t.add_row(k, str(v), "")
-        return t
+        return estimate_table(self.estimate, self.unit, self.rate(), self.reference)
 
     def text(self) -> str:
         buf = io.StringIO()
@@ -206,3 +185,26 @@ def _md(s: str) -> str:
 def write(path: str, text: str) -> None:
     """A report file, written whole or not at all."""
     write_atomic(path, text.encode())
+
+
+def estimate_table(e: dict, unit: str, rate: float | None = None, reference: dict | None = None) -> Table:
+    """The Trainium2 estimate by part (check/estimate.py's parts, per step or token), its total and rate: the
+    table `nativelab check` and `nativelab profile` print."""
+    t = Table(title=f"Trainium2 first-order estimate (one logical core; per {unit})")
+    t.add_column("part")
+    t.add_column(f"ms / {unit}", justify="right")
+    t.add_column("share", justify="right")
+    total = e["seconds_per"] or 1e-12
+    for k, v in e["parts_per"].items():
+        if v:
+            t.add_row(k, f"{v * 1e3:.3f}", f"{v / total:.0%}")
+    t.add_row("[bold]total[/]", f"[bold]{e['seconds_per'] * 1e3:.3f}[/]", "100%")
+    if rate:
+        t.add_row(f"{unit}s / s", f"{rate:,.1f}", "")
+    once = e.get("one_time") or {}
+    if once.get("calls"):
+        t.add_row(f"+ one-time host work, whole run ({once['calls']} calls; not per {unit})",
+                  f"{once['seconds'] * 1e3:.3f}", "")
+    for k, v in (reference or {}).items():
+        t.add_row(k, str(v), "")
+    return t

@@ -128,11 +128,8 @@ class Watch(Session):
         self._step_hook = None
         self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its steps
         self._op_info: dict = {}  # op overload -> (name, runs on the device, out= names, integer-fp32 op)
-        self.sources: dict[str, tuple] = {}
         self.probe_errors: list[str] = []  # graphs whose values could not be read (reported, not raised)
         self._graph_values: dict = {}  # id(device graph) -> (graph, GraphValues): kept alive with its entry
-        self.kernel_names: dict = {}  # library kernel traced graph -> the kernel's name (NKI's are priced apart)
-        self.kernel_runs: dict = {}  # library kernel traced graph -> calls (run inside graphs or queued alone)  # queue entry name -> (FX graph it runs or None, is a kernel)
         self.start_wall = 0.0
 
     # -- lifetime ------------------------------------------------------------------------------------------
@@ -411,10 +408,6 @@ class Watch(Session):
         c.bytes += max((sum(t.numel() * t.element_size() for t in _tensors([a])) for a in tensors), default=0)
         c.world = max(c.world, world)
 
-    def kernel_run(self, name, gm) -> None:
-        self.kernel_runs[gm] = self.kernel_runs.get(gm, 0) + 1
-        self.kernel_names[gm] = name
-
     def graph(self, kind, shapes) -> None:
         def_site, call = compiled_call_sites()
         site = def_site or call  # shapes are counted per compiled function
@@ -444,9 +437,6 @@ class Watch(Session):
     # -- which compiled graph / kernel each queue entry runs (for the estimate's kernel count and FLOPs) ------
 
     def run(self, kind, name, fn, args):
-        if name not in self.sources:  # a compiled graph's launch is its bound method; a kernel knows its graph
-            owner = getattr(fn, "__self__", None) if kind == "graph" else fn if kind == "kernel" else None
-            self.sources[name] = (getattr(owner, "source", None), kind == "kernel")
         res = super().run(kind, name, fn, args)
         src, is_kernel = self.sources[name]
         if src is not None and not is_kernel:

@@ -22,14 +22,14 @@ def _ms(s) -> str:
     return "-" if s is None else f"{s * 1e3:,.2f}"
 
 
-def _console() -> Console:
+def make_console() -> Console:
     """Rich's console; wide when writing to a file or pipe (rich would wrap at 80 columns)."""
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def print_report(session, console: Console | None = None, top: int = 15) -> None:
     """One session: summary, time by category, the busiest device work, CPU fallbacks."""
-    console = console or _console()
+    console = console or make_console()
     s = session.summary()
     tok = s["tokens"]
     read, written = s["device_bytes"]["read"], s["device_bytes"]["written"]
@@ -120,7 +120,7 @@ def compare_rows(sessions) -> list[dict]:
 
 
 def print_compare(rows: list[dict], console: Console | None = None, title: str = "tiers side by side") -> None:
-    console = console or _console()
+    console = console or make_console()
     t = Table(title=title)
     for col in ("variant", "profiled ms/token", "device MB/token (read+write)", "launches/token", "host syncs",
                 "CPU fallback ops", "top category"):
@@ -136,6 +136,7 @@ def print_compare(rows: list[dict], console: Console | None = None, title: str =
     console.print(t)
 
 
-def write_json(path, sessions) -> None:
-    data = [s.summary() for s in sessions]
+def write_json(path, sessions, extra: list[dict] | None = None) -> None:
+    """Each session's summary (with `extra`'s keys, one dict per session: the app's Trainium2 estimate)."""
+    data = [{**s.summary(), **(x or {})} for s, x in zip(sessions, extra or [None] * len(sessions))]
     write_atomic(path, json.dumps(data[0] if len(data) == 1 else data, indent=2).encode())

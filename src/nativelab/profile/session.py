@@ -97,6 +97,10 @@ class Session(_observe.Observer):
         self.wall_seconds = 0.0
         self.start_ns = 0
         self._graph_io: dict = {}
+        # what each unit of device work runs, for the Trainium2 estimate's kernel counts (check/estimate.py):
+        self.sources: dict[str, tuple] = {}  # queue entry name -> (FX graph it runs or None, is a kernel)
+        self.kernel_runs: dict = {}  # library kernel traced graph -> calls (run inside graphs or queued alone)
+        self.kernel_names: dict = {}  # library kernel traced graph -> the kernel's name (NKI's are priced apart)
         self._compile_open: dict = {}
         self._dynamo0: dict = {}
         self.dynamo: dict = {}
@@ -136,6 +140,9 @@ class Session(_observe.Observer):
     def run(self, kind: str, name: str, fn, args):
         """Run one unit of device work (queued, or run at once by the host): `kind` says what it is (the
         device runtime's `WORK_KINDS`), `name` names it."""
+        if name not in self.sources:  # a compiled graph's launch is its bound method; a kernel knows its graph
+            owner = getattr(fn, "__self__", None) if kind == "graph" else fn if kind == "kernel" else None
+            self.sources[name] = (getattr(owner, "source", None), kind == "kernel")
         # Counted before it runs: the dtype policy rewrites an op's host arguments (int64 -> int32) as it runs.
         counted = self._traffic(kind, name, fn, args)
         t0 = _perf_ns()
@@ -154,6 +161,11 @@ class Session(_observe.Observer):
         else:  # a collective is the host waiting for its peers
             self._add(name, "host sync" if kind == "collective" else categorize(name), kind, t0, t1, read, written)
         return res
+
+    def kernel_run(self, name: str, gm) -> None:
+        """A library kernel ran its traced graph (inside a compiled graph or queued alone)."""
+        self.kernel_runs[gm] = self.kernel_runs.get(gm, 0) + 1
+        self.kernel_names[gm] = name
 
     def host_op(self, name: str, fallback: bool, fn, fargs, dev_args):
         """A CPU fallback (or a device op that had to run at once): its host time and the bytes it moved."""
