@@ -34,8 +34,22 @@ def test_run_prints_the_tier_table_in_process(tmp_path, capsys):
     assert main(["run", "--model", "all", "--size", "tiny", "--greedy", "--tokens", "4", "--warmup", "1",
                  "--dtype", "float32", "--json", str(out), "--plot", str(png)]) in (0, None)
     text = capsys.readouterr().out
-    _check_the_report(text, json.loads(out.read_text()), 4)
+    results = json.loads(out.read_text())
+    _check_the_report(text, results, 4)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Plot: " in text
+    # --model all estimates by default: the table's est. trn2 column and where each tier's token goes
+    assert "est. trn2 tok/s" in text and "est. trn2 ms/token" in text
+    for x in results:
+        assert x["est_trn2_tok_per_s"] == pytest.approx(1e3 / sum(x["est_trn2_ms_per_token"].values()))
+
+
+def test_estimate_is_on_for_the_tier_table_and_off_for_one_tier():
+    from nativelab.apps.run import parse_args
+
+    assert parse_args(["--model", "all"]).estimate is True
+    assert parse_args(["--model", "all", "--no-estimate"]).estimate is False
+    assert parse_args(["--model", "core"]).estimate is False
+    assert parse_args(["--model", "core", "--estimate"]).estimate is True
 
 
 @pytest.mark.slow  # three tiers with --estimate in a fresh interpreter

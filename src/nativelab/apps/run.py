@@ -72,13 +72,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "nki.isa code, traced and compiled, what would run on Trainium), or cpu, the library's CPU "
                          "kernels computing the same (PyTorch compiled by Inductor, hand-written C++ for the "
                          "one-token step). Default cpu, the faster here: " + KERNELS_REASON)
-    ap.add_argument("--estimate", action="store_true",
-                    help="also estimate each tier's Trainium2 tok/s (the porting check's estimate of one more, "
-                         "untimed generation; off by default: under the check the kernels run their traced code, "
-                         "which compiles once more the first time)")
+    ap.add_argument("--estimate", action=argparse.BooleanOptionalAction, default=None,
+                    help="estimate each tier's Trainium2 tok/s and where its token's time would go (the porting "
+                         "check's estimate of one more, untimed generation, under which the kernels run their traced "
+                         "code). Default: on with --model all (the table's est. trn2 column), off for one tier")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--plot", default="lab2_tiers.png", help="--model all: a PNG bar chart of tok/s per tier")
     args = ap.parse_args(argv)
+    if args.estimate is None:
+        args.estimate = args.model == "all"
     if args.tokens < 1:
         ap.error("--tokens must be at least 1")
     if args.repeat < 1 or args.warmup < 0:

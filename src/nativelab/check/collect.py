@@ -61,7 +61,8 @@ def fallbacks(watch: Watch, hw: Trainium2) -> list[F.Finding]:
         calls = sum(e.count for *_, e in evs)
         seconds = sum(e.seconds for *_, e in evs)
         # as the estimate charges it: a round trip, the bytes over the host link, the CPU op's own time
-        cost = calls * hw.host_round_trip_s + (to_host + to_device) / hw.host_link_bytes_per_s + seconds
+        cost = calls * hw.host_round_trip_s + (to_host + to_device) / hw.host_link_bytes_per_s + \
+            sum(e.count * e.fastest for *_, e in evs)
         once = watch.one_time(ev)
         also = [{"op": o, "site": str(st) if st else None, "count": e.count} for o, st, e in evs[1:]]
         title = f"{op} falls back to the CPU" + (f" (and {', '.join(sorted({a['op'] for a in also}))})"

@@ -8,7 +8,8 @@
     eager op launches  eager_launch_s per op run eagerly
     kernel boundaries  kernel_boundary_s (an HBM write + load, a DMA each) per kernel a graph runs: each op of a
                        compiled graph, each library-kernel call (the ops inside one keep their data on chip)
-    CPU fallbacks      host_round_trip_s + bytes over the host link + the CPU op's own time, each call
+    CPU fallbacks      host_round_trip_s + bytes over the host link + the CPU op's own time (its fastest call
+                       as the emulator ran it: the host runs the same ATen CPU kernel), each call
     host syncs         host_round_trip_s + bytes over the host link (the host waits for the device)
     host loop          host_step_s per generated token (the fitted constant), where the steps are tokens
     collectives        collective_latency_s + the ring algorithm's bytes / a rank's collective bandwidth
@@ -142,7 +143,7 @@ def estimate(watch, hw: Trainium2 | None = None, per: int | None = None) -> dict
     fb = [ev for ev in fallbacks if not one_time(ev)]
     fb_calls = sum(ev.count for ev in fb)
     fb_bytes = sum(ev.to_host + ev.to_device for ev in fb)
-    fb_host_s = sum(ev.seconds for ev in fb)
+    fb_host_s = sum(ev.count * ev.fastest for ev in fb)  # each call at its op's fastest: load cannot inflate it
     fallback_s = fb_calls * hw.host_round_trip_s + fb_bytes / hw.host_link_bytes_per_s + fb_host_s
     sy = [ev for ev in syncs if not one_time(ev)]
     sync_calls = sum(ev.count for ev in sy)
@@ -189,7 +190,7 @@ class _HostEvent:
     count: int
     to_host: int
     to_device: int = 0
-    seconds: float = 0.0
+    fastest: float = 0.0
 
 
 def _host_events(watch) -> tuple[list, list]:
@@ -197,7 +198,7 @@ def _host_events(watch) -> tuple[list, list]:
     profiling session's, from its fallback ops and its device -> host reads besides the fallbacks' own."""
     if hasattr(watch, "fallback_sites"):
         return list(watch.fallback_sites.values()), list(watch.sync_sites.values())
-    fb = [_HostEvent(st.calls, st.to_host, st.to_device, st.seconds) for st in watch.ops.values()
+    fb = [_HostEvent(st.calls, st.to_host, st.to_device, st.fastest) for st in watch.ops.values()
           if st.kind == "fallback"]
     reads = watch.transfer_calls["device_to_host"] - sum(ev.count for ev in fb)
     read_bytes = watch.transfers["device_to_host"] - sum(ev.to_host for ev in fb)

@@ -54,6 +54,7 @@ class Event:
 
     count: int = 0
     seconds: float = 0.0  # emulator time
+    fastest: float = 0.0  # the shortest single occurrence's emulator time (host work: what load cannot inflate)
     to_host: int = 0
     to_device: int = 0
     max_value: int = 0  # int64 casts / integer fp32 results: the largest |value| seen
@@ -217,7 +218,9 @@ class Watch(Session):
             ev = self.sync_sites[("shape:" + name, site)]
             ev.to_host += st.read - before[3]
         self._seen(ev)
-        ev.seconds += st.seconds - before[0]
+        d = st.seconds - before[0]
+        ev.seconds += d
+        ev.fastest = d if ev.count == 1 else min(ev.fastest, d)
         return res
 
     def transfer(self, kind, nbytes, seconds):

@@ -47,6 +47,7 @@ class OpStat:
     written: int = 0  # bytes written to device memory
     to_host: int = 0  # fallbacks: device bytes copied to the host
     to_device: int = 0  # fallbacks: result bytes copied back to the device
+    fastest: float = 0.0  # the shortest single call, seconds (what load on the host cannot inflate)
 
 
 @dataclasses.dataclass
@@ -220,7 +221,9 @@ class Session(_observe.Observer):
         if st is None:
             st = self.ops[name] = OpStat(category, kind)
         st.calls += 1
-        st.seconds += (t1 - t0) / 1e9
+        d = (t1 - t0) / 1e9
+        st.seconds += d
+        st.fastest = d if st.calls == 1 else min(st.fastest, d)
         st.read += read
         st.written += written
         if self.timeline:
