@@ -3,7 +3,8 @@ as its NKI name, a kernel called from inside a kernel running inline, lists of t
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
 NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF,
 a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file; an .ap() view past
-its tile an error only where accessed, nc_matmul's double_row perf mode, LNC-2 writes of equal values."""
+its tile an error only where accessed, nc_matmul's double_row perf mode, LNC-2 writes of equal values; an NKIObject
+class without @dataclass or __init__ built by keyword."""
 
 import enum
 import sys
@@ -575,3 +576,51 @@ def test_a_dst_pattern_of_step_0_writes_one_element_the_last_value_staying(run):
     act, ssq = run(_sum_of_squares_into_one_column)(x)
     torch.testing.assert_close(ssq, (x * x).sum(1, keepdim=True))
     torch.testing.assert_close(act, x[:, -1:] ** 2)
+
+
+class _Dims(nl.NKIObject):
+    # nki-library's moe_cte (core/moe/moe_cte/bwmm_shard_on_I.py, moe_cte_utils.py) declares its dimension and
+    # config classes so, no @dataclass and no __init__, and builds them with keywords, leaving derived fields out
+    rows: int
+    cols: int
+    tiles: int
+    scale: float = 2.0
+
+    def derive(self):
+        self.tiles = self.rows // 4
+
+
+class _Checked(nl.NKIObject):
+    n: int
+
+    def __post_init__(self):
+        self.twice = None if self.n is None else 2 * self.n
+
+
+@nki.jit
+def _scaled_by_a_config(x):
+    dims = _Dims(rows=x.shape[0], cols=x.shape[1])
+    dims.derive()
+    out = nl.ndarray((dims.rows, dims.cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = _load(x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=dims.scale * dims.tiles)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_an_nki_object_without_dataclass_or_init_takes_its_fields_by_keyword():
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/get-started/nki-language-guide.html, "Class
+    # Support": "The @dataclass decorator is optional; classes with and without the @dataclass decorator will be
+    # compiled in the same way"; the compiler creates __init__ and __post_init__ where the user does not, for
+    # `x : int` and `y : bool = False`: `def __init__(self, x = None, y = False)` setting each, then __post_init__()
+    d = _Dims(rows=8, cols=3)
+    assert (d.rows, d.cols, d.tiles, d.scale) == (8, 3, None, 2.0)  # no default: None
+    d = _Dims(8, 3, 1, 0.5)  # positional, in declaration order
+    assert (d.rows, d.cols, d.tiles, d.scale) == (8, 3, 1, 0.5)
+    assert _Checked(n=5).twice == 10 and _Checked().twice is None
+    with pytest.raises(TypeError, match="unexpected keyword argument 'depth'"):
+        _Dims(rows=1, depth=2)
+    with pytest.raises(TypeError, match="takes 4 positional arguments"):
+        _Dims(1, 2, 3, 4, 5)
+    x = torch.randn(16, 8)
+    torch.testing.assert_close(sim(_scaled_by_a_config)(x), x * (2.0 * 4))
