@@ -3,7 +3,9 @@ as its NKI name, a kernel called from inside a kernel running inline, lists of t
 nki.collectives on one rank, nki.typing annotations and nl.par_dim shapes; nisa.nc_version as an enum, NKI dtypes as
 NumPy dtypes, nki.simulate on NumPy arrays of ml_dtypes' bf16 / fp8, nl.shared_identity_matrix in SBUF,
 a unary operator (nl.abs) as tensor_scalar_reduce's op0, nl.shared_constant from a .npy file; an .ap() view past
-its tile an error only where accessed, nc_matmul's double_row perf mode, LNC-2 writes of equal values."""
+its tile an error only where accessed, nc_matmul's double_row perf mode, LNC-2 writes of equal values; an NKIObject
+class without @dataclass or __init__ built by keyword; an integer index on the partition dimension (one
+partition) and a second index on a column taken by an integer (its element per partition)."""
 
 import enum
 import sys
@@ -575,3 +577,107 @@ def test_a_dst_pattern_of_step_0_writes_one_element_the_last_value_staying(run):
     act, ssq = run(_sum_of_squares_into_one_column)(x)
     torch.testing.assert_close(ssq, (x * x).sum(1, keepdim=True))
     torch.testing.assert_close(act, x[:, -1:] ** 2)
+
+
+class _Dims(nl.NKIObject):
+    # nki-library's moe_cte (core/moe/moe_cte/bwmm_shard_on_I.py, moe_cte_utils.py) declares its dimension and
+    # config classes so, no @dataclass and no __init__, and builds them with keywords, leaving derived fields out
+    rows: int
+    cols: int
+    tiles: int
+    scale: float = 2.0
+
+    def derive(self):
+        self.tiles = self.rows // 4
+
+
+class _Checked(nl.NKIObject):
+    n: int
+
+    def __post_init__(self):
+        self.twice = None if self.n is None else 2 * self.n
+
+
+@nki.jit
+def _scaled_by_a_config(x):
+    dims = _Dims(rows=x.shape[0], cols=x.shape[1])
+    dims.derive()
+    out = nl.ndarray((dims.rows, dims.cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = _load(x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=dims.scale * dims.tiles)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_an_nki_object_without_dataclass_or_init_takes_its_fields_by_keyword():
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/get-started/nki-language-guide.html, "Class
+    # Support": "The @dataclass decorator is optional; classes with and without the @dataclass decorator will be
+    # compiled in the same way"; the compiler creates __init__ and __post_init__ where the user does not, for
+    # `x : int` and `y : bool = False`: `def __init__(self, x = None, y = False)` setting each, then __post_init__()
+    d = _Dims(rows=8, cols=3)
+    assert (d.rows, d.cols, d.tiles, d.scale) == (8, 3, None, 2.0)  # no default: None
+    d = _Dims(8, 3, 1, 0.5)  # positional, in declaration order
+    assert (d.rows, d.cols, d.tiles, d.scale) == (8, 3, 1, 0.5)
+    assert _Checked(n=5).twice == 10 and _Checked().twice is None
+    with pytest.raises(TypeError, match="unexpected keyword argument 'depth'"):
+        _Dims(rows=1, depth=2)
+    with pytest.raises(TypeError, match="takes 4 positional arguments"):
+        _Dims(1, 2, 3, 4, 5)
+    x = torch.randn(16, 8)
+    torch.testing.assert_close(sim(_scaled_by_a_config)(x), x * (2.0 * 4))
+
+
+@nki.jit
+def _row_through_partition_0(x):
+    # nki-library's find_nonzero_indices_with_count (experimental/benchmark/): a (1, T) HBM row into partition 0 of
+    # a (128, T) tile, and partition 0 of a (128, T + 1) tile out to a (1, T + 1) HBM row, both through [0, :]
+    t = x.shape[-1]
+    sb = nl.ndarray((128, t), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb[0, :], src=x[...])
+    wide = nl.ndarray((128, t + 1), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=wide, value=7.0)
+    nisa.tensor_copy(dst=wide[0, 1:], src=sb[0, :])
+    out = nl.ndarray((1, t + 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out[0, :], src=wide[0, :])
+    return out
+
+
+@nki.jit
+def _column_then_its_element(x, k):
+    # nki-library's attention_cte (core/attention/attention_cte.py:2744): a column taken with an integer free index,
+    # `lbs[:p, k]`, then its element per partition as a (p, 1) operand, `[:p, :1]`
+    p = x.shape[0]
+    col = _load(x)[:p, k]
+    out = nl.ndarray((p, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=col[:p, :1])
+    return out, col.shape, col[:p, :1].shape, col[:p, 0].shape
+
+
+@pytest.mark.parametrize("t", [128, 512])
+def test_an_integer_index_on_the_partition_dimension_is_one_partition(t):
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/get-started/nki-language-guide.html, "Tensor
+    # Indexing": "the first dimension of a tensor always corresponds to the partition dimension", `t[0,0,10]` is the
+    # "10th element in partition 0", and an integer index drops its dimension (`t[0,...]` of (64, 64, 64) has shape
+    # (64, 64)); https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-aps.html: an access is
+    # a number of partitions and a free pattern repeated on each. So `t[0, :]` of an on-chip tile is 1 partition of
+    # T elements, whatever T, where it was refused as T partitions; an HBM row `x[0, :]` has no partitions at all
+    x = torch.arange(t, dtype=torch.float32).reshape(1, t)
+    out = sim(_row_through_partition_0)(x)
+    torch.testing.assert_close(out, torch.cat([torch.full((1, 1), 7.0), x], dim=1))
+
+
+def test_a_column_taken_by_an_integer_index_is_addressed_per_partition():
+    # the same pages: `lbs[:p, k]` keeps the partition dimension and drops the free one, shape (p,), one element on
+    # each partition; that element is the access's free pattern, so `[:p, :1]` addresses it: (p, 1), as AWS's
+    # attention_cte uses it on the chip; a second index past it stays an error
+    x = torch.randn(16, 4)
+    out, col, sliced, picked = sim(_column_then_its_element)(x, 2)
+    assert (col, sliced, picked) == ((16,), (16, 1), (16,))
+    torch.testing.assert_close(out, x[:, 2:3])
+    with pytest.raises(nki.NkiError, match="slice 1:2 of the one element per partition"):
+        sim(_column_past_its_element)(x)
+
+
+@nki.jit
+def _column_past_its_element(x):
+    return _load(x)[:, 1][:, 1:2]

@@ -59,6 +59,7 @@ def ndarray(shape, dtype=torch.float32, buffer=sbuf, name: str = "", **_ignored)
         if pdim:  # blocks of tiles: what each partition holds is every block's share
             t.storage.bytes_per_partition = math.prod(shape) // shape[pdim] * t.storage.tensor.element_size()
             t.storage.partitions = shape[pdim]
+            t.storage.partition_stride = math.prod(shape[pdim + 1:])
     else:
         t = hbm_tensor(tr, shape, dtype, buf, name)
     t.storage.packed = packed

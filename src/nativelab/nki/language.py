@@ -94,7 +94,13 @@ def is_psum(buffer) -> bool:
 class NKIObject:
     """Base class of a kernel's configuration objects. Its public class attributes are fields: under
     @dataclass they become keyword arguments of the constructor even without annotations (as nkilib writes
-    them: `section_idx = None`)."""
+    them: `section_idx = None`).
+
+    Without @dataclass and without an __init__ of its own, a subclass gets the initializer AWS's NKI Language
+    Guide ("Class Support") says the compiler creates: "The @dataclass decorator is optional; classes with and
+    without the @dataclass decorator will be compiled in the same way", with `__init__(self, x=None, y=False)`
+    for `x: int` and `y: bool = False`: each field, in declaration order (base classes' first), positional or by
+    keyword, its class default or else None, then `self.__post_init__()` where the class has one."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -104,6 +110,42 @@ class NKIObject:
                     and not isinstance(value, (property, staticmethod, classmethod, list, dict, set))):
                 annotations[name] = object
         cls.__annotations__ = annotations
+
+    @classmethod
+    def _nki_fields(cls) -> list:
+        """The fields of the default initializer: the annotated (or public plain) class attributes of every
+        NKIObject class in the MRO, base classes first, each once."""
+        names = []
+        for klass in reversed(cls.__mro__):
+            if klass is not NKIObject and issubclass(klass, NKIObject):
+                for name in klass.__dict__.get("__annotations__", {}):
+                    if name not in names:
+                        names.append(name)
+        return names
+
+    def __init__(self, *args, **kwargs):
+        cls = type(self)
+        if cls is NKIObject:
+            if args or kwargs:
+                raise TypeError("NKIObject() takes no arguments")
+            return
+        fields = cls._nki_fields()
+        if len(args) > len(fields):
+            raise TypeError(f"{cls.__name__}() takes {len(fields)} positional arguments ({', '.join(fields)}) but "
+                            f"{len(args)} were given")
+        values = dict(zip(fields, args))
+        for name, value in kwargs.items():
+            if name not in fields:
+                raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {name!r} (its fields: "
+                                f"{', '.join(fields) or 'none'})")
+            if name in values:
+                raise TypeError(f"{cls.__name__}() got multiple values for argument {name!r}")
+            values[name] = value
+        for name in fields:
+            setattr(self, name, values[name] if name in values else getattr(cls, name, None))
+        post_init = getattr(self, "__post_init__", None)
+        if post_init is not None:
+            post_init()
 
 
 # --- allocation

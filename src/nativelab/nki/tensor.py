@@ -107,6 +107,7 @@ class Storage:
         self.written = np.zeros(tensor.numel(), dtype=bool) if track and input_index is None else None
         p = tensor.shape[0] if tensor.dim() else 1
         self.partitions = p
+        self.partition_stride = tensor.numel() // max(p, 1)  # elements from one partition to the next
         self.bytes_per_partition = (tensor.numel() // max(p, 1)) * tensor.element_size()
         self.live = None  # on chip: where its range starts and ends (trace.Occupancy)
         self.float_value = None  # (value, its fp32 upcast): upcast once, however many matmuls read it
@@ -232,6 +233,21 @@ class NkiTensor:
     def __len__(self):
         return self.shape[0]
 
+    def spans_partitions(self) -> bool:
+        """On chip: whether the view's first dimension runs across partitions. Not when an integer index took
+        the partition dimension (`t[0, :]`, `t[0, ...]`): the view lies in one partition and every dimension it
+        has is free (the NKI Language Guide's "Tensor Indexing": `t[0, 0, 10]` is "10th element in partition 0";
+        AWS's access-pattern page: an access is a number of partitions and one free pattern repeated on each)."""
+        if not self.buffer.on_chip or not self.shape:
+            return bool(self.shape)
+        lay = self.layout()
+        step = lay.stride(0) * lay.element_size()
+        return not 0 < step < self.storage.partition_stride * self.storage.tensor.element_size()
+
+    def partition_shape(self) -> tuple:
+        """The view's shape with its partition dimension first: a view inside one partition is (1, *shape)."""
+        return self.shape if self.spans_partitions() else (1,) + self.shape
+
     def __repr__(self):
         return f"NkiTensor({self.shape}, {_dtype_name(self.dtype)}, {self.buffer})"
 
@@ -250,6 +266,21 @@ class NkiTensor:
                 out.append(None)
                 continue
             size = self.shape[dim] if dim < self.ndim else 0
+            if dim == self.ndim == 1 and self.buffer.on_chip and self.spans_partitions():
+                # an on-chip view of the partition dimension alone (`t[:p, k]`) holds one element per partition:
+                # its free pattern is that one element, which a second index may address (`t[:p, k][:p, :1]`,
+                # nki-library's attention_cte), 0 or a slice of it giving (p, 1)
+                k = i.slice() if isinstance(i, ds) else i
+                if isinstance(k, slice):
+                    lo, hi, _ = k.indices(1)
+                    limits.check(lo == 0 and hi == 1, "indexing",
+                                 f"slice {k.start}:{k.stop} of the one element per partition of {self!r} is empty")
+                    out.append(None)
+                else:
+                    limits.check(operator.index(k) == 0, "indexing",
+                                 f"index {k} is out of bounds for the one element per partition of {self!r}")
+                dim += 1
+                continue
             if dim >= self.ndim:
                 raise limits.fail("indexing", f"too many indices for {self!r}")
             if isinstance(i, ds):

@@ -52,7 +52,7 @@ def _tile(instruction: str, t, what: str, eng: str, memories=("sbuf", "psum")) -
     limits.check(t.buffer.name in memories, instruction,
                  f"{what} is in {t.buffer}; {instruction} on the {eng} engine accesses "
                  f"{' or '.join('nl.' + m for m in memories)}")
-    limits.check_partitions(instruction, what, t.shape)
+    limits.check_partitions(instruction, what, t.partition_shape())
 
 
 def _memories(eng: str) -> tuple[str, ...]:
@@ -141,7 +141,7 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, dst_rmw_op=None, oob_mode=None, dge
                      f"{what} is in PSUM; DMA moves data between HBM and SBUF: copy PSUM to SBUF with a compute "
                      f"engine (nisa.tensor_copy) first")
         if t.buffer.on_chip:
-            limits.check_partitions("dma_copy", what, t.shape)
+            limits.check_partitions("dma_copy", what, t.partition_shape())
     limits.check(dst.numel() == src.numel(), "dma_copy",
                  f"src {src.shape} and dst {dst.shape} must have the same number of elements "
                  f"({src.numel()} vs {dst.numel()})")
@@ -189,7 +189,7 @@ def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=Tru
         limits.check(t.numel() == dst.numel(), ins,
                      f"{what} has {t.numel()} elements ({t.shape}); every tensor must have dst's {dst.numel()}")
         if t.buffer.on_chip:
-            limits.check_partitions(ins, what, t.shape)
+            limits.check_partitions(ins, what, t.partition_shape())
     skip = _skips(ins, oob_mode)
     # a scatter-add with repeated rows: dst's rows are not read once each, so every update adds on its own
     scatter_add = not unique_indices and dst.is_indirect() and any(

@@ -66,7 +66,7 @@ def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank, recv_from_rank, pipe_
     for what, t in (("src", src), ("dst", dst)):
         limits.check(isinstance(t, NkiTensor), ins, f"{what} must be an NKI tile, got {type(t).__name__}")
         limits.check(t.buffer.name == "sbuf", ins, f"{what} is in {t.buffer}; src and dst must both be in nl.sbuf")
-        limits.check_partitions(ins, what, t.shape)
+        limits.check_partitions(ins, what, t.partition_shape())
     limits.check(src.dtype == dst.dtype, ins, f"src is {src.dtype} and dst is {dst.dtype}; they must have the same "
                                               f"dtype")
     p, f = (src.shape[0] if src.shape else 1), _free(src)
