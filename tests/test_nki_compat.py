@@ -313,6 +313,26 @@ def test_shared_constant_takes_an_array_or_a_npy_file(tmp_path):
         torch.testing.assert_close(sim(_plus_constant(constant))(x), x + torch.from_numpy(values))
 
 
+def test_a_compiled_shared_constant_loads_again_from_the_disk_cache(tmp_path, monkeypatch):
+    """Compiled (traced under fake tensors), a kernel's constant is baked in; a second kernel of the same code
+    and constant compiles to the same cache key and loads the first one's artifact from disk, which must take
+    the constant as the fresh one did (it failed with 'IndexError: list index out of range' at launch, as
+    nki-library's transformer_tkg did on every second run)."""
+    monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    from nativelab.compiler import metrics
+
+    x = torch.randn(8, 16).to("neuron")
+    c = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 7
+    expected = x.cpu() + torch.from_numpy(c)
+    hits = metrics.current().cache_hits
+    torch.testing.assert_close(_plus_constant(c)(x).cpu(), expected)  # compiled, written to the cache
+    torch.testing.assert_close(_plus_constant(c)(x).cpu(), expected)  # a new kernel: loaded from the cache
+    assert metrics.current().cache_hits == hits + 1
+    other = c + 1  # another constant is another kernel
+    torch.testing.assert_close(_plus_constant(other)(x).cpu(), x.cpu() + torch.from_numpy(other))
+    assert metrics.current().cache_hits == hits + 1
+
+
 _ACCESS_LINE = {}
 
 

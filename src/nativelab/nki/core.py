@@ -196,9 +196,10 @@ def hbm_tensor(self, shape, dtype, buf, name):
     return NkiTensor(st)
 
 
-def constant(self, value):
+def constant(self, value, key: bytes):
+    """A constant HBM tensor baked into the trace; `key`, its values as bytes (the compiled kernel's cache key)."""
     value = value.to(self.device)
     st = Storage(value, hbm, "constant", track=False, pinned=True)
-    self.constants.append(value)
+    self.constants.append(key)
     return NkiTensor(st)
 

@@ -453,7 +453,8 @@ class JitKernel:
             warnings.simplefilter("ignore", limits.NkiWarning)  # pass 1 warned already
             gm = make_fx(body, tracing_mode="fake")(*examples)
         t_trace = time.perf_counter() - t0
-        artifact, how = compile_cached(gm, examples, self._key(gm, examples, constants))
+        lifted = _lift_constants(gm)
+        artifact, how = compile_cached(gm, examples + lifted, self._key(gm, examples, constants, lifted))
         metrics.log.info("nki kernel %s: traced in %.2fs, %s for %s in %.2fs", self.name, t_trace, how,
                          [tuple(t.shape) for t in examples], time.perf_counter() - t0 - t_trace)
         name = self.name
@@ -463,7 +464,7 @@ class JitKernel:
                 observe.kernel_run(name, gm)
             if observe.nki_launch is not None:  # the estimate is computed once per signature, when first watched
                 observe.nki_launch(name, traced.estimate(name))
-            for i, r in zip(written, artifact(*ts)):
+            for i, r in zip(written, artifact(*ts, *lifted)):
                 t = ts[i]
                 if r.data_ptr() != t.data_ptr():
                     t.copy_(r)
@@ -471,14 +472,40 @@ class JitKernel:
         launch.source = gm
         traced.launch, traced.source = launch, gm
 
-    def _key(self, gm, examples, constants) -> str:
+    def _key(self, gm, examples, constants, lifted=()) -> str:
         h = hashlib.sha256()
         for part in (NKI_VERSION, COMPILER_VERSION, torch.__version__, self.name, repr(self.grid), gm.code):
             h.update(part.encode())
         h.update(repr([(tuple(t.shape), t.dtype) for t in examples]).encode())
-        for c in constants:  # baked-in values (nl.shared_constant) are not in the code
-            h.update(c.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        for c in constants:  # baked-in values (nl.shared_constant), as bytes: they are not in the code
+            h.update(c)
+        for t in lifted:  # any other tensor the trace baked in, lifted to an input (real values)
+            h.update(repr((tuple(t.shape), t.dtype)).encode())
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
+
+
+def _lift_constants(gm: torch.fx.GraphModule) -> list:
+    """The tensors the trace baked into the graph (nl.shared_constant's values) made inputs after its own, in
+    place; returns them, to pass at each launch. An artifact loaded from the disk cache takes a graph's baked-in
+    tensors as inputs, where the freshly compiled one held them itself: lifted, both are called alike."""
+    last = ([n for n in gm.graph.nodes if n.op == "placeholder"] or [None])[-1]
+    lifted = []
+    for node in [n for n in gm.graph.nodes if n.op == "get_attr"]:
+        value = getattr(gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            continue
+        with gm.graph.inserting_after(last) if last is not None else gm.graph.inserting_before(node):
+            ph = gm.graph.placeholder(f"constant_{len(lifted)}")
+        ph.meta = dict(node.meta)
+        node.replace_all_uses_with(ph)
+        gm.graph.erase_node(node)
+        delattr(gm, node.target)
+        lifted.append(value)
+        last = ph
+    if lifted:
+        gm.recompile()
+    return lifted
 
 
 def _describe(sig: _Signature) -> str:
