@@ -135,10 +135,10 @@ def main() -> int:
         for b in rows[i + 1:]:
             if a[0] == b[0] and a[2] == b[2] and a[1] != b[1]:
                 total += 1
-                same = (a[3] < b[3]) == (a[4] < b[4])
+                same = a[4] != b[4] and (a[3] < b[3]) == (a[4] < b[4])  # a tie orders nothing
                 ordered += same
                 print(f"  {a[0]} {a[2]}: {a[1]} vs {b[1]}: measured {'<' if a[3] < b[3] else '>'}, "
-                      f"estimated {'<' if a[4] < b[4] else '>'}: {'ordered' if same else 'NOT ordered'}")
+                      f"estimated {'<' if a[4] < b[4] else '>' if a[4] > b[4] else '='}: {'ordered' if same else 'NOT ordered'}")
     print(f"pairs ordered as measured: {ordered} / {total}")
     print("pages: " + "; ".join(f"{k}: {v}" for k, v in PAGE.items() if k in args.only))
     return 0
