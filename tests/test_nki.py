@@ -739,6 +739,37 @@ def test_estimate_of_one_matmul_follows_the_published_rates(tmp_path):
     assert [e["name"] for e in events if e["ph"] == "X"] == ["dma_copy", "dma_copy", "nc_matmul", "tensor_copy", "dma_copy"]
 
 
+
+def test_the_neuroncore_v2_target_has_the_trn1_guide_figures():
+    """[trn1] 'Trainium/Inferentia2 Architecture Guide for NKI': Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd
+    1.4 GHz; 2 NeuronCore-v2 share 820 GB/s of HBM (16 DMA engines x 27 GiB/s = 464 GB/s per core is above its
+    410 GB/s share); no Vector bf16 performance mode. NeuronCore-v3 stays the default, with [trn2]'s figures."""
+    from nativelab.nki import cost
+
+    v2, v3 = cost.NEURONCORE_V2, cost.NEURONCORE_V3
+    assert (v2.tensor_ghz, v2.vector_ghz, v2.scalar_ghz, v2.gpsimd_ghz) == (2.8, 1.12, 1.4, 1.4)
+    assert v2.dma_bytes_per_s == pytest.approx(820e9 / 2) and 16 * 27 * 2**30 > v2.dma_bytes_per_s
+    assert (v2.vector_bf16_copy_speedup, v2.vector_bf16_tt_speedup) == (1, 1)
+    assert (v3.tensor_ghz, v3.vector_ghz, v3.dma_bytes_per_s) == (2.4, 0.96, 2.9e12 / 8)
+    assert (v2.instance, v3.instance) == ("trn1", "trn2")
+
+
+def test_an_estimate_on_neuroncore_v2_scales_with_its_clocks_and_bandwidth():
+    """The same trace on the two targets: the matmul's TensorE time scales with the Tensor clock (2.4 / 2.8 GHz),
+    the DMA lane's with each core's HBM share (362.5 / 410 GB/s), the Vector copy's with the Vector clock (and
+    no bf16 perf mode on v2); the default is NeuronCore-v3."""
+    from nativelab.nki import cost
+
+    a, b = torch.empty(128, 128, dtype=torch.bfloat16), torch.empty(128, 512, dtype=torch.bfloat16)
+    v3 = _matmul_tile.estimate(a, b)
+    v2 = _matmul_tile.estimate(a, b, target=cost.NEURONCORE_V2)
+    assert v3.busy == _matmul_tile.estimate(a, b, target=cost.NEURONCORE_V3).busy
+    assert v2.busy["tensor"] == pytest.approx(v3.busy["tensor"] * 2.4 / 2.8)
+    assert v2.busy["dma"] == pytest.approx(v3.busy["dma"] * (2.9e12 / 8) / (820e9 / 2))
+    assert v2.busy["vector"] == pytest.approx(v3.busy["vector"] * 0.96 / 1.12)  # the fp32 PSUM copy
+    assert "est. trn1" in v2.summary() and "NeuronCore-v2" in v2.summary()
+
+
 @nki.jit
 def _where_tiles(c, x, y):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)

@@ -27,7 +27,14 @@ What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank
 and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
 LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and
 the other seven cores' demand beyond their equal share of HBM; a kernel traced for trn3 (its MX instructions)
-is timed at NeuronCore-v3's clocks and bandwidth. No constant is fitted."""
+is timed at NeuronCore-v3's clocks and bandwidth. No constant is fitted.
+
+The target: NeuronCore-v3 (NEURONCORE_V3, the default) or NeuronCore-v2 (NEURONCORE_V2, trn1 / inf2, for AWS's
+published trn1 measurements), a `Target` of clocks and rates, each cited: [trn1] for v2's engine frequencies
+("Data-path Width ... Frequency" table: Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4 GHz) and its device (2
+NeuronCore-v2 share 820 GB/s of HBM; 16 DMA engines per core at 27 GiB/s each, 464 GB/s, so HBM bounds a core at
+410 GB/s). v2 has no Vector performance mode (the bf16 speedups are [trn2]'s, NeuronCore-v3's) and its pages give
+no fixed DMA cost: v3's 600 ns is used for it too."""
 
 from __future__ import annotations
 
@@ -73,15 +80,47 @@ GPSIMD_START_CYCLES = 150
 GPSIMD_STARTUP = frozenset({"iota", "affine_select", "nonzero_with_count", "sequence_bounds", "nc_n_gather",
                             "local_gather", "nl.gather_flattened"})
 
+
+
+@dataclass(frozen=True)
+class Target:
+    """One NeuronCore generation's clocks and rates: what `instruction_seconds` times an instruction with."""
+    name: str  # "NeuronCore-v3"
+    instance: str  # the short name estimates print: "trn2"
+    tensor_ghz: float
+    vector_ghz: float
+    scalar_ghz: float
+    gpsimd_ghz: float
+    hbm_bytes_per_s: float  # per device (chip) ...
+    cores_per_chip: int  # ... shared by its cores
+    dma_fixed_s: float
+    vector_bf16_copy_speedup: int = 1  # Vector perf mode (NeuronCore-v3 on)
+    vector_bf16_tt_speedup: int = 1
+
+    @property
+    def dma_bytes_per_s(self) -> float:
+        """One core's share of the device's HBM bandwidth."""
+        return self.hbm_bytes_per_s / self.cores_per_chip
+
+
+NEURONCORE_V3 = Target("NeuronCore-v3", "trn2", TENSOR_GHZ, VECTOR_GHZ, SCALAR_GHZ, GPSIMD_GHZ, HBM_BYTES_PER_S,
+                       CORES_PER_CHIP, DMA_FIXED_S, VECTOR_BF16_COPY_SPEEDUP, VECTOR_BF16_TT_SPEEDUP)
+# [trn1] "Data-path Width (elements/cycle) / Frequency (GHz)": Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4;
+# a device has "2 NeuronCores (v2)" and "2 HBM stacks with ... bandwidth of 820 GB/s"; each core's 16 DMA engines
+# drive 27 GiB/s each (464 GB/s, above its 410 GB/s share of HBM, which bounds it). No fixed DMA cost is published
+# for v2: [trn2]'s 600 ns per DMA instruction. No Vector performance mode on v2.
+NEURONCORE_V2 = Target("NeuronCore-v2", "trn1", 2.8, 1.12, 1.4, 1.4, 820e9, 2, DMA_FIXED_S)
+
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def instruction_seconds(ins) -> tuple[float, float]:
-    """(time the instruction occupies its engine, extra latency before its result is ready)."""
+def instruction_seconds(ins, target: Target = NEURONCORE_V3) -> tuple[float, float]:
+    """(time the instruction occupies its engine, extra latency before its result is ready) on `target`."""
+    t = target
     n = ins.elements
     if ins.name == "sendrecv":  # bytes over the core's DMA share, on the DMA queues or GpSimd's DMA
-        return n / (HBM_BYTES_PER_S / CORES_PER_CHIP), DMA_FIXED_S
+        return n / t.dma_bytes_per_s, t.dma_fixed_s
     if ins.engine == "tensor":
         if ins.name == "nc_matmul":  # double_row: n counts both rows of the moving tile, streamed at once
             cycles = max(n // ins.pairs, MM_INIT_CYCLES) * (MM_FP32_FACTOR if ins.dtype == torch.float32 else 1)
@@ -89,28 +128,28 @@ def instruction_seconds(ins) -> tuple[float, float]:
             cycles = max(n, MM_INIT_CYCLES)
         else:  # a transpose is a matmul against identity (fp32 transposes are 2x faster in transpose mode)
             cycles = max(n, MM_INIT_CYCLES) * (2 if ins.dtype == torch.float32 else 1)
-        return cycles / (TENSOR_GHZ * 1e9), 0.0
+        return cycles / (t.tensor_ghz * 1e9), 0.0
     if ins.name == "core_barrier":  # a rendezvous: semaphore latency is not modelled
         return 0.0, 0.0
     if ins.engine == "vector" and ins.name == "quantize_mx":  # no published cost: the one-input rule [trn1]
-        return max(n, MIN_II_CYCLES) / (VECTOR_GHZ * 1e9), 0.0  # over src's elements, no bf16 perf mode
+        return max(n, MIN_II_CYCLES) / (t.vector_ghz * 1e9), 0.0  # over src's elements, no bf16 perf mode
     if ins.engine == "vector" and ins.name in VECTOR_CYCLES_PER_ELEMENT:
-        return max(VECTOR_CYCLES_PER_ELEMENT[ins.name] * n, MIN_II_CYCLES) / (VECTOR_GHZ * 1e9), 0.0
+        return max(VECTOR_CYCLES_PER_ELEMENT[ins.name] * n, MIN_II_CYCLES) / (t.vector_ghz * 1e9), 0.0
     if ins.engine == "vector":
         speed = 1
         if ins.dtype in _HALF:
-            speed = VECTOR_BF16_TT_SPEEDUP if ins.inputs > 1 else VECTOR_BF16_COPY_SPEEDUP
+            speed = t.vector_bf16_tt_speedup if ins.inputs > 1 else t.vector_bf16_copy_speedup
         cycles = max(ins.inputs * n / speed, MIN_II_CYCLES) + (VECTOR_SMALL_OVERHEAD if n < 128 else 0)
-        return cycles / (VECTOR_GHZ * 1e9), 0.0
+        return cycles / (t.vector_ghz * 1e9), 0.0
     if ins.engine == "scalar":
         cycles = max(n, MIN_II_CYCLES) + (READ_ACCUMULATOR_CYCLES if ins.name == "activation_reduce" else 0)
-        return cycles / (SCALAR_GHZ * 1e9), 0.0
+        return cycles / (t.scalar_ghz * 1e9), 0.0
     if ins.engine == "gpsimd" and ins.name in GPSIMD_STARTUP:
-        return (GPSIMD_START_CYCLES + n) / (GPSIMD_GHZ * 1e9), 0.0
+        return (GPSIMD_START_CYCLES + n) / (t.gpsimd_ghz * 1e9), 0.0
     if ins.engine == "gpsimd":  # no rule of thumb [trn1]; 128 lanes of 32 bits (8 cores x 16 fp32) at 1.2 GHz
-        return max(n, MIN_II_CYCLES) / (GPSIMD_GHZ * 1e9), 0.0
+        return max(n, MIN_II_CYCLES) / (t.gpsimd_ghz * 1e9), 0.0
     if ins.engine == "dma":
-        return n / (HBM_BYTES_PER_S / CORES_PER_CHIP), DMA_FIXED_S
+        return n / t.dma_bytes_per_s, t.dma_fixed_s
     return 0.0, 0.0
 
 
@@ -124,6 +163,7 @@ class Estimate:
     events: list = field(repr=False, default_factory=list)
     cores: int = 1  # physical cores the launch runs on: 2 for an LNC-2 launch (kernel[2])
     event_cores: list = field(repr=False, default_factory=list)  # each event's core, when there are two
+    target: Target = NEURONCORE_V3  # the NeuronCore generation it is timed on
 
     @property
     def bound(self) -> str:
@@ -131,9 +171,10 @@ class Estimate:
 
     def summary(self) -> str:
         busy = ", ".join(f"{e} {self.busy[e] * 1e6:.2f}" for e in ENGINES if self.busy.get(e))
-        where = "one NeuronCore-v3" if self.cores == 1 else f"{self.cores} NeuronCore-v3 (LNC-{self.cores})"
+        core = self.target.name
+        where = f"one {core}" if self.cores == 1 else f"{self.cores} {core} (LNC-{self.cores})"
         whose = "busy us" if self.cores == 1 else "the slower core's busy us"
-        return (f"nki {self.kernel}: est. trn2 {self.seconds * 1e6:.2f} us on {where}, "
+        return (f"nki {self.kernel}: est. {self.target.instance} {self.seconds * 1e6:.2f} us on {where}, "
                 f"{self.bound}-bound ({whose}: {busy}; {len(self.events)} instructions)")
 
     def chrome_trace(self) -> dict:
@@ -143,7 +184,7 @@ class Estimate:
         for core in range(self.cores):
             events += [{"ph": "M", "pid": core, "tid": i, "name": "thread_name", "args": {"name": e}}
                        for e, i in lanes.items()]
-            label = f"NeuronCore-v3 {self.kernel}" + (f" (core {core})" if self.cores > 1 else "")
+            label = f"{self.target.name} {self.kernel}" + (f" (core {core})" if self.cores > 1 else "")
             events.append({"ph": "M", "pid": core, "name": "process_name", "args": {"name": label}})
         cores = self.event_cores or [0] * len(self.events)
         for (name, engine, start, end, line), core in zip(self.events, cores):
@@ -178,8 +219,8 @@ class _Bandwidth:
         return start
 
 
-def estimate(kernel: str, instructions) -> Estimate:
-    """Schedule the instructions on their cores' engines (see the module docstring) and time them."""
+def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3) -> Estimate:
+    """Schedule the instructions on their cores' engines (see the module docstring) and time them on `target`."""
     cores = sorted({ins.core for ins in instructions}) or [0]
     free = {(c, e): 0.0 for c in cores for e in ENGINES}
     busy = {c: dict.fromkeys(ENGINES, 0.0) for c in cores}
@@ -216,7 +257,7 @@ def estimate(kernel: str, instructions) -> Estimate:
         events[index] = (ins.name, ins.engine, start, end, ins.line)
 
     for ins in instructions:
-        occupy, latency = instruction_seconds(ins)
+        occupy, latency = instruction_seconds(ins, target)
         ready = ready_of(ins)
         events.append(None)
         event_cores.append(ins.core)
@@ -244,4 +285,4 @@ def estimate(kernel: str, instructions) -> Estimate:
     slowest = max(cores, key=lambda c: ends[c])
     total = ends[slowest]
     return Estimate(kernel, total, {e: b for e, b in busy[slowest].items() if b}, events,
-                    cores=len(cores), event_cores=event_cores if len(cores) > 1 else [])
+                    cores=len(cores), event_cores=event_cores if len(cores) > 1 else [], target=target)

@@ -108,8 +108,13 @@ class _Traced:
         self.launch = None
         self.source = None
         self._estimate = None
+        self._other_targets: dict = {}  # cost.Target -> its Estimate, for targets other than NeuronCore-v3
 
-    def estimate(self, name: str) -> cost.Estimate:
+    def estimate(self, name: str, target: cost.Target = cost.NEURONCORE_V3) -> cost.Estimate:
+        if target is not cost.NEURONCORE_V3:
+            if target not in self._other_targets:
+                self._other_targets[target] = cost.estimate(name, self.instructions, target)
+            return self._other_targets[target]
         if self._estimate is None:
             self._estimate = cost.estimate(name, self.instructions)
         return self._estimate
@@ -303,7 +308,9 @@ class JitKernel:
 
     def estimate(self, *args, **kwargs) -> cost.Estimate:
         """The estimated NeuronCore-v3 time and engine timeline of a launch with these arguments (traced,
-        not run): `.summary()`, `.busy`, `.bound`, `.save_trace(path)` (Chrome / Perfetto)."""
+        not run): `.summary()`, `.busy`, `.bound`, `.save_trace(path)` (Chrome / Perfetto). `target=
+        nki.cost.NEURONCORE_V2` (a keyword argument holding a cost.Target) times it on a NeuronCore-v2 (trn1)."""
+        target = kwargs.pop("target") if isinstance(kwargs.get("target"), cost.Target) else cost.NEURONCORE_V3
         _, args, kwargs = _from_numpy(args, kwargs)  # the arguments a launch takes, NumPy arrays too
         sig = _Signature(self.fn, self.grid, args, kwargs)
         traced = self._traces.get(sig.key)
@@ -313,8 +320,9 @@ class JitKernel:
             if any(is_fake(t) or t.device.type == "meta" for t in sig.tensors):
                 raise limits.NkiError(f"nki: kernel {self.name} runs interpreted ({traced.interpreted} depends on "
                                       f"a value read at run time): its estimate needs tensors with values")
-            return self._simulate(sig, [t.detach().cpu().clone() for t in sig.tensors], traced, estimate=True)[1]
-        return traced.estimate(self.name)
+            return self._simulate(sig, [t.detach().cpu().clone() for t in sig.tensors], traced, estimate=True,
+                                  target=target)[1]
+        return traced.estimate(self.name, target)
 
     def _trace(self, sig: _Signature) -> _Traced:
         """Pass 1, on meta tensors: check the kernel against the hardware's limits, learn its outputs."""
@@ -372,7 +380,8 @@ class JitKernel:
                 traced = self._traces[sig.key] = self._trace(sig)
         return self._find_hazards(traced, traced, sig, None)[0]
 
-    def _simulate(self, sig: _Signature, tensors, traced: _Traced, estimate: bool = False):
+    def _simulate(self, sig: _Signature, tensors, traced: _Traced, estimate: bool = False,
+                  target: cost.Target = cost.NEURONCORE_V3):
         """Interpret the kernel instruction by instruction on CPU copies (nki.simulate, and every launch of a
         signature whose control flow depends on runtime values; no graph, no compile). Written arguments are
         copied back. Returns the outputs and, for a signature that runs interpreted, this launch's estimate
@@ -390,7 +399,7 @@ class JitKernel:
         device = tensors[0].device if tensors else torch.device("cpu")
         est = None
         if interpreted and (estimate or observe.nki_launch is not None or settings.NKI_PROFILE.get()):
-            est = cost.estimate(self.name, tr.instructions)
+            est = cost.estimate(self.name, tr.instructions, target)
             if settings.NKI_PROFILE.get() and not estimate:
                 print(est.summary(), file=sys.stderr)
         return [st.tensor.to(device) for st in tr.outputs], est
