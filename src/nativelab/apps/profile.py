@@ -144,16 +144,13 @@ def main(argv=None) -> int:
         mode = f"{args.size}, {args.dtype}, {'compiled' if args.compile else 'eager'}, " \
                f"{'greedy' if args.greedy else 'top-p'}, {args.tokens} tokens"
         report.print_compare(rows, title=f"Lab 2 tiers profiled ({mode})")
-        run.print_estimate_parts([{"model": s.name,
-                                   "est_trn2_ms_per_token": {k: v * 1e3 for k, v in e["parts_per"].items()},
-                                   "est_trn2_top_work_ms_per_token": {k: v * 1e3 / (e["per"] or 1)
-                                                                      for k, v in list(e["by_work"].items())[:5]}}
+        run.print_estimate_parts([{"model": s.name, **{f"est_trn2_{k}": v for k, v in run.per_token(e).items()}}
                                   for s, e in zip(sessions, estimates)])
     else:
         report.print_report(sessions[0], top=args.top)
         e = estimates[0]
-        report.make_console().print(estimate_table(e, "token" if e["per"] else "run",
-                                              1.0 / e["seconds_per"] if e["per"] and e["seconds_per"] else None))
+        rate = 1.0 / e["seconds_per"] if e["per"] and e["seconds_per"] else None
+        report.make_console().print(estimate_table(e, "token" if e["per"] else "run", rate))
         rows = report.compare_rows(sessions)
     if args.json:
         report.write_json(args.json, sessions, [_estimate_json(e) for e in estimates])

@@ -165,8 +165,13 @@ def trn2_estimate(gen: Generator, prompt: list[int], tokens: int) -> dict | None
     with Check("est. trn2", tokens=True) as c:
         gen.generate(prompt, tokens)
     report = c.report()
-    e, per = report.estimate, max(report.estimate["per"] or 1, 1)
-    return {"tok_per_s": report.rate(), "ms_per_token": {k: v * 1e3 for k, v in e["parts_per"].items()},
+    return {"tok_per_s": report.rate(), **per_token(report.estimate)}
+
+
+def per_token(e: dict) -> dict:
+    """An estimate (check/estimate.py's) as ms per token by part and its five largest units of work per token."""
+    per = max(e["per"] or 1, 1)
+    return {"ms_per_token": {k: v * 1e3 for k, v in e["parts_per"].items()},
             "top_work_ms_per_token": {k: v * 1e3 / per for k, v in list(e["by_work"].items())[:5]}}
 
 

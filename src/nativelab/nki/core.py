@@ -196,10 +196,9 @@ def hbm_tensor(self, shape, dtype, buf, name):
     return NkiTensor(st)
 
 
-def constant(self, value, key: bytes):
-    """A constant HBM tensor baked into the trace; `key`, its values as bytes (the compiled kernel's cache key)."""
+def constant(self, value):
+    """A constant HBM tensor baked into the trace (compiled, a tensor of the graph: jit's _lift_constants)."""
     value = value.to(self.device)
     st = Storage(value, hbm, "constant", track=False, pinned=True)
-    self.constants.append(key)
     return NkiTensor(st)
 

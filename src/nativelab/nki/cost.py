@@ -81,7 +81,6 @@ GPSIMD_STARTUP = frozenset({"iota", "affine_select", "nonzero_with_count", "sequ
                             "local_gather", "nl.gather_flattened"})
 
 
-
 @dataclass(frozen=True)
 class Target:
     """One NeuronCore generation's clocks and rates: what `instruction_seconds` times an instruction with."""

@@ -107,17 +107,12 @@ class _Traced:
         self.hazards: list | None = None  # the races found when traced (nki/hazards.py), None if not checked
         self.launch = None
         self.source = None
-        self._estimate = None
-        self._other_targets: dict = {}  # cost.Target -> its Estimate, for targets other than NeuronCore-v3
-
+        self._estimates: dict = {}  # cost.Target -> its Estimate
     def estimate(self, name: str, target: cost.Target = cost.NEURONCORE_V3) -> cost.Estimate:
-        if target is not cost.NEURONCORE_V3:
-            if target not in self._other_targets:
-                self._other_targets[target] = cost.estimate(name, self.instructions, target)
-            return self._other_targets[target]
-        if self._estimate is None:
-            self._estimate = cost.estimate(name, self.instructions)
-        return self._estimate
+        """This signature's estimate on `target`, computed once per target."""
+        if target not in self._estimates:
+            self._estimates[target] = cost.estimate(name, self.instructions, target)
+        return self._estimates[target]
 
 
 def _run(fn, sig: _Signature, tensors, tr: trace.Trace):
@@ -296,7 +291,7 @@ class JitKernel:
 
     def _launch(self, traced: _Traced, tensors, numpy_mode: bool):
         """Run the compiled kernel on these (contiguous, same-device) tensors into new outputs."""
-        self.last_estimate = traced._estimate
+        self.last_estimate = traced._estimates.get(cost.NEURONCORE_V3)  # the default target's, once computed
         device = tensors[0].device if tensors else _CPU
         outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
         if device.type == DEVICE:
@@ -448,13 +443,10 @@ class JitKernel:
         examples = [torch.empty(t.shape, dtype=t.dtype) for t in sig.tensors]
         examples += [torch.empty(s, dtype=d) for s, d in traced.out_specs]
         written = list(traced.written_inputs) + [n_in + j for j in range(len(traced.out_specs))]
-        constants = []
-
         def body(*ts):
             tr = trace.Trace(self.name, self.grid, output_examples=list(ts[n_in:]), quiet=True, device="cpu",
                              fuser=fusion.PsumFuser(traced.written_inputs) if self.options.get("fuse", True) else None)
             _run(self.fn, sig, ts[:n_in], tr)
-            constants.extend(tr.constants)
             return tuple(ts[i] for i in written)
 
         t0 = time.perf_counter()
@@ -463,7 +455,7 @@ class JitKernel:
             gm = make_fx(body, tracing_mode="fake")(*examples)
         t_trace = time.perf_counter() - t0
         lifted = _lift_constants(gm)
-        artifact, how = compile_cached(gm, examples + lifted, self._key(gm, examples, constants, lifted))
+        artifact, how = compile_cached(gm, examples + lifted, self._key(gm, examples, lifted))
         metrics.log.info("nki kernel %s: traced in %.2fs, %s for %s in %.2fs", self.name, t_trace, how,
                          [tuple(t.shape) for t in examples], time.perf_counter() - t0 - t_trace)
         name = self.name
@@ -481,14 +473,12 @@ class JitKernel:
         launch.source = gm
         traced.launch, traced.source = launch, gm
 
-    def _key(self, gm, examples, constants, lifted=()) -> str:
+    def _key(self, gm, examples, lifted) -> str:
         h = hashlib.sha256()
         for part in (NKI_VERSION, COMPILER_VERSION, torch.__version__, self.name, repr(self.grid), gm.code):
             h.update(part.encode())
         h.update(repr([(tuple(t.shape), t.dtype) for t in examples]).encode())
-        for c in constants:  # baked-in values (nl.shared_constant), as bytes: they are not in the code
-            h.update(c)
-        for t in lifted:  # any other tensor the trace baked in, lifted to an input (real values)
+        for t in lifted:  # the values the trace baked in (nl.shared_constant's): they are not in the code
             h.update(repr((tuple(t.shape), t.dtype)).encode())
             h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()

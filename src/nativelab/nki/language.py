@@ -16,7 +16,7 @@ import torch
 from . import core, isa, limits, mx, ops, tensor, trace
 from .core import ParDim as par_dim  # noqa: F401 - nl.par_dim
 from .core import compute, dtype_of, ndarray, on_chip, record, value_of
-from .dtypes import kernel_dtype, to_numpy, to_tensor
+from .dtypes import kernel_dtype, to_tensor
 from .ops import ALL as _OPS
 from .ops import Op
 from .tensor import (  # noqa: F401 - re-exported as nl.*
@@ -187,13 +187,9 @@ def shared_constant(constant, dtype=None, **_ignored) -> NkiTensor:
     too) or the path of a .npy file, as AWS's page has it, or a torch tensor."""
     if isinstance(constant, (str, os.PathLike)):
         constant = np.load(constant)
-    # its values as bytes, taken from the array (a compiled kernel is traced under fake tensors, which have none):
-    # they are part of the compiled kernel's cache key, not of its code
-    array = to_numpy(constant.detach().cpu()) if isinstance(constant, torch.Tensor) else np.asarray(constant)
-    key = repr((array.shape, str(array.dtype), str(dtype))).encode() + np.ascontiguousarray(array).tobytes()
-    value = constant if isinstance(constant, torch.Tensor) else to_tensor(array)
+    value = constant if isinstance(constant, torch.Tensor) else to_tensor(np.asarray(constant))
     value = value.to(dtype_of(dtype) if dtype is not None else value.dtype)
-    return core.constant(trace.current(), value, key)
+    return core.constant(trace.current(), value)
 
 
 def shared_identity_matrix(n: int, dtype=bfloat16, **_ignored) -> NkiTensor:

@@ -177,7 +177,6 @@ class Trace:
     depth: int = 0  # nesting of instruction calls (nl.matmul issues a transpose and an nc_matmul)
     step: int = 0  # instruction calls begun (at depth 0): when on-chip tiles are accessed (Occupancy)
     occupancies: list = field(default_factory=list)  # every program's core's Occupancy (check_capacity)
-    constants: list = field(default_factory=list)  # bytes of the values baked into the trace (its cache key)
     quiet: bool = False  # the second pass: the first has warned already
     device: str = "cpu"  # where the trace's tensors are: "meta" (checking pass) or "cpu" (recording pass)
     registers: dict = field(default_factory=dict)  # engine state kept across instructions (accumulators, PRNGs)

@@ -47,7 +47,7 @@ class OpStat:
     written: int = 0  # bytes written to device memory
     to_host: int = 0  # fallbacks: device bytes copied to the host
     to_device: int = 0  # fallbacks: result bytes copied back to the device
-    fastest: float = 0.0  # the shortest single call, seconds (what load on the host cannot inflate)
+    fastest: float = 0.0  # fallbacks: the shortest single call, seconds (what load on the host cannot inflate)
 
 
 @dataclasses.dataclass
@@ -182,6 +182,8 @@ class Session(_observe.Observer):
             back = tensor_bytes(res) if isinstance(res, (torch.Tensor, list, tuple)) else 0
         if fallback:
             st = self._add(name, "fallback", "fallback", t0, t1, to_host, back, track="host")
+            d = (t1 - t0) / 1e9
+            st.fastest = d if st.calls == 1 else min(st.fastest, d)
             st.to_host += to_host
             st.to_device += back
             self._count_transfer("device_to_host", to_host)
@@ -221,9 +223,7 @@ class Session(_observe.Observer):
         if st is None:
             st = self.ops[name] = OpStat(category, kind)
         st.calls += 1
-        d = (t1 - t0) / 1e9
-        st.seconds += d
-        st.fastest = d if st.calls == 1 else min(st.fastest, d)
+        st.seconds += (t1 - t0) / 1e9
         st.read += read
         st.written += written
         if self.timeline:
