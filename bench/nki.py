@@ -2,8 +2,8 @@
 model's Trainium2 estimate of bf16 matmuls against the Tensor Engine's roofline.
 
 One row per kernel of kernels/nki: add, rmsnorm, softmax, matmul, and Lab 2's (RoPE, the SwiGLU MLP for 128
-tokens and for one, QKV, prefill and decode attention, a decode layer with the LM head, the head, argmax,
-top-p sampling) at the small Llama's shapes, each against its reference in kernels/ops.
+tokens and for one, QKV, prefill and decode attention, the whole decode step for a one-layer model (embedding
+to greedy token, one launch), argmax, top-p sampling) at the small Llama's shapes, each against its reference in kernels/ops.
 
     python bench/nki.py [--iters 20] [--dtype bfloat16] [--threads 1] [--only rope mlp ...] [--skip-cpu]
 
@@ -31,7 +31,7 @@ from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
-from nativelab.kernels.ops.transformer import reference_transformer_tkg
+from nativelab.kernels.ops.transformer import reference_transformer_tkg_token
 
 sample_ops = importlib.import_module("nativelab.kernels.ops.sample")  # the module (the package exports its op)
 
@@ -45,30 +45,12 @@ def timed(fn, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
-# The decode-layer kernel's per-layer weights, in the order it takes them (its arguments 4..12).
+# A one-layer model's per-layer weights, in the order cases() makes them.
 _LAYER_FIELDS = ("input_norms", "wqs", "wks", "wvs", "wos", "post_norms", "gates", "ups", "downs")
 
 
 def _w(out_features, in_features, dt):
     return (torch.randn(out_features, in_features) * in_features ** -0.5).to(dt)
-
-
-class _DecodeStep:
-    """One decode layer (decode_layer_kernel) and the LM head (lm_head_kernel): two launches, their estimates
-    added (the reference, reference_transformer_tkg, has no layer-only form)."""
-
-    def __init__(self, final_norm, head):
-        self.final_norm, self.head = final_norm, head
-
-    def __call__(self, *layer_inputs):
-        h = nk.decode_layer_kernel(*layer_inputs)[0]
-        return nk.lm_head_kernel(h[:, 0], self.final_norm, self.head, 1e-5)
-
-    def estimate(self, *layer_inputs):
-        a = nk.decode_layer_kernel.estimate(*layer_inputs)
-        h = torch.empty(layer_inputs[0].shape[0], layer_inputs[0].shape[2], dtype=layer_inputs[0].dtype)
-        b = nk.lm_head_kernel.estimate(h, self.final_norm, self.head, 1e-5)
-        return types.SimpleNamespace(seconds=a.seconds + b.seconds, bound=f"{a.bound}+{b.bound}")
 
 
 def cases(dt):
@@ -85,15 +67,20 @@ def cases(dt):
     qkv_w = (torch.randn(512, dtype=dt), _w(512, 512, dt), _w(512, 512, dt), _w(512, 512, dt))
     q1, k1, v1 = (torch.randn(1, 8, 1, 64, dtype=dt) for _ in range(3))
     k_cache, v_cache = torch.randn(1, 8, 512, 64, dtype=dt), torch.randn(1, 8, 512, 64, dtype=dt)
-    pos, x1 = torch.tensor([300]), torch.randn(1, 1, 512, dtype=dt)
+    pos = torch.tensor([300])
     layer = (qkv_w[0], *qkv_w[1:], _w(512, 512, dt), torch.randn(512, dtype=dt), *mlp_w)
     head, logits = _w(32000, 512, dt), torch.randn(1, 32000, dtype=dt)
     state = torch.tensor([7, 0])
     tkg_ref = lambda *t: reference_attention_tkg(*t[:3], t[3].clone(), t[4].clone(), t[5])  # noqa: E731
     final_norm = torch.randn(512, dtype=dt)
-    step_ref = lambda *t: reference_transformer_tkg(  # noqa: E731 - one layer's DecodeWeights (embed unused)
-        *t[:4], DecodeWeights(embed=head, **{f: [u] for f, u in zip(_LAYER_FIELDS, t[4:13])}, final_norm=final_norm,
-                              lm_head=head, k_caches=[t[13]], v_caches=[t[14]]), 8, 8, 1e-5)[:, 0]
+    one_layer = DecodeWeights(embed=head, **{f: [u] for f, u in zip(_LAYER_FIELDS, layer)}, final_norm=final_norm,
+                              lm_head=head, k_caches=[k_cache.clone()], v_caches=[v_cache.clone()])
+    tables = torch.randn(512, 64, dtype=dt), torch.randn(512, 64, dtype=dt)
+    stack = nk.DecodeStack.prepare(one_layer, *tables, 8)  # the weights in the kernel's layouts, once
+
+    def step_ref(tokens, pos, seed):  # the token and logits of reference_transformer_tkg_token
+        logits = reference_transformer_tkg_token(tokens, pos, seed, one_layer, *tables, 8, 8, 1e-5)[:, -1]
+        return logits.argmax(-1, keepdim=True), logits
     return [
         ("add 1024x1024", nk.add_kernel, (x, y), lambda x, y: x + y, None),
         ("rmsnorm 1024x1024", nk.rmsnorm_kernel, (x, w, 1e-5), reference_rmsnorm, None),
@@ -106,11 +93,9 @@ def cases(dt):
         ("attention_cte 8x128x64", nk.attention_cte_kernel, (q, k, v), reference_attention_cte, None),
         ("attention_tkg 8x512x64", nk.attention_tkg_kernel, (q1, k1, v1, k_cache, v_cache, pos.float()), tkg_ref,
          (q1, k1, v1, k_cache, v_cache, pos)),
-        ("decode layer + head", _DecodeStep(final_norm, head),
-         (x1, pos.float(), cos[:1], sin[:1], *layer, k_cache, v_cache, 8, 8, 1e-5), step_ref,
-         (x1, pos, cos[:1], sin[:1], *layer, k_cache.clone(), v_cache.clone())),
-        ("lm_head 1x512x32000", nk.lm_head_kernel, (x1[0], w[:512], head, 1e-5),
-         lambda x, n, h, e: reference_rmsnorm(x, n, e) @ h.t(), None),
+        ("decode step, 1 layer", nk.transformer_step_kernel,
+         (torch.tensor([[5]]), pos, state.clone(), *stack, 8, 8, 1e-5), step_ref,
+         (torch.tensor([[5]]), pos, state.clone())),
         ("argmax 1x32000", nk.argmax_kernel, (logits,), lambda t: t.argmax(-1, keepdim=True).int(), None),
         ("top-p 1x32000", nk.top_p_kernel, (logits, -torch.log(sample_ops._uniform(state, logits.shape)).float(),
                                             0.8, 0.9),

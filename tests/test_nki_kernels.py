@@ -14,13 +14,14 @@ import torch
 
 from nativelab import nki
 from nativelab.kernels import nki as nki_kernels
+from nativelab.kernels import wrap_nki
 from nativelab.kernels.ops import reference_rmsnorm, reference_sample_mask
 from nativelab.kernels.ops.attention import reference_attention_cte, reference_attention_tkg
 from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
-from nativelab.kernels.ops.transformer import reference_transformer_tkg
+from nativelab.kernels.ops.transformer import reference_transformer_tkg_token
 
 sample_ops = importlib.import_module("nativelab.kernels.ops.sample")  # the module (the package exports its op)
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -186,40 +187,62 @@ def _step(dtype, n_layers=2, b=2, dim=200, heads=4, kv_heads=2, d=16, inter=300,
     return x, cos, sin, layers, torch.randn(dim, dtype=dtype), _weight(vocab, dim, dtype), heads, kv_heads
 
 
-def _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads):
-    """reference_transformer_tkg's logits (B, vocab), on copies of the caches (returned)."""
-    caches = [(c["k_cache"].clone(), c["v_cache"].clone()) for c in layers]
+def _decode_weights(dtype, **shape):
+    """_step's layers as a model's DecodeWeights (by name: a new field fails here), with an embedding and RoPE
+    tables (one row per cache position)."""
+    x, cos, sin, layers, final_norm, head, heads, kv_heads = _step(dtype, **shape)
     per_layer = {field: [c[name] for c in layers] for field, name in (
         ("input_norms", "input_norm"), ("wqs", "wq"), ("wks", "wk"), ("wvs", "wv"), ("wos", "wo"),
-        ("post_norms", "post_norm"), ("gates", "gate"), ("ups", "up"), ("downs", "down"))}
-    w = DecodeWeights(embed=head, **per_layer, final_norm=final_norm, lm_head=head,  # by name: a new field fails here
-                      k_caches=[k for k, _ in caches], v_caches=[v for _, v in caches])
-    return reference_transformer_tkg(x, pos, cos, sin, w, heads, kv_heads, 1e-5)[:, 0], caches
+        ("post_norms", "post_norm"), ("gates", "gate"), ("ups", "up"), ("downs", "down"),
+        ("k_caches", "k_cache"), ("v_caches", "v_cache"))}
+    cache_len, d = layers[0]["k_cache"].shape[2], layers[0]["k_cache"].shape[3]
+    embed = torch.randn(head.shape[0], head.shape[1], dtype=dtype)
+    rope_cos, rope_sin = torch.randn(cache_len, d, dtype=dtype), torch.randn(cache_len, d, dtype=dtype)
+    return DecodeWeights(embed=embed, **per_layer, final_norm=final_norm, lm_head=head), rope_cos, rope_sin, heads, \
+        kv_heads
 
 
-def _layer_args(c):
-    return [c[name] for name in ("input_norm", "wq", "wk", "wv", "wo", "post_norm", "gate", "up", "down", "k_cache",
-                                 "v_cache")]
+def _with_cache_copies(w):
+    return w._replace(k_caches=[k.clone() for k in w.k_caches], v_caches=[v.clone() for v in w.v_caches])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_step_interpreted_equals_reference(dtype):
-    """Two decode_layer_kernel launches (their k / v rows written at pos, as the op writes them) and the LM head
-    give reference_transformer_tkg's logits and caches; argmax_kernel gives their argmax."""
-    x, cos, sin, layers, final_norm, head, heads, kv_heads = _step(dtype)
-    pos = torch.tensor([17])
-    expected, caches = _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads)
-    h = x
-    for c in layers:
-        h, k_new, v_new = nki.simulate(nki_kernels.decode_layer_kernel)(h, pos.float(), cos, sin, *_layer_args(c),
-                                                                         heads, kv_heads, 1e-5)
-        c["k_cache"].index_copy_(2, pos, k_new)
-        c["v_cache"].index_copy_(2, pos, v_new)
-    logits = nki.simulate(nki_kernels.lm_head_kernel)(h[:, 0], final_norm, head, 1e-5)
+def test_transformer_step_interpreted_equals_reference(dtype):
+    """One launch of the whole decode step (weights prepared once by DecodeStack.prepare) gives
+    reference_transformer_tkg_token's logits, writes its cache rows at pos (and nothing else), returns the first
+    largest logit's index as int64 and advances the sampler's counter once."""
+    w, rope_cos, rope_sin, heads, kv_heads = _decode_weights(dtype)
+    tokens, pos, seed = torch.tensor([[5], [600]]), torch.tensor([17]), torch.tensor([7, 41])
+    ref = _with_cache_copies(w)
+    expected = reference_transformer_tkg_token(tokens, pos, seed, ref, rope_cos, rope_sin, heads, kv_heads)[:, -1]
+    stack = nki_kernels.DecodeStack.prepare(w, rope_cos, rope_sin, heads)
+    token, logits = nki.simulate(nki_kernels.transformer_step_kernel)(tokens, pos, seed, *stack, heads, kv_heads,
+                                                                      1e-5)
     _close(logits, expected, dtype)
-    for c, (k, v) in zip(layers, caches):
-        _close((c["k_cache"], c["v_cache"]), (k, v), dtype)
-    assert nki.simulate(nki_kernels.argmax_kernel)(logits).reshape(-1).tolist() == logits.argmax(-1).tolist()
+    assert token.dtype == torch.int64 and token.reshape(-1).tolist() == logits.argmax(-1).tolist()
+    assert seed.tolist() == [7, 42]
+    for got, want in zip((*w.k_caches, *w.v_caches), (*ref.k_caches, *ref.v_caches)):
+        _close(got, want, dtype)
+
+
+def test_transformer_step_refuses_a_weight_in_pytorchs_layout():
+    """A weight the kernel takes prepared, given as nn.Linear.weight ([out, in]), is an error naming the
+    layout it expects."""
+    w, rope_cos, rope_sin, heads, kv_heads = _decode_weights(torch.float32, n_layers=1)
+    stack = nki_kernels.DecodeStack.prepare(w, rope_cos, rope_sin, heads)
+    stack = stack._replace(gates=list(w.gates))
+    with pytest.raises(ValueError, match=r"gates\[0\] must be \[P, dim / P, intermediate\]"):
+        nki.simulate(nki_kernels.transformer_step_kernel)(torch.tensor([[5], [6]]), torch.tensor([3]),
+                                                          torch.tensor([0, 0]), *stack, heads, kv_heads, 1e-5)
+
+
+def test_decode_stack_tiles_put_the_contraction_on_partitions():
+    """DecodeStack's layout [P, K / P, N]: element [i, k, n] is w[n, k * P + i], K padded with zeros."""
+    w = torch.randn(5, 300)
+    t = nki_kernels.transformer.tiled(w)
+    assert t.shape == (128, 3, 5) and t.is_contiguous()
+    assert torch.equal(t.permute(1, 0, 2).reshape(384, 5)[:300], w.t())
+    assert not t.permute(1, 0, 2).reshape(384, 5)[300:].any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -234,24 +257,31 @@ def test_argmax_interpreted_is_torch_argmax_ties_first(dtype):
 
 
 @pytest.mark.slow
-def test_decode_step_ops_eager_and_compiled_on_neuron():
-    """nki_decode_layer (the caches written), nki_lm_head and nki_argmax on neuron tensors, eager and compiled."""
+def test_transformer_step_on_neuron_eager_and_compiled():
+    """The whole-step kernel launched on neuron tensors (compiled, one launch), eagerly and inside a graph
+    compiled by the neuron backend: the reference's logits and caches."""
     dtype = torch.bfloat16
-    x, cos, sin, layers, final_norm, head, heads, kv_heads = _step(dtype, n_layers=1)
-    pos = torch.tensor([17])
-    expected, caches = _reference_step(x, pos, cos, sin, layers, final_norm, head, heads, kv_heads)
+    w, rope_cos, rope_sin, heads, kv_heads = _decode_weights(dtype, n_layers=1, b=1)
+    tokens, pos = torch.tensor([[5]]), torch.tensor([17])
+    ref = _with_cache_copies(w)
+    expected = reference_transformer_tkg_token(tokens, pos, torch.tensor([0, 0]), ref, rope_cos, rope_sin, heads,
+                                               kv_heads)[:, -1]
+    launch = wrap_nki(nki_kernels.transformer_step_kernel)
 
-    def step(x, pos, cos, sin, final_norm, head, *layer):
-        h = nki_kernels.decode_layer(x, pos, cos, sin, *layer, heads, kv_heads, 1e-5)
-        logits = nki_kernels.lm_head(h[:, 0], final_norm, head, 1e-5)
-        return logits, nki_kernels.argmax(logits)
+    def step(tokens, pos, seed, *flat):
+        stack = nki_kernels.DecodeStack.unflatten(list(flat[:-2 * len(w.k_caches)]), list(flat[-2 * len(w.k_caches):]))
+        return launch(tokens, pos, seed, *stack, heads, kv_heads, 1e-5)
 
     for run in (step, torch.compile(step, backend="neuron")):
-        on = [t.to("neuron") for t in (x, pos, cos, sin, final_norm, head, *_layer_args(layers[0]))]
-        logits, token = run(*on)
+        on = _with_cache_copies(w)
+        weights, caches = nki_kernels.DecodeStack.prepare(on, rope_cos, rope_sin, heads).flat()
+        dev = [t.to("neuron") for t in (tokens, pos, torch.tensor([0, 0]), *weights, *caches)]
+        token, logits = run(*dev)
         _close(logits, expected, dtype)
-        assert token.cpu().tolist() == logits.cpu().argmax(-1).tolist()
-        _close((on[-2].cpu(), on[-1].cpu()), caches[0], dtype)
+        assert token.cpu().reshape(-1).tolist() == logits.cpu().argmax(-1).tolist()
+        assert dev[2].cpu().tolist() == [0, 1]
+        for got, want in zip(dev[-len(caches):], (*ref.k_caches, *ref.v_caches)):
+            _close(got.cpu(), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -29,9 +29,7 @@ rmsnorm_kernel = wrap_nki(nkilib.rmsnorm_kernel)
 rope_kernel = wrap_nki(nkilib.rope_kernel)
 attention_prefill_kernel = wrap_nki(nkilib.attention_cte_kernel)
 attention_decode_kernel = wrap_nki(nkilib.attention_tkg_kernel)
-layer_decode_kernel = wrap_nki(nkilib.decode_layer_kernel)
-lm_head_kernel = wrap_nki(nkilib.lm_head_kernel)
-argmax_kernel = wrap_nki(nkilib.argmax_kernel)
+step_kernel = wrap_nki(nkilib.transformer_step_kernel)
 
 
 @nki_op("nki_lab::rmsnorm", mutates_args=())
@@ -68,56 +66,43 @@ def nki_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.T
 
 
 @nki_op("nki_lab::layers", mutates_args=("caches",))
-def nki_layers(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: list[torch.Tensor],
+def nki_layers(tokens: torch.Tensor, pos: torch.Tensor, weights: list[torch.Tensor], stack: list[torch.Tensor],
                caches: list[torch.Tensor], n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
-    """The experimental tier's mega-kernel, for one decode token's hidden state x (B, 1, dim): every layer
-    (RMSNorm + QKV + RoPE, cache write + attention, output projection, RMSNorm + MLP, residuals), the final
-    norm and the LM head -> logits (B, 1, vocab). `weights, caches = model.decode_weights().flat()`: the model's
-    tensors (nativelab's DecodeWeights, which names each one) as the kernel's two lists."""
+    """The experimental tier's mega-kernel, for one decode token per sequence, tokens (B, 1) at position pos (1,):
+    the embedding, every layer (RMSNorm + QKV + RoPE, cache write + attention, output projection, RMSNorm + MLP,
+    residuals), the final norm and the LM head -> logits (B, 1, vocab). `stack`: the weights prepared once for
+    the kernel (`model.decode_stack`, nkilib.DecodeStack); `weights`: the same in PyTorch's layouts, for the CPU
+    kernels (`model.decode_weights()`); `caches`: the KV caches both write."""
     if KERNELS == "cpu":
-        return cpu_layers(x, pos, cos, sin, weights, caches, n_heads, n_kv_heads, eps)
-    w = DecodeWeights.unflatten(weights, caches)
-    x = nki_layer_stack(x, pos, cos, sin, w, n_heads, n_kv_heads, eps)
-    return lm_head_kernel(x.reshape(x.shape[0], -1), w.final_norm, w.lm_head, eps).reshape(x.shape[0], 1, -1)
+        return cpu_layers(tokens, pos, weights, stack, caches, n_heads, n_kv_heads, eps)
+    s = nkilib.DecodeStack.unflatten(stack, caches)
+    scratch = torch.empty(2, dtype=torch.int64, device=tokens.device)  # no draw counted
+    _, logits = step_kernel(tokens, pos, scratch, *s, n_heads, n_kv_heads, eps)
+    return logits.reshape(tokens.shape[0], 1, -1)
 
 
 @nki_op("nki_lab::layers_token", mutates_args=("seed_state", "caches"))
 def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.Tensor, weights: list[torch.Tensor],
-                     caches: list[torch.Tensor], rope_cos: torch.Tensor, rope_sin: torch.Tensor, n_heads: int,
-                     n_kv_heads: int, eps: float, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+                     stack: list[torch.Tensor], caches: list[torch.Tensor], n_heads: int, n_kv_heads: int, eps: float,
+                     temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """The same mega-kernel from token ids to the next token: tokens (B, T) at consecutive positions pos (T,)
     (a decode step, or a whole prompt) -> the token drawn (B,) (argmax at temperature 0, else top-k / top-p
-    from the [seed, counter] seed_state, which advances)."""
+    from the [seed, counter] seed_state, which advances once)."""
     if KERNELS == "cpu":
-        return cpu_layers_token(tokens, pos, seed_state, weights, caches, rope_cos, rope_sin, n_heads, n_kv_heads, eps,
+        return cpu_layers_token(tokens, pos, seed_state, weights, stack, caches, n_heads, n_kv_heads, eps,
                                 temperature, top_k, top_p)
-    w = DecodeWeights.unflatten(weights, caches)
-    x = torch.nn.functional.embedding(tokens, w.embed)  # a gather: an indirect DMA on Trainium, not emulated
-    for t in range(tokens.shape[1]):  # a prompt: token by token, each a decode step over the cache before it
-        p = pos[t:t + 1]
-        h = nki_layer_stack(x[:, t:t + 1].contiguous(), p, rope_cos[p].to(w.embed.dtype),
-                            rope_sin[p].to(w.embed.dtype), w, n_heads, n_kv_heads, eps)
-    logits = lm_head_kernel(h.reshape(h.shape[0], -1), w.final_norm, w.lm_head, eps)
+    s = nkilib.DecodeStack.unflatten(stack, caches)
+    scratch = torch.empty(2, dtype=torch.int64, device=tokens.device)  # for launches whose draw is not counted
+    t_len = tokens.shape[1]
+    for t in range(t_len):  # a prompt: one launch a token, each a decode step over the cache before it
+        counted = t == t_len - 1 and temperature <= 0.0  # greedy: the kernel's argmax is the draw
+        token, logits = step_kernel(tokens[:, t:t + 1], pos[t:t + 1], seed_state if counted else scratch, *s,
+                                    n_heads, n_kv_heads, eps)
     if temperature > 0.0 and top_k == 0:  # top-p: the NKI sampler (the library's noise), advancing seed_state
         return nkilib.sample_top_p(logits, seed_state, temperature, top_p)
     if temperature > 0.0:  # top-k: the library's sampler (no NKI version yet)
         return sample(logits, seed_state, temperature, top_k, top_p)
-    seed_state[1:].add_(1)  # as the sampler's counter advances at every draw
-    return argmax_kernel(logits).reshape(-1).to(torch.int64)
-
-
-def nki_layer_stack(x, pos, cos, sin, w, n_heads, n_kv_heads, eps):
-    """x (B, 1, dim) through every layer of w (DecodeWeights), one decode-layer kernel each; each layer's new
-    k / v rows are written into its caches at pos (the kernel reads the cache; the write at a data-dependent
-    position is ours)."""
-    pos_f = pos.to(torch.float32)
-    for i in range(w.n_layers):
-        x, k_new, v_new = layer_decode_kernel(x, pos_f, cos, sin, w.input_norms[i], w.wqs[i], w.wks[i], w.wvs[i],
-                                              w.wos[i], w.post_norms[i], w.gates[i], w.ups[i], w.downs[i],
-                                              w.k_caches[i], w.v_caches[i], n_heads, n_kv_heads, eps)
-        w.k_caches[i].index_copy_(2, pos, k_new)
-        w.v_caches[i].index_copy_(2, pos, v_new)
-    return x
+    return token.reshape(-1)
 
 
 def use(kernels: str) -> None:
@@ -178,18 +163,19 @@ def cpu_attn(q, k, v, k_cache, v_cache, pos):
     return out
 
 
-def cpu_layers(x, pos, cos, sin, weights, caches, n_heads, n_kv_heads, eps):
-    vocab = DecodeWeights.unflatten(weights, caches).lm_head.shape[0]
-    out = torch.empty(x.shape[0], x.shape[1], vocab, dtype=x.dtype, device=x.device)
-    layers_decode_cpu(x, pos, cos, sin, weights, caches, n_heads, n_kv_heads, eps, out)
+def cpu_layers(tokens, pos, weights, stack, caches, n_heads, n_kv_heads, eps):
+    w, s = DecodeWeights.unflatten(weights, caches), nkilib.DecodeStack.unflatten(stack, caches)
+    x = torch.nn.functional.embedding(tokens, w.embed)
+    out = torch.empty(x.shape[0], x.shape[1], w.lm_head.shape[0], dtype=x.dtype, device=x.device)
+    layers_decode_cpu(x, pos, s.rope_cos[pos], s.rope_sin[pos], weights, caches, n_heads, n_kv_heads, eps, out)
     return out
 
 
-def cpu_layers_token(tokens, pos, seed_state, weights, caches, rope_cos, rope_sin, n_heads, n_kv_heads, eps,
-                     temperature, top_k, top_p):
-    w = DecodeWeights.unflatten(weights, caches)
+def cpu_layers_token(tokens, pos, seed_state, weights, stack, caches, n_heads, n_kv_heads, eps, temperature, top_k,
+                     top_p):
+    w, s = DecodeWeights.unflatten(weights, caches), nkilib.DecodeStack.unflatten(stack, caches)
     logits = torch.empty(tokens.shape[0], 1, w.lm_head.shape[0], dtype=w.embed.dtype, device=w.embed.device)
     out = torch.empty(tokens.shape[0], dtype=torch.int64, device=w.embed.device)
-    layers_decode_token_cpu(tokens, pos, seed_state, weights, caches, rope_cos, rope_sin, n_heads, n_kv_heads, eps,
-                            float(temperature), int(top_k), float(top_p), logits, out)
+    layers_decode_token_cpu(tokens, pos, seed_state, weights, caches, s.rope_cos, s.rope_sin, n_heads, n_kv_heads,
+                            eps, float(temperature), int(top_k), float(top_p), logits, out)
     return out

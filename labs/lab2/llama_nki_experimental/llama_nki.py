@@ -4,6 +4,8 @@ one kernel per step (the prompt included)."""
 
 import torch
 
+from nativelab.kernels.nki import DecodeStack
+
 from llama_nki_core.llama_nki import Llama as CoreLlama
 
 from . import self_attention
@@ -13,14 +15,18 @@ from .transformer_block import TransformerBlock
 class Llama(CoreLlama):
     Block = TransformerBlock
 
+    def setup_cache(self, batch_size: int = 1) -> None:
+        """The static KV cache, and the weights in the mega-kernel's layouts (prepared once, here, after the
+        weights are loaded and cast: call it again after changing them)."""
+        super().setup_cache(batch_size)
+        self.decode_stack = DecodeStack.prepare(self.decode_weights(), self.rope_cos, self.rope_sin, self.cfg.n_heads)
+
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1] > 1:  # a prompt's logits: layer by layer, as core
             return super().forward(tokens, input_pos)
         if self.layers[0].self_attn.k_cache is None:
             raise RuntimeError("call setup_cache() before running the model")
-        dtype = self.embed_tokens.weight.dtype
-        cos, sin = self.rope_cos[input_pos].to(dtype), self.rope_sin[input_pos].to(dtype)
-        return self_attention.decode_logits(self, self.embed_tokens(tokens), input_pos, cos, sin)
+        return self_attention.decode_logits(self, tokens, input_pos)
 
     def next_token(self, tokens: torch.Tensor, input_pos: torch.Tensor, seed_state: torch.Tensor,
                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -5,19 +5,21 @@ residual, RMSNorm + SwiGLU MLP and residual; then the final norm and the LM head
 kernel between layers (on Trainium, in SBUF): one HBM round trip per step instead of one per operation.
 
 The layers' weights and static KV caches are the same modules as base's (`model.layers[i].self_attn.q_proj`,
-...), so the same checkpoint loads; the kernel takes them by name (`model.decode_weights()`), as two lists:
-the weights, which it only reads, and the caches it writes."""
+...), so the same checkpoint loads. The NKI kernel takes the weights prepared once, at load, in the layouts its
+engines want (`model.decode_stack`: every matrix with its contraction dimension on partitions, no transpose at
+launch); the CPU kernels take them by name in PyTorch's layouts (`model.decode_weights()`); both write the caches."""
 
 import torch
 
 from nki_ops import nki_layers, nki_layers_token
 
 
-def decode_logits(model, x, input_pos, cos, sin) -> torch.Tensor:
-    """One decode token's hidden state x (B, 1, dim) -> logits (B, 1, vocab), every layer in one kernel."""
+def decode_logits(model, tokens, input_pos) -> torch.Tensor:
+    """One decode token per sequence, tokens (B, 1) -> logits (B, 1, vocab), every layer in one kernel."""
     c = model.cfg
     weights, caches = model.decode_weights().flat()
-    return nki_layers(x, input_pos, cos, sin, weights, caches, c.n_heads, c.n_kv_heads, c.norm_eps)
+    stack, _ = model.decode_stack.flat()
+    return nki_layers(tokens, input_pos, weights, stack, caches, c.n_heads, c.n_kv_heads, c.norm_eps)
 
 
 def next_token(model, tokens, input_pos, seed_state, temperature=0.0, top_k=0, top_p=1.0) -> torch.Tensor:
@@ -25,5 +27,6 @@ def next_token(model, tokens, input_pos, seed_state, temperature=0.0, top_k=0, t
     draw in one kernel: a decode step (T == 1) or a whole prompt (T > 1)."""
     c = model.cfg
     weights, caches = model.decode_weights().flat()
-    return nki_layers_token(tokens, input_pos, seed_state, weights, caches, model.rope_cos, model.rope_sin,
-                            c.n_heads, c.n_kv_heads, c.norm_eps, temperature, top_k, top_p)
+    stack, _ = model.decode_stack.flat()
+    return nki_layers_token(tokens, input_pos, seed_state, weights, stack, caches, c.n_heads, c.n_kv_heads,
+                            c.norm_eps, temperature, top_k, top_p)

@@ -10,11 +10,11 @@ from .mlp import mlp, mlp_kernel
 from .qkv import qkv, qkv_kernel
 from .rmsnorm import rmsnorm, rmsnorm_kernel
 from .rope import rope, rope_kernel
-from .transformer import decode_layer, decode_layer_kernel, lm_head, lm_head_kernel
+from .transformer import DecodeStack, transformer_step_kernel
 from .sample import argmax, argmax_kernel, sample_top_p, top_p_kernel
 from .softmax import reference_softmax, softmax, softmax_kernel
 
 __all__ = ["add", "add_kernel", "argmax", "argmax_kernel", "attention_cte", "attention_cte_kernel", "attention_tkg",
-           "attention_tkg_kernel", "decode_layer", "decode_layer_kernel", "lm_head", "lm_head_kernel", "matmul",
+           "attention_tkg_kernel", "DecodeStack", "transformer_step_kernel", "matmul",
            "matmul_kernel", "mlp", "mlp_kernel", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel", "rope",
            "rope_kernel", "sample_top_p", "top_p_kernel", "softmax", "softmax_kernel", "reference_softmax"]

@@ -24,7 +24,7 @@ from ..ops.sample import _uniform as uniform_noise  # the library sampler's nois
 from ..ops.sample import check_sampling
 from .tiles import tiles
 
-_MAX8_FMAX = 16384  # max8 reads at most 16384 elements per partition (the nki.isa.max8 page)
+MAX8_FMAX = 16384  # max8 reads at most 16384 elements per partition (the nki.isa.max8 page)
 
 
 @jit
@@ -32,18 +32,18 @@ def argmax_kernel(logits):
     rows, vocab = logits.shape
     p = nl.tile_size.pmax
     out = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.shared_hbm)
-    chunk = min(vocab, _MAX8_FMAX)
+    chunk = min(vocab, MAX8_FMAX)
     for _, r0, n in tiles(rows, p):
-        best, best_at = _running_argmax(n)
+        best, best_at = running_argmax(n)
         for _, c0, nc in tiles(vocab, chunk, carried=True):  # the running (max, index)
             t = nl.ndarray((n, nc), dtype=logits.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=t, src=logits[r0:r0 + n, c0:c0 + nc])
-            _argmax_step(best, best_at, t, c0)
+            argmax_step(best, best_at, t, c0)
         _store_index(out[r0:r0 + n, :], best_at)
     return out
 
 
-def _running_argmax(n):
+def running_argmax(n):
     """The running (maximum, its index) of n rows, before any chunk: (-inf, 0)."""
     best = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
     best_at = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)  # indices < 2**24: exact in fp32
@@ -52,7 +52,7 @@ def _running_argmax(n):
     return best, best_at
 
 
-def _argmax_step(best, best_at, t, c0):
+def argmax_step(best, best_at, t, c0):
     """Fold the chunk t [n, <= 16384] (columns c0 ...) into the running maximum: replaced only if greater."""
     n = t.shape[0]
     top = nl.ndarray((n, 8), dtype=t.dtype, buffer=nl.sbuf)
@@ -126,7 +126,7 @@ def top_p_kernel(logits, exp_noise, temperature, top_p):
                 nisa.tensor_scalar(dst=enough, data=mass, op0=nl.greater_equal, operand0=float(top_p))
                 nisa.tensor_copy_predicated(dst=lo, src=mid, predicate=enough)
                 nisa.tensor_copy_predicated(dst=hi, src=mid, predicate=enough, reverse_pred=True)
-        best, best_at = _running_argmax(n)  # the race: argmax of p / E over the kept tokens (0 elsewhere)
+        best, best_at = running_argmax(n)  # the race: argmax of p / E over the kept tokens (0 elsewhere)
         for _, c0, nc in tiles(vocab, _CHUNK, carried=True):  # the running (max, index)
             e = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=e, src=exp_noise[r0:r0 + n, c0:c0 + nc])
@@ -135,7 +135,7 @@ def top_p_kernel(logits, exp_noise, temperature, top_p):
             keep = nl.ndarray((n, nc), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=keep, data=probs[:, c0:c0 + nc], op0=nl.greater_equal, operand0=lo)
             nisa.select_reduce(dst=race, predicate=keep, on_true=race, on_false=0.0)
-            _argmax_step(best, best_at, race, c0)
+            argmax_step(best, best_at, race, c0)
         _store_index(out[r0:r0 + n, :], best_at)
     return out
 

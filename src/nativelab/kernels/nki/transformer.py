@@ -1,33 +1,156 @@
-"""One decode step of a Llama layer in NKI, and the LM head: the experimental tier's kernels.
+"""The experimental tier's decode step in NKI, as one kernel: token ids in, the next token (and the logits) out.
 
-`decode_layer_kernel`: x (B, 1, dim), one token per sequence at position pos, through RMSNorm + Q/K/V + RoPE,
-attention over the static cache's positions < pos plus the new token, the output projection + residual,
-RMSNorm + SwiGLU MLP + residual. Everything between the layer's input and output stays in SBUF / PSUM: one
-HBM round trip per layer (the weights and the cache are read once per launch). The kernel returns the new
-token's k / v rows and does not write the cache (a write at a data-dependent position is an indirect DMA,
-which the emulator does not model): the op writes them at pos after, as `attention_tkg` does.
+`transformer_step_kernel`, per sequence: the token's embedding row (a DMA at the token id, read at run time),
+then every layer (RMSNorm + fused Q/K/V + RoPE, the new k / v rows written into the caches at the position, read
+at run time, attention over the cache's positions before it plus the new token, the output projection + residual,
+RMSNorm + SwiGLU MLP + residual), the final norm, the LM head, and the greedy token (the first largest logit).
+The hidden state stays in SBUF from the embedding to the logits: one launch a token, as AWS's megakernel
+(nki-library's transformer_tkg) runs every layer in one launch and writes the KV cache inside.
 
-Per sequence the token is a [1, dim] row; each head's q / k row, RoPE'd, is transposed onto partitions for
-the Tensor Engine, the group's attention output comes back as o.T columns, and the output projection
-contracts over each head's D rows of wo.T, summed over heads in PSUM.
+The weights come prepared once, at load (`DecodeStack.prepare`), in the layout the Tensor Engine contracts them
+in: every matrix `[P, K / P, N] @ HBM`, its contraction dimension K on P = min(K, 128) partitions (K padded with
+zero rows to whole tiles), so one contiguous DMA puts it in SBUF and no weight is transposed at launch.
 
-`lm_head_kernel`: the final RMSNorm and the LM head, x (B, dim) -> logits (B, vocab), the head's weight
-streamed through SBUF 512 rows at a time (a 32000 x 512 head does not fit)."""
+Shapes (B sequences, H heads, KV kv-heads of D, dim, F = (H + 2 KV) * D, I the MLP's size, S cache positions):
+
+    tokens      [B, 1] int64 @ HBM      the step's token ids (read as their low 32-bit words)
+    pos         [1] int64 @ HBM         the step's position
+    seed_state  [2] int64 @ HBM         the sampler's [seed, counter]; the counter advances by one
+    embed       [vocab, dim]            rows gathered by token id
+    rope_cos/sin [max_seq, D]           the model's tables, the row at pos read at run time
+    input_norms, post_norms  L x [dim]
+    wqkvs       L x [P, dim / P, F]     q | k | v projections, fused
+    wos         L x [D, H, dim]         each head's D rows of the output projection
+    gates, ups  L x [P, dim / P, I]
+    downs       L x [P, I / P, dim]
+    final_norm  [dim];  lm_head [P, dim / P, vocab]
+    k_caches, v_caches  L x [B, KV, S, D] (written at pos)
+    -> (token [B, 1] int64, logits [B, vocab])
+"""
 
 from __future__ import annotations
 
+import typing
+from typing import NamedTuple
+
 import torch
+from torch import Tensor
 
 from ...nki import isa as nisa
 from ...nki import jit
 from ...nki import language as nl
-from ..interface import nki_op, wrap_nki
-from .attention import decode_one_group, load_keys_values, positions_before
-from .mlp import down_projection, swiglu_transposed
+from .attention import decode_one_group, load_keys_values
+from .mlp import swiglu_transposed
 from .qkv import project
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
-from .tiles import load_transposed, tiles, transpose_into, transpose_rows
+from .sample import MAX8_FMAX, argmax_step, running_argmax
+from .tiles import tiles, transpose_into, transpose_rows
+
+_PMAX = 128  # nl.tile_size.pmax: the partitions the Tensor Engine contracts over
+
+
+def tiled(w: Tensor) -> Tensor:
+    """A PyTorch linear weight w [N, K] ([out, in]) in the Tensor Engine's layout [P, K / P, N] (P = min(K, 128);
+    element [i, k, n] = w[n, k * P + i]; K padded with zero rows to whole tiles), contiguous."""
+    n, k = w.shape
+    p = min(k, _PMAX)
+    kt = -(-k // p)
+    w_t = torch.zeros(kt * p, n, dtype=w.dtype, device=w.device)
+    w_t[:k] = w.t()
+    return w_t.reshape(kt, p, n).permute(1, 0, 2).contiguous()
+
+
+class DecodeStack(NamedTuple):
+    """A Llama's tensors for `transformer_step_kernel`, prepared once (`prepare`): the matrices tiled for the
+    Tensor Engine, the rest as the model holds them. `flat()` / `unflatten` carry it through a custom op's
+    schema as two lists (read-only tensors, and the caches the kernel writes)."""
+    embed: Tensor
+    rope_cos: Tensor
+    rope_sin: Tensor
+    input_norms: list[Tensor]
+    wqkvs: list[Tensor]
+    wos: list[Tensor]
+    post_norms: list[Tensor]
+    gates: list[Tensor]
+    ups: list[Tensor]
+    downs: list[Tensor]
+    final_norm: Tensor
+    lm_head: Tensor
+    k_caches: list[Tensor]
+    v_caches: list[Tensor]
+
+    @classmethod
+    def prepare(cls, w, rope_cos: Tensor, rope_sin: Tensor, n_heads: int) -> DecodeStack:
+        """From a model's DecodeWeights (PyTorch's layouts) and RoPE tables: copies in the kernel's layouts.
+        The caches are the model's own (the kernel writes them)."""
+        with torch.no_grad():
+            d = rope_cos.shape[1]
+            wos = [wo.t().reshape(n_heads, d, wo.shape[0]).permute(1, 0, 2).contiguous() for wo in w.wos]
+            return cls(embed=w.embed, rope_cos=rope_cos.to(w.embed.dtype), rope_sin=rope_sin.to(w.embed.dtype),
+                       input_norms=list(w.input_norms),
+                       wqkvs=[tiled(torch.cat([q, k, v])) for q, k, v in zip(w.wqs, w.wks, w.wvs)], wos=wos,
+                       post_norms=list(w.post_norms), gates=[tiled(g) for g in w.gates], ups=[tiled(u) for u in w.ups],
+                       downs=[tiled(d_) for d_ in w.downs], final_norm=w.final_norm, lm_head=tiled(w.lm_head),
+                       k_caches=list(w.k_caches), v_caches=list(w.v_caches))
+
+    def flat(self) -> tuple[list[Tensor], list[Tensor]]:
+        """(read-only tensors, caches): fields in order, a per-layer field's tensors in layer order."""
+        weights = []
+        for name in self._fields[:-2]:
+            v = getattr(self, name)
+            weights.extend(v if isinstance(v, list) else (v,))
+        return weights, [*self.k_caches, *self.v_caches]
+
+    @classmethod
+    def unflatten(cls, weights: list[Tensor], caches: list[Tensor]) -> DecodeStack:
+        n, rest = divmod(len(caches), 2)
+        per_model = sum(not _PER_LAYER[f] for f in cls._fields[:-2])
+        per_layer = sum(_PER_LAYER[f] for f in cls._fields[:-2])
+        if n < 1 or rest or len(weights) != per_model + per_layer * n:
+            raise ValueError(f"DecodeStack: expected {per_model} + {per_layer} x layers tensors and 2 x layers "
+                             f"caches (DecodeStack.flat()), got {len(weights)} and {len(caches)}")
+        fields, at = [], 0
+        for f in cls._fields[:-2]:
+            k = n if _PER_LAYER[f] else 1
+            fields.append(list(weights[at:at + k]) if _PER_LAYER[f] else weights[at])
+            at += k
+        return cls(*fields, k_caches=list(caches[:n]), v_caches=list(caches[n:]))
+
+
+_PER_LAYER = {f: typing.get_origin(t) is list for f, t in typing.get_type_hints(DecodeStack).items()}  # a tensor per layer
+
+
+def expect_layout(name: str, w, shape: tuple, layout: str) -> None:
+    """A weight the kernel takes prepared: ValueError naming the layout it expects when w is not in it."""
+    if tuple(w.shape) != tuple(shape):
+        raise ValueError(f"transformer_step_kernel: {name} must be {layout} = {list(shape)} "
+                         f"(DecodeStack.prepare, once at load), got {list(w.shape)}: a PyTorch [out, in] weight "
+                         f"is not taken")
+
+
+def _tiled_shape(k: int, n: int) -> tuple[int, int, int]:
+    p = min(k, _PMAX)
+    return p, -(-k // p), n
+
+
+def load_tiled(w):
+    """A prepared weight [P, K / P, N] (HBM) into SBUF with one DMA."""
+    t = nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=w)
+    return t
+
+
+def low_words(t, n: int, offset: int = 0):
+    """The low 32-bit words of n int64 values of t from element `offset`: a [n, 1] int32 view (little-endian)."""
+    return t.ap(pattern=[[2, n], [1, 1]], offset=2 * offset, dtype=nl.int32)
+
+
+def row_at(table, at):
+    """table [rows, cols] (HBM): the row at the (1, 1) int32 SBUF value `at`, as a [1, cols] view (a DMA whose
+    address moves by a value read at run time)."""
+    cols = table.shape[1]
+    return table.ap(pattern=[[cols, 1], [1, cols]], offset=0, scalar_offset=at, indirect_dim=0)
 
 
 def _rope_heads(y, heads, d, c, s):
@@ -38,110 +161,119 @@ def _rope_heads(y, heads, d, c, s):
     return r
 
 
-@jit
-def decode_layer_kernel(x, pos, cos, sin, input_norm, wq, wk, wv, wo, post_norm, gate, up, down, k_cache, v_cache,
-                        n_heads, n_kv_heads, eps):
-    b_size, _, dim = x.shape
-    d = wq.shape[0] // n_heads
-    inter = gate.shape[0]
-    group = n_heads // n_kv_heads
-    s_len = k_cache.shape[2]
-    p = nl.tile_size.pmax
+def _layer(x, b, pos_i, before, c, s, w_in, wqkv, wo, w_post, gate, up, down, k_cache, v_cache, n_heads, n_kv_heads,
+           eps, p):
+    """One layer on the hidden row x [1, dim] (SBUF) of sequence b -> the next layer's row (SBUF)."""
+    _, dim = x.shape
     dt = x.dtype
-    x_out = nl.ndarray(x.shape, dtype=dt, buffer=nl.shared_hbm)
-    k_new = nl.ndarray((b_size, n_kv_heads, 1, d), dtype=dt, buffer=nl.shared_hbm)
-    v_new = nl.ndarray((b_size, n_kv_heads, 1, d), dtype=dt, buffer=nl.shared_hbm)
-    w_in, w_post = load_broadcast(input_norm, 1), load_broadcast(post_norm, 1)
-    wq_t, wk_t, wv_t = load_transposed(wq, p), load_transposed(wk, p), load_transposed(wv, p)
-    wo_t = load_transposed(wo, d)  # [D, heads, dim]: each head's D rows of wo.T
-    g_t, u_t, d_t = load_transposed(gate, p), load_transposed(up, p), load_transposed(down, p)
-    c = nl.ndarray((1, d), dtype=cos.dtype, buffer=nl.sbuf)
-    s = nl.ndarray((1, d), dtype=sin.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=c, src=cos)
-    nisa.dma_copy(dst=s, src=sin)
-    before = positions_before(pos, group, s_len)
-    for b in nl.affine_range(b_size):
-        xb = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xb, src=x[b, :, :])
-        h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), xb, w_in, eps), p)
-        q = _rope_heads(project(nl.ndarray((1, n_heads * d), dtype=dt, buffer=nl.sbuf), h_t, wq_t, dim, p),
-                        n_heads, d, c, s)
-        k = _rope_heads(project(nl.ndarray((1, n_kv_heads * d), dtype=dt, buffer=nl.sbuf), h_t, wk_t, dim, p),
-                        n_kv_heads, d, c, s)
-        v = project(nl.ndarray((1, n_kv_heads * d), dtype=dt, buffer=nl.sbuf), h_t, wv_t, dim, p)
-        att_t = nl.ndarray((d, n_heads), dtype=dt, buffer=nl.sbuf)  # o.T: one column per head
-        for j in nl.affine_range(n_kv_heads):
-            h0 = j * group
-            nisa.dma_copy(dst=k_new[b, j, :, :], src=k[:, j * d:(j + 1) * d])
-            nisa.dma_copy(dst=v_new[b, j, :, :], src=v[:, j * d:(j + 1) * d])
-            k_t, v_tiles = load_keys_values(k_cache[b, j, :, :], v_cache[b, j, :, :], p)
-            q_t = nl.ndarray((d, group), dtype=dt, buffer=nl.sbuf)
-            for g in nl.affine_range(group):
-                transpose_into(q_t[:, g:g + 1], q[:, (h0 + g) * d:(h0 + g + 1) * d])
-            k_row_t = transpose_into(nl.ndarray((d, 1), dtype=dt, buffer=nl.sbuf), k[:, j * d:(j + 1) * d])
-            o = nl.ndarray((group, d), dtype=dt, buffer=nl.sbuf)
-            decode_one_group(o, q_t, k_row_t, v[:, j * d:(j + 1) * d], k_t, v_tiles, before, d ** -0.5, dt, p)
-            transpose_into(att_t[:, h0:h0 + group], o)
-        x1 = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
-        for _, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):  # output projection, summed over heads
-            o_ps = nl.ndarray((1, nc), dtype=nl.float32, buffer=nl.psum)
-            for hh in nl.affine_range(n_heads):
-                nisa.nc_matmul(dst=o_ps, stationary=att_t[:, hh:hh + 1], moving=wo_t[0:d, hh, c0:c0 + nc])
-            nisa.tensor_copy(dst=x1[:, c0:c0 + nc], src=o_ps)
-        nisa.tensor_tensor(dst=x1, data1=x1, data2=xb, op=nl.add)
-        h2_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x1, w_post, eps), p)
-        act = swiglu_transposed(h2_t, g_t, u_t, dim, inter, 1, dt, p)
-        down_projection(x_out[b, :, :], act, d_t, dim, inter, 1, dt, p, residual=x1)
-    return x_out, k_new, v_new
+    d = c.shape[1]
+    inter = gate.shape[2]
+    group = n_heads // n_kv_heads
+    hq, hk = n_heads * d, n_kv_heads * d
+    h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_in, eps), p)
+    y = project(nl.ndarray((1, hq + 2 * hk), dtype=dt, buffer=nl.sbuf), h_t, load_tiled(wqkv), dim, p)
+    q = _rope_heads(y[:, 0:hq], n_heads, d, c, s)
+    k = _rope_heads(y[:, hq:hq + hk], n_kv_heads, d, c, s)
+    v = y[:, hq + hk:hq + 2 * hk]
+    wo_t = load_tiled(wo)
+    att_t = nl.ndarray((d, n_heads), dtype=dt, buffer=nl.sbuf)  # o.T: one column per head
+    for j in nl.affine_range(n_kv_heads):
+        h0 = j * group
+        k_t, v_tiles = load_keys_values(k_cache[b, j, :, :], v_cache[b, j, :, :], p)
+        q_t = nl.ndarray((d, group), dtype=dt, buffer=nl.sbuf)
+        for g in nl.affine_range(group):
+            transpose_into(q_t[:, g:g + 1], q[:, (h0 + g) * d:(h0 + g + 1) * d])
+        k_row_t = transpose_into(nl.ndarray((d, 1), dtype=dt, buffer=nl.sbuf), k[:, j * d:(j + 1) * d])
+        o = nl.ndarray((group, d), dtype=dt, buffer=nl.sbuf)
+        decode_one_group(o, q_t, k_row_t, v[:, j * d:(j + 1) * d], k_t, v_tiles, before, d ** -0.5, dt, p)
+        transpose_into(att_t[:, h0:h0 + group], o)
+        # the new rows into the caches at pos (after the read above, which masks position pos out)
+        nisa.dma_copy(dst=row_at(k_cache[b, j, :, :], pos_i), src=k[:, j * d:(j + 1) * d])
+        nisa.dma_copy(dst=row_at(v_cache[b, j, :, :], pos_i), src=v[:, j * d:(j + 1) * d])
+    x1 = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
+    for _, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):  # output projection, summed over heads
+        o_ps = nl.ndarray((1, nc), dtype=nl.float32, buffer=nl.psum)
+        for hh in nl.affine_range(n_heads):
+            nisa.nc_matmul(dst=o_ps, stationary=att_t[:, hh:hh + 1], moving=wo_t[0:d, hh, c0:c0 + nc])
+        nisa.tensor_copy(dst=x1[:, c0:c0 + nc], src=o_ps)
+    nisa.tensor_tensor(dst=x1, data1=x1, data2=x, op=nl.add)
+    h2_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x1, w_post, eps), p)
+    act = swiglu_transposed(h2_t, load_tiled(gate), load_tiled(up), dim, inter, 1, dt, p)
+    d_t = load_tiled(down)
+    out = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
+    for _, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):  # down projection + residual
+        o_ps = nl.ndarray((1, nc), dtype=nl.float32, buffer=nl.psum)
+        for i, _, ni in tiles(inter, p):
+            nisa.nc_matmul(dst=o_ps, stationary=act[0:ni, i, :], moving=d_t[0:ni, i, c0:c0 + nc])
+        nisa.tensor_copy(dst=out[:, c0:c0 + nc], src=o_ps)
+        nisa.tensor_tensor(dst=out[:, c0:c0 + nc], data1=out[:, c0:c0 + nc], data2=x1[:, c0:c0 + nc], op=nl.add)
+    return out
 
 
 @jit
-def lm_head_kernel(x, final_norm, lm_head, eps):
-    rows, dim = x.shape
-    vocab = lm_head.shape[0]
+def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqkvs, wos, post_norms,
+                            gates, ups, downs, final_norm, lm_head, k_caches, v_caches, n_heads, n_kv_heads, eps):
+    b_size = tokens.shape[0]
+    vocab, dim = embed.shape
+    d = rope_cos.shape[1]
+    inter = gates[0].shape[-1]
+    s_len = k_caches[0].shape[2]
+    group = n_heads // n_kv_heads
     p = nl.tile_size.pmax
+    dt = embed.dtype
+    f = (n_heads + 2 * n_kv_heads) * d
+    for i in range(len(wqkvs)):
+        expect_layout(f"wqkvs[{i}]", wqkvs[i], _tiled_shape(dim, f), "[P, dim / P, (heads + 2 kv_heads) * head_dim]")
+        expect_layout(f"wos[{i}]", wos[i], (d, n_heads, dim), "[head_dim, heads, dim]")
+        expect_layout(f"gates[{i}]", gates[i], _tiled_shape(dim, inter), "[P, dim / P, intermediate]")
+        expect_layout(f"ups[{i}]", ups[i], _tiled_shape(dim, inter), "[P, dim / P, intermediate]")
+        expect_layout(f"downs[{i}]", downs[i], _tiled_shape(inter, dim), "[P, intermediate / P, dim]")
+    expect_layout("lm_head", lm_head, _tiled_shape(dim, vocab), "[P, dim / P, vocab]")
+    token = nl.ndarray((b_size, 2), dtype=nl.int32, buffer=nl.shared_hbm)  # int64 words: [low, high]
+    logits = nl.ndarray((b_size, vocab), dtype=dt, buffer=nl.shared_hbm)
+    pos_i = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=pos_i, src=low_words(pos, 1))
+    pos_g = nl.ndarray((group, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=pos_g, src=pos.ap(pattern=[[0, group], [1, 1]], offset=0, dtype=nl.int32))
+    pos_f = nl.ndarray((group, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=pos_f, src=pos_g)
+    before = nl.ndarray((group, s_len), dtype=nl.float32, buffer=nl.sbuf)  # 1.0 where position < pos
+    nisa.iota(dst=before, pattern=[[1, s_len]])
+    nisa.tensor_scalar(dst=before, data=before, op0=nl.less, operand0=pos_f)
+    c = nl.ndarray((1, d), dtype=dt, buffer=nl.sbuf)
+    s = nl.ndarray((1, d), dtype=dt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=c, src=row_at(rope_cos, pos_i))
+    nisa.dma_copy(dst=s, src=row_at(rope_sin, pos_i))
+    w_in = [load_broadcast(w, 1) for w in input_norms]
+    w_post = [load_broadcast(w, 1) for w in post_norms]
+    w_final = load_broadcast(final_norm, 1)
     fmax = nl.tile_size.gemm_moving_fmax
-    logits = nl.ndarray((rows, vocab), dtype=x.dtype, buffer=nl.shared_hbm)
-    w = load_broadcast(final_norm, min(rows, p))
-    for _, r0, n in tiles(rows, p):
-        xt = nl.ndarray((n, dim), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt, src=x[r0:r0 + n, :])
-        h_t = transpose_rows(rmsnorm_rows(nl.ndarray((n, dim), dtype=x.dtype, buffer=nl.sbuf), xt, w, eps), p)
-        for _, v0, nv in tiles(vocab, fmax):
-            w_t = load_transposed(lm_head[v0:v0 + nv, :], p)  # 512 rows of the head, transposed
-            y = nl.ndarray((n, nv), dtype=x.dtype, buffer=nl.sbuf)
-            project(y, h_t, w_t, dim, p)
-            nisa.dma_copy(dst=logits[r0:r0 + n, v0:v0 + nv], src=y)
-    return logits
+    for b in nl.affine_range(b_size):
+        tok = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tok, src=low_words(tokens, 1, offset=b))
+        x = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=row_at(embed, tok))
+        for i in range(len(wqkvs)):
+            x = _layer(x, b, pos_i, before, c, s, w_in[i], wqkvs[i], wos[i], w_post[i], gates[i], ups[i], downs[i],
+                       k_caches[i], v_caches[i], n_heads, n_kv_heads, eps, p)
+        h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_final, eps), p)
+        row = nl.ndarray((1, vocab), dtype=dt, buffer=nl.sbuf)
+        for _, v0, nv in tiles(vocab, fmax):  # the head streamed 512 columns at a time
+            w_t = nl.ndarray((lm_head.shape[0], lm_head.shape[1], nv), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_t, src=lm_head[:, :, v0:v0 + nv])
+            project(row[:, v0:v0 + nv], h_t, w_t, dim, p)
+        nisa.dma_copy(dst=logits[b:b + 1, :], src=row)
+        best, best_at = running_argmax(1)
+        for _, c0, nc in tiles(vocab, MAX8_FMAX, carried=True):
+            argmax_step(best, best_at, row[:, c0:c0 + nc], c0)
+        words = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=words, value=0)
+        nisa.tensor_copy(dst=words[:, 0:1], src=best_at)
+        nisa.dma_copy(dst=token[b:b + 1, :], src=words)
+    # the draw counted, as the sampler's counter advances at every draw (its low word; exact below 2**24)
+    counter = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=counter, src=low_words(seed_state, 1, offset=1))
+    nisa.tensor_scalar(dst=counter, data=counter, op0=nl.add, operand0=1)
+    nisa.dma_copy(dst=low_words(seed_state, 1, offset=1), src=counter)
+    return token.view(nl.int64), logits
 
-
-_decode_layer = wrap_nki(decode_layer_kernel)
-_lm_head = wrap_nki(lm_head_kernel)
-
-
-@nki_op("nativelab::nki_decode_layer", mutates_args=("k_cache", "v_cache"))
-def decode_layer(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, input_norm: torch.Tensor,
-                 wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, wo: torch.Tensor, post_norm: torch.Tensor,
-                 gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, n_heads: int, n_kv_heads: int, eps: float = 1e-5) -> torch.Tensor:
-    """One layer of a decode step: x (B, 1, dim) at position pos (1,), cos / sin its (1, head_dim) rows; the
-    new token's k / v are written into the caches at pos."""
-    if x.dim() != 3 or x.shape[1] != 1:
-        raise ValueError(f"nki_decode_layer: x must be (B, 1, dim), one token per sequence, got {tuple(x.shape)}")
-    if pos.shape != (1,):
-        raise ValueError(f"pos: expected shape (1,) (the token's position), got {tuple(pos.shape)}")
-    x_out, k_new, v_new = _decode_layer(x.contiguous(), pos.to(torch.float32), cos.contiguous(), sin.contiguous(),
-                                        input_norm, wq, wk, wv, wo, post_norm, gate, up, down, k_cache, v_cache,
-                                        n_heads, n_kv_heads, float(eps))
-    k_cache.index_copy_(2, pos, k_new)
-    v_cache.index_copy_(2, pos, v_new)
-    return x_out
-
-
-@nki_op("nativelab::nki_lm_head", mutates_args=())
-def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """logits (..., vocab) = rmsnorm(x) @ weight.T, weight [vocab, dim]."""
-    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        raise ValueError(f"nki_lm_head: weight must be [vocab, {x.shape[-1]}], got {tuple(weight.shape)}")
-    flat = x.reshape(-1, x.shape[-1]).contiguous()
-    return _lm_head(flat, final_norm, weight, float(eps)).reshape(*x.shape[:-1], weight.shape[0])
