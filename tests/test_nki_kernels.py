@@ -8,11 +8,14 @@ differ is the fp32 summation order: ~1e-6 relative in float32; in bfloat16 an in
 rounding boundary may round one ulp (2**-8 relative) the other way and carry that into the output, so 2e-2."""
 
 import importlib
+import warnings
 
 import pytest
 import torch
 
 from nativelab import nki
+from nativelab.nki import isa as nisa
+from nativelab.nki import language as nl
 from nativelab.kernels import nki as nki_kernels
 from nativelab.kernels import wrap_nki
 from nativelab.kernels.ops import reference_rmsnorm, reference_sample_mask
@@ -210,14 +213,16 @@ def _with_cache_copies(w):
 def test_transformer_step_interpreted_equals_reference(dtype):
     """One launch of the whole decode step (weights prepared once by DecodeStack.prepare) gives
     reference_transformer_tkg_token's logits, writes its cache rows at pos (and nothing else), returns the first
-    largest logit's index as int64 and advances the sampler's counter once."""
+    largest logit's index as int64 and advances the sampler's counter once; with no hazard or other NKI warning."""
     w, rope_cos, rope_sin, heads, kv_heads = _decode_weights(dtype)
     tokens, pos, seed = torch.tensor([[5], [600]]), torch.tensor([17]), torch.tensor([7, 41])
     ref = _with_cache_copies(w)
     expected = reference_transformer_tkg_token(tokens, pos, seed, ref, rope_cos, rope_sin, heads, kv_heads)[:, -1]
     stack = nki_kernels.DecodeStack.prepare(w, rope_cos, rope_sin, heads)
-    token, logits = nki.simulate(nki_kernels.transformer_step_kernel)(tokens, pos, seed, *stack, heads, kv_heads,
-                                                                      1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nki.NkiWarning)
+        token, logits = nki.simulate(nki_kernels.transformer_step_kernel)(tokens, pos, seed, *stack, heads,
+                                                                          kv_heads, 1e-5)
     _close(logits, expected, dtype)
     assert token.dtype == torch.int64 and token.reshape(-1).tolist() == logits.argmax(-1).tolist()
     assert seed.tolist() == [7, 42]
@@ -254,6 +259,36 @@ def test_argmax_interpreted_is_torch_argmax_ties_first(dtype):
     logits[2, [30000, 30001]] = 50.0
     got = nki.simulate(nki_kernels.argmax_kernel)(logits).reshape(-1).tolist()
     assert got == logits.argmax(-1).tolist() == [got[0], 5, 30000]
+
+
+@nki.jit
+def _argmax_of_spread(row):
+    """row [V] (HBM, V a multiple of 128) spread over partitions (value v at [v % 128, v // 128]), then
+    argmax_spread: the transformer step's greedy draw on its own."""
+    p, cols = 128, row.shape[0] // 128
+    t = nl.ndarray((p, max(cols, 8)), dtype=row.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=-3.0e38)
+    nisa.dma_copy(dst=t[:, 0:cols], src=row.ap(pattern=[[1, p], [p, cols]], offset=0))
+    found = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=found, src=nki_kernels.sample.argmax_spread(t))
+    out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=found)
+    return out
+
+
+@pytest.mark.parametrize("ties, first", [([5, 20000], 5), ([30001, 30000], 30000), ([129, 1], 1), ([], None)])
+def test_argmax_spread_is_torch_argmax_ties_first(ties, first):
+    """Ties in one partition (1, 129), in one column (30000, 30001) and in neither (5, 20000): the first index,
+    as torch.argmax; a vocabulary of 256 (two columns, padded to max8's 8) too."""
+    torch.manual_seed(0)
+    for v in (32000, 256):
+        logits = torch.randn(v, dtype=torch.bfloat16)
+        if ties and max(ties) < v:
+            logits[ties] = 100.0
+        got = nki.simulate(_argmax_of_spread)(logits).item()
+        assert got == logits.argmax().item()
+        if ties and max(ties) < v:
+            assert got == first
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ GpSimd affine_select, softmax along the free dimension, then probs @ V with the 
 Decode (`attention_tkg`, one query token against the static KV cache): the cache holds positions < pos and
 the kernel reads all of it (static shapes: the length is data, not a shape), masked by iota < pos, plus the
 new token's key and value as one more column; it never writes the cache (the op does, after), so the same
-kernel serves a layer that computes k_new in SBUF. The group's query heads share the partitions.
+code serves a layer that computes k_new in SBUF (`decode_heads`). Every query head has a partition of one
+[H, S] score tile, so the softmax runs once for all heads.
 
 Both round where the PyTorch reference rounds: the scores to q's dtype, softmax in fp32, probs to q's dtype,
 the output once from the PSUM accumulation."""
@@ -110,16 +111,53 @@ def attention_cte_kernel(q, k, v):
     return out
 
 
-def decode_one_group(o, q_t, k_new_t, v_new, k_t, v_tiles, before_pos, scale, dtype, p):
-    """o [g, D] (SBUF, dtype) = attention of g query heads (q.T [D, g]) over the cache's positions < pos
-    (K.T [D, S], V tiles, before_pos [g, S] = 1.0 where position < pos) and the new token (k_new.T [D, 1],
-    v_new [1, D])."""
-    g = q_t.shape[1]
-    s = k_t.shape[1]
-    scores = nl.ndarray((g, s), dtype=dtype, buffer=nl.sbuf)
-    scores_into(scores, q_t, k_t, s)
-    new_ps = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=new_ps, stationary=q_t, moving=k_new_t)
+def decode_heads(att_t, q_t, k_new_t, v_new, k_cache, v_cache, before_pos, scale, dtype, p):
+    """att_t [D, H] (SBUF, dtype) = each head's attention output as a column: H query heads (q.T [D, H]) over
+    their kv head's cache positions < pos (k_cache / v_cache [KV, S, D] @ HBM, before_pos [H, S] = 1.0 where
+    position < pos) and the new token (k_new.T [D, KV], v_new [1, KV * D]); head h reads kv head h // (H / KV).
+
+    All heads at once: head h's scores land on partition h of one [H, S] PSUM tile, by accumulating, per head, a
+    matmul whose stationary operand is q.T with every column but h zero (the other rows gain exact zeros). The
+    softmax then runs once over [H, S] (H partitions busy, not one), and the probabilities' 128-key blocks
+    transposed once for all heads; o_h.T comes out as a column ([D, 1]) of V's tile (stationary) against
+    head h's probabilities (moving)."""
+    d, heads = q_t.shape
+    kv_heads, s = k_cache.shape[0], k_cache.shape[1]
+    group = heads // kv_heads
+    kv = [load_keys_values(k_cache[j, :, :], v_cache[j, :, :], p) for j in range(kv_heads)]
+    only = []  # q.T with only column h kept: head h's scores on partition h (Python lists: plain loops)
+    for h in range(heads):
+        q_h = nl.ndarray((d, heads), dtype=dtype, buffer=nl.sbuf)
+        nisa.memset(dst=q_h, value=0.0)
+        nisa.tensor_copy(dst=q_h[:, h:h + 1], src=q_t[:, h:h + 1])
+        only.append(q_h)
+    scores = nl.ndarray((heads, s), dtype=dtype, buffer=nl.sbuf)
+    for _, c0, nc in tiles(s, nl.tile_size.gemm_moving_fmax):
+        s_ps = nl.ndarray((heads, nc), dtype=nl.float32, buffer=nl.psum)
+        for h in range(heads):
+            nisa.nc_matmul(dst=s_ps, stationary=only[h], moving=kv[h // group][0][:, c0:c0 + nc])
+        nisa.tensor_copy(dst=scores[:, c0:c0 + nc], src=s_ps)
+    new_ps = nl.ndarray((heads, 1), dtype=nl.float32, buffer=nl.psum)
+    for h in range(heads):
+        nisa.nc_matmul(dst=new_ps, stationary=only[h], moving=k_new_t[:, h // group:h // group + 1])
+    probs, p_new = masked_softmax(scores, new_ps, before_pos, scale, dtype)
+    o_ps = nl.ndarray((d, heads), dtype=nl.float32, buffer=nl.psum)
+    for i, s0, ns in tiles(s, p):
+        pt = transpose_into(nl.ndarray((ns, heads), dtype=dtype, buffer=nl.sbuf), probs[:, s0:s0 + ns])
+        for h in range(heads):
+            nisa.nc_matmul(dst=o_ps[:, h:h + 1], stationary=kv[h // group][1][0:ns, i, :], moving=pt[:, h:h + 1])
+    p_new_t = transpose_into(nl.ndarray((1, heads), dtype=dtype, buffer=nl.sbuf), p_new)
+    for h in range(heads):
+        j = h // group
+        nisa.nc_matmul(dst=o_ps[:, h:h + 1], stationary=v_new[:, j * d:(j + 1) * d], moving=p_new_t[:, h:h + 1])
+    nisa.tensor_copy(dst=att_t, src=o_ps)
+    return att_t
+
+
+def masked_softmax(scores, new_ps, before_pos, scale, dtype):
+    """The probabilities (dtype) of scores [g, S] (dtype) masked to positions < pos, and of one more column, the
+    new token's scores new_ps [g, 1] (PSUM fp32): softmax in fp32 of both scaled, as the reference rounds."""
+    g, s = scores.shape
     new = nl.ndarray((g, 1), dtype=dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=new, src=new_ps)
     new_scaled = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -137,11 +175,7 @@ def decode_one_group(o, q_t, k_new_t, v_new, k_t, v_tiles, before_pos, scale, dt
     nisa.tensor_scalar(dst=probs, data=e, op0=nl.multiply, operand0=inv)
     p_new = nl.ndarray((g, 1), dtype=dtype, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=p_new, data=e_new, op0=nl.multiply, operand0=inv)
-    o_ps = nl.ndarray((g, v_new.shape[1]), dtype=nl.float32, buffer=nl.psum)
-    probs_times_v(o_ps, probs, v_tiles, dtype, p)
-    probs_times_v(o_ps, p_new, v_new.reshape((1, 1, v_new.shape[1])), dtype, p)
-    nisa.tensor_copy(dst=o, src=o_ps)
-    return o
+    return probs, p_new
 
 
 def positions_before(pos, g, s):
@@ -158,23 +192,20 @@ def positions_before(pos, g, s):
 def attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos):
     b_size, heads, _, d = q.shape
     kv_heads, s = k_cache.shape[1], k_cache.shape[2]
-    group = heads // kv_heads
     p = nl.tile_size.pmax
     out = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
-    before = positions_before(pos, group, s)
+    before = positions_before(pos, heads, s)
     for b in nl.affine_range(b_size):
-        for j in nl.affine_range(kv_heads):
-            h0 = j * group
-            k_t, v_tiles = load_keys_values(k_cache[b, j, :, :], v_cache[b, j, :, :], p)
-            q_t = nl.ndarray((d, group), dtype=q.dtype, buffer=nl.sbuf)
-            nisa.dma_transpose(dst=q_t, src=q[b, h0:h0 + group, 0, :])
-            k_new_t = nl.ndarray((d, 1), dtype=k_new.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=k_new_t, src=k_new[b, j, :, :])  # one row: its transpose is a reshape
-            v_row = nl.ndarray((1, d), dtype=v_new.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=v_row, src=v_new[b, j, :, :])
-            o = nl.ndarray((group, d), dtype=q.dtype, buffer=nl.sbuf)
-            decode_one_group(o, q_t, k_new_t, v_row, k_t, v_tiles, before, d ** -0.5, q.dtype, p)
-            nisa.dma_copy(dst=out[b, h0:h0 + group, 0, :], src=o)
+        q_t = nl.ndarray((d, heads), dtype=q.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=q_t, src=q[b, :, 0, :])
+        k_new_t = nl.ndarray((d, kv_heads), dtype=k_new.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=k_new_t, src=k_new[b, :, 0, :])
+        v_row = nl.ndarray((1, kv_heads * d), dtype=v_new.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v_row, src=v_new[b, :, :, :].reshape((1, kv_heads * d)))
+        att_t = decode_heads(nl.ndarray((d, heads), dtype=q.dtype, buffer=nl.sbuf), q_t, k_new_t, v_row,
+                             k_cache[b, :, :, :], v_cache[b, :, :, :], before, d ** -0.5, q.dtype, p)
+        o = transpose_into(nl.ndarray((heads, d), dtype=q.dtype, buffer=nl.sbuf), att_t)
+        nisa.dma_copy(dst=out[b, :, 0, :], src=o)
     return out
 
 

@@ -15,18 +15,25 @@ from ..ops.rope import _check as check_rope  # the same argument checks as the P
 
 
 def rotate_into(dst, x, cos, sin):
-    """dst = x * cos + rotate_half(x) * sin on [n, D] tiles, rotate_half(x) = [-x2, x1], rounded where the
-    PyTorch reference rounds: each product to x's dtype, then their sum."""
-    n, d = x.shape
+    """dst = x * cos + rotate_half(x) * sin along the last dimension (D) of [n, D] tiles (or [n, heads, D]
+    views, every head at once), rotate_half(x) = [-x2, x1], rounded where the PyTorch reference rounds: each
+    product to x's dtype, then their sum."""
+    d = x.shape[-1]
     h = d // 2
-    a = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.sbuf)
+    lo, hi = _last(0, h, x.ndim), _last(h, d, x.ndim)
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=a, data1=x, data2=cos, op=nl.multiply)
-    b = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=b[:, 0:h], data=x[:, h:d], op0=nl.multiply, operand0=-1.0, op1=nl.multiply,
-                              operand1=sin[:, 0:h])
-    nisa.tensor_tensor(dst=b[:, h:d], data1=x[:, 0:h], data2=sin[:, h:d], op=nl.multiply)
+    b = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=b[lo], data=x[hi], op0=nl.multiply, operand0=-1.0, op1=nl.multiply,
+                              operand1=sin[lo])
+    nisa.tensor_tensor(dst=b[hi], data1=x[lo], data2=sin[hi], op=nl.multiply)
     nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=nl.add)
     return dst
+
+
+def _last(start: int, stop: int, ndim: int) -> tuple:
+    """The index of columns start:stop of the last dimension, all of the others."""
+    return (slice(None),) * (ndim - 1) + (slice(start, stop),)
 
 
 @jit

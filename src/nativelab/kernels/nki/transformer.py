@@ -39,13 +39,13 @@ from torch import Tensor
 from ...nki import isa as nisa
 from ...nki import jit
 from ...nki import language as nl
-from .attention import decode_one_group, load_keys_values
+from .attention import decode_heads
 from .mlp import swiglu_transposed
 from .qkv import project
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
-from .sample import MAX8_FMAX, argmax_step, running_argmax
-from .tiles import tiles, transpose_into, transpose_rows
+from .sample import argmax_spread
+from .tiles import tiles, transpose_rows
 
 _PMAX = 128  # nl.tile_size.pmax: the partitions the Tensor Engine contracts over
 
@@ -154,11 +154,61 @@ def row_at(table, at):
 
 
 def _rope_heads(y, heads, d, c, s):
-    """RoPE on each head's D columns of a [1, heads * D] row, into a new row."""
+    """RoPE on every head's D columns of a [1, heads * D] row at once (c / s: the position's rows repeated per
+    head, [1, >= heads, D]), into a new row."""
     r = nl.ndarray(y.shape, dtype=y.dtype, buffer=nl.sbuf)
-    for hh in nl.affine_range(heads):
-        rotate_into(r[:, hh * d:(hh + 1) * d], y[:, hh * d:(hh + 1) * d], c, s)
+    rotate_into(r.reshape((1, heads, d)), y.reshape((1, heads, d)), c[:, 0:heads, :], s[:, 0:heads, :])
     return r
+
+
+def lm_head_spread(h_t, lm_head, dim, vocab, dtype, p):
+    """logits.T spread over partitions, [P, vocab / P] (SBUF, dtype): logit v = c * P + p at [p, c], from the
+    final hidden state h.T [P, dim / P, 1] and the prepared head [P, dim / P, vocab] (HBM), streamed 512 columns
+    a DMA. Each 128 logits are one matmul's output column (the head's block stationary, h.T moving), so the
+    products fill all partitions and the argmax reads 250 values a partition, not 32000 on one. Padding (a
+    partial block's missing rows, columns up to 8): -3e38."""
+    blocks = -(-vocab // p)
+    spread = nl.ndarray((p, max(blocks, 8)), dtype=dtype, buffer=nl.sbuf)  # max8 reads at least 8 a partition
+    nisa.memset(dst=spread, value=-3.0e38)
+    bank = nl.tile_size.gemm_moving_fmax  # fp32 columns of one PSUM bank
+    for _, g0, ng in tiles(blocks, bank):  # up to 512 x 128 logits a PSUM tile
+        ps = nl.ndarray((p, ng), dtype=nl.float32, buffer=nl.psum)
+        for _, v0, nv in tiles(min(vocab, (g0 + ng) * p) - g0 * p, nl.tile_size.gemm_moving_fmax):
+            v0 += g0 * p
+            w_t = nl.ndarray((lm_head.shape[0], lm_head.shape[1], nv), dtype=dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_t, src=lm_head[:, :, v0:v0 + nv])
+            for _, b0, nb in tiles(nv, p):
+                col = (v0 + b0) // p - g0
+                for k, _, nk in tiles(dim, p):
+                    nisa.nc_matmul(dst=ps[0:nb, col:col + 1], stationary=w_t[0:nk, k, b0:b0 + nb],
+                                   moving=h_t[0:nk, k, :])
+        full = min(ng, vocab // p - g0)  # whole blocks; a partial last block copies its rows only
+        if full > 0:
+            nisa.tensor_copy(dst=spread[:, g0:g0 + full], src=ps[:, 0:full])
+        if full < ng:
+            rows = vocab - (g0 + full) * p
+            nisa.tensor_copy(dst=spread[0:rows, g0 + full:g0 + full + 1], src=ps[0:rows, full:full + 1])
+    return spread
+
+
+def store_spread(row, spread, vocab, p):
+    """row [vocab] (HBM) = the logits spread over partitions (lm_head_spread's layout), by strided DMAs."""
+    full = vocab // p
+    if full:
+        nisa.dma_copy(dst=row.ap(pattern=[[1, p], [p, full]], offset=0), src=spread[:, 0:full])
+    if vocab % p:
+        nisa.dma_copy(dst=row.ap(pattern=[[1, vocab % p], [1, 1]], offset=full * p), src=spread[0:vocab % p, full:full + 1])
+
+
+def _columns(row, heads, d):
+    """A [1, heads * D] row as [D, heads] (SBUF): each head's D values a column, by Tensor Engine transposes into
+    one PSUM tile."""
+    t_ps = nl.ndarray((d, heads), dtype=row.dtype, buffer=nl.psum)
+    for h in range(heads):
+        nisa.nc_transpose(dst=t_ps[:, h:h + 1], data=row[:, h * d:(h + 1) * d])
+    t = nl.ndarray((d, heads), dtype=row.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=t, src=t_ps)
+    return t
 
 
 def _layer(x, b, pos_i, before, c, s, w_in, wqkv, wo, w_post, gate, up, down, k_cache, v_cache, n_heads, n_kv_heads,
@@ -166,30 +216,21 @@ def _layer(x, b, pos_i, before, c, s, w_in, wqkv, wo, w_post, gate, up, down, k_
     """One layer on the hidden row x [1, dim] (SBUF) of sequence b -> the next layer's row (SBUF)."""
     _, dim = x.shape
     dt = x.dtype
-    d = c.shape[1]
+    d = c.shape[2]
     inter = gate.shape[2]
-    group = n_heads // n_kv_heads
     hq, hk = n_heads * d, n_kv_heads * d
     h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_in, eps), p)
     y = project(nl.ndarray((1, hq + 2 * hk), dtype=dt, buffer=nl.sbuf), h_t, load_tiled(wqkv), dim, p)
     q = _rope_heads(y[:, 0:hq], n_heads, d, c, s)
     k = _rope_heads(y[:, hq:hq + hk], n_kv_heads, d, c, s)
     v = y[:, hq + hk:hq + 2 * hk]
-    wo_t = load_tiled(wo)
-    att_t = nl.ndarray((d, n_heads), dtype=dt, buffer=nl.sbuf)  # o.T: one column per head
-    for j in nl.affine_range(n_kv_heads):
-        h0 = j * group
-        k_t, v_tiles = load_keys_values(k_cache[b, j, :, :], v_cache[b, j, :, :], p)
-        q_t = nl.ndarray((d, group), dtype=dt, buffer=nl.sbuf)
-        for g in nl.affine_range(group):
-            transpose_into(q_t[:, g:g + 1], q[:, (h0 + g) * d:(h0 + g + 1) * d])
-        k_row_t = transpose_into(nl.ndarray((d, 1), dtype=dt, buffer=nl.sbuf), k[:, j * d:(j + 1) * d])
-        o = nl.ndarray((group, d), dtype=dt, buffer=nl.sbuf)
-        decode_one_group(o, q_t, k_row_t, v[:, j * d:(j + 1) * d], k_t, v_tiles, before, d ** -0.5, dt, p)
-        transpose_into(att_t[:, h0:h0 + group], o)
-        # the new rows into the caches at pos (after the read above, which masks position pos out)
+    q_t = _columns(q, n_heads, d)
+    att_t = decode_heads(nl.ndarray((d, n_heads), dtype=dt, buffer=nl.sbuf), q_t, _columns(k, n_kv_heads, d), v,
+                         k_cache[b, :, :, :], v_cache[b, :, :, :], before, d ** -0.5, dt, p)
+    for j in nl.affine_range(n_kv_heads):  # the new rows into the caches at pos, after the read (which masks pos)
         nisa.dma_copy(dst=row_at(k_cache[b, j, :, :], pos_i), src=k[:, j * d:(j + 1) * d])
         nisa.dma_copy(dst=row_at(v_cache[b, j, :, :], pos_i), src=v[:, j * d:(j + 1) * d])
+    wo_t = load_tiled(wo)
     x1 = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
     for _, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):  # output projection, summed over heads
         o_ps = nl.ndarray((1, nc), dtype=nl.float32, buffer=nl.psum)
@@ -218,7 +259,6 @@ def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, 
     d = rope_cos.shape[1]
     inter = gates[0].shape[-1]
     s_len = k_caches[0].shape[2]
-    group = n_heads // n_kv_heads
     p = nl.tile_size.pmax
     dt = embed.dtype
     f = (n_heads + 2 * n_kv_heads) * d
@@ -233,21 +273,22 @@ def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, 
     logits = nl.ndarray((b_size, vocab), dtype=dt, buffer=nl.shared_hbm)
     pos_i = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=pos_i, src=low_words(pos, 1))
-    pos_g = nl.ndarray((group, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=pos_g, src=pos.ap(pattern=[[0, group], [1, 1]], offset=0, dtype=nl.int32))
-    pos_f = nl.ndarray((group, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=pos_f, src=pos_g)
-    before = nl.ndarray((group, s_len), dtype=nl.float32, buffer=nl.sbuf)  # 1.0 where position < pos
+    pos_h = nl.ndarray((n_heads, 1), dtype=nl.int32, buffer=nl.sbuf)  # on every head's partition
+    nisa.dma_copy(dst=pos_h, src=pos.ap(pattern=[[0, n_heads], [1, 1]], offset=0, dtype=nl.int32))
+    pos_f = nl.ndarray((n_heads, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=pos_f, src=pos_h)
+    before = nl.ndarray((n_heads, s_len), dtype=nl.float32, buffer=nl.sbuf)  # 1.0 where position < pos
     nisa.iota(dst=before, pattern=[[1, s_len]])
     nisa.tensor_scalar(dst=before, data=before, op0=nl.less, operand0=pos_f)
-    c = nl.ndarray((1, d), dtype=dt, buffer=nl.sbuf)
-    s = nl.ndarray((1, d), dtype=dt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=c, src=row_at(rope_cos, pos_i))
-    nisa.dma_copy(dst=s, src=row_at(rope_sin, pos_i))
+    c = nl.ndarray((1, n_heads, d), dtype=dt, buffer=nl.sbuf)  # the position's rows, once per head
+    s = nl.ndarray((1, n_heads, d), dtype=dt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=c, src=rope_cos.ap(pattern=[[d, 1], [0, n_heads], [1, d]], offset=0, scalar_offset=pos_i,
+                                         indirect_dim=0))
+    nisa.dma_copy(dst=s, src=rope_sin.ap(pattern=[[d, 1], [0, n_heads], [1, d]], offset=0, scalar_offset=pos_i,
+                                         indirect_dim=0))
     w_in = [load_broadcast(w, 1) for w in input_norms]
     w_post = [load_broadcast(w, 1) for w in post_norms]
     w_final = load_broadcast(final_norm, 1)
-    fmax = nl.tile_size.gemm_moving_fmax
     for b in nl.affine_range(b_size):
         tok = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=tok, src=low_words(tokens, 1, offset=b))
@@ -257,18 +298,11 @@ def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, 
             x = _layer(x, b, pos_i, before, c, s, w_in[i], wqkvs[i], wos[i], w_post[i], gates[i], ups[i], downs[i],
                        k_caches[i], v_caches[i], n_heads, n_kv_heads, eps, p)
         h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_final, eps), p)
-        row = nl.ndarray((1, vocab), dtype=dt, buffer=nl.sbuf)
-        for _, v0, nv in tiles(vocab, fmax):  # the head streamed 512 columns at a time
-            w_t = nl.ndarray((lm_head.shape[0], lm_head.shape[1], nv), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=w_t, src=lm_head[:, :, v0:v0 + nv])
-            project(row[:, v0:v0 + nv], h_t, w_t, dim, p)
-        nisa.dma_copy(dst=logits[b:b + 1, :], src=row)
-        best, best_at = running_argmax(1)
-        for _, c0, nc in tiles(vocab, MAX8_FMAX, carried=True):
-            argmax_step(best, best_at, row[:, c0:c0 + nc], c0)
+        logits_t = lm_head_spread(h_t, lm_head, dim, vocab, dt, p)
+        store_spread(logits[b, :], logits_t, vocab, p)
         words = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
         nisa.memset(dst=words, value=0)
-        nisa.tensor_copy(dst=words[:, 0:1], src=best_at)
+        nisa.tensor_copy(dst=words[:, 0:1], src=argmax_spread(logits_t))
         nisa.dma_copy(dst=token[b:b + 1, :], src=words)
     # the draw counted, as the sampler's counter advances at every draw (its low word; exact below 2**24)
     counter = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
