@@ -52,13 +52,20 @@ def running_argmax(n):
     return best, best_at
 
 
-def argmax_step(best, best_at, t, c0):
-    """Fold the chunk t [n, <= 16384] (columns c0 ...) into the running maximum: replaced only if greater."""
+def _largest(t):
+    """Each partition's 8 largest values of t [n, <= 16384] (descending) and their first columns (uint32)."""
     n = t.shape[0]
     top = nl.ndarray((n, 8), dtype=t.dtype, buffer=nl.sbuf)
     nisa.max8(dst=top, src=t)
     at = nl.ndarray((n, 8), dtype=nl.uint32, buffer=nl.sbuf)
     nisa.nc_find_index8(dst=at, data=t, vals=top)
+    return top, at
+
+
+def argmax_step(best, best_at, t, c0):
+    """Fold the chunk t [n, <= 16384] (columns c0 ...) into the running maximum: replaced only if greater."""
+    n = t.shape[0]
+    top, at = _largest(t)
     at_f = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=at_f, data=at[:, 0:1], op0=nl.add, operand0=float(c0))
     greater = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -74,10 +81,7 @@ def argmax_spread(t):
     (Tensor Engine transposes): the smallest index among the partitions holding the maximum. Values at or below
     -3e38 (padding) never win."""
     p = t.shape[0]
-    top = nl.ndarray((p, 8), dtype=t.dtype, buffer=nl.sbuf)
-    nisa.max8(dst=top, src=t)
-    at = nl.ndarray((p, 8), dtype=nl.uint32, buffer=nl.sbuf)
-    nisa.nc_find_index8(dst=at, data=t, vals=top)
+    top, at = _largest(t)
     index = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=index, pattern=[[0, 1]], offset=0, channel_multiplier=1)  # p
     col = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
