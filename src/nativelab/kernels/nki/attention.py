@@ -26,7 +26,7 @@ from ..interface import nki_op, wrap_nki
 from ..ops._checks import check_dim, check_rank, check_same
 from ..ops.attention import _check_cte as check_cte  # the same argument checks as the PyTorch kernels'
 from ..ops.attention import _check_qkv as check_qkv
-from .tiles import tiles, transpose_into
+from .tiles import store_spread, tiles, transpose_into
 
 
 def softmax_rows(scores, neg_max, extra=None):
@@ -111,54 +111,78 @@ def attention_cte_kernel(q, k, v):
     return out
 
 
-def decode_heads(att_t, q_t, k_new_t, v_new, k_cache, v_cache, before_pos, scale, dtype, p):
-    """att_t [D, H] (SBUF, dtype) = each head's attention output as a column: H query heads (q.T [D, H]) over
-    their kv head's cache positions < pos (k_cache / v_cache [KV, S, D] @ HBM, before_pos [H, S] = 1.0 where
-    position < pos) and the new token (k_new.T [D, KV], v_new [1, KV * D]); head h reads kv head h // (H / KV).
+def decode_heads(att, q_t, k_new_t, v_new, k_cache, v_cache, before_pos, scale, dtype, p):
+    """att [R, C] (SBUF, dtype) = the heads' outputs o (a row [H * D]) in 128-row tiles, o[h * D + i] at
+    [(h * D + i) % 128, (h * D + i) // 128] (R = min(H * D, 128)): the layout the output projection contracts.
+    H query heads (q.T [D, H]) attend over their kv head's cache positions < pos (k_cache / v_cache [KV, S, D]
+    @ HBM, before_pos [H, S] = 1.0 where position < pos) and the new token (k_new.T [D, KV], v_new [1, KV * D]
+    SBUF); head h reads kv head h // (H / KV).
 
-    All heads at once: head h's scores land on partition h of one [H, S] PSUM tile, by accumulating, per head, a
-    matmul whose stationary operand is q.T with every column but h zero (the other rows gain exact zeros). The
-    softmax then runs once over [H, S] (H partitions busy, not one), and the probabilities' 128-key blocks
-    transposed once for all heads; o_h.T comes out as a column ([D, 1]) of V's tile (stationary) against
-    head h's probabilities (moving)."""
+    All heads at once: head h's scores land on partition h of one [H, S] PSUM tile, by accumulating, per kv head,
+    a matmul whose stationary is q.T with every column but that kv head's query heads zero (GpSimd selects make
+    them; the other rows gain exact zeros). The softmax runs once over [H, S + 1] (the new token its last column), the
+    probabilities are transposed once per 128 keys, and head h's output lands at its rows of the output tile as
+    V's keys (stationary, zero but for head h's D columns) against head h's probabilities (moving)."""
     d, heads = q_t.shape
     kv_heads, s = k_cache.shape[0], k_cache.shape[1]
     group = heads // kv_heads
-    kv = [load_keys_values(k_cache[j, :, :], v_cache[j, :, :], p) for j in range(kv_heads)]
-    only = []  # q.T with only column h kept: head h's scores on partition h (Python lists: plain loops)
-    for h in range(heads):
-        q_h = nl.ndarray((d, heads), dtype=dtype, buffer=nl.sbuf)
-        nisa.memset(dst=q_h, value=0.0)
-        nisa.tensor_copy(dst=q_h[:, h:h + 1], src=q_t[:, h:h + 1])
-        only.append(q_h)
+    rows, cols = att.shape
+    k_t = []
+    for j in range(kv_heads):  # Python lists: plain loops
+        k_t.append(nl.ndarray((d, s), dtype=k_cache.dtype, buffer=nl.sbuf))
+        nisa.dma_transpose(dst=k_t[j], src=k_cache[j, :, :])
+    # only[:, j, :]: q.T with only kv head j's query heads kept (two GpSimd selects: j * group <= h < (j + 1) *
+    # group), so one matmul per kv head puts each head's scores on its own partition (the others gain exact zeros)
+    only = nl.ndarray((d, kv_heads, heads), dtype=dtype, buffer=nl.sbuf)
+    nisa.affine_select(dst=only, pattern=[[-group, kv_heads], [1, heads]], offset=0, channel_multiplier=0,
+                       on_true_tile=q_t.reshape((d, 1, heads)).broadcast_to((d, kv_heads, heads)),
+                       on_false_value=0.0, cmp_op=nl.greater_equal)
+    nisa.affine_select(dst=only, pattern=[[group, kv_heads], [-1, heads]], offset=group - 1, channel_multiplier=0,
+                       on_true_tile=only, on_false_value=0.0, cmp_op=nl.greater_equal)
     scores = nl.ndarray((heads, s), dtype=dtype, buffer=nl.sbuf)
     for _, c0, nc in tiles(s, nl.tile_size.gemm_moving_fmax):
         s_ps = nl.ndarray((heads, nc), dtype=nl.float32, buffer=nl.psum)
-        for h in range(heads):
-            nisa.nc_matmul(dst=s_ps, stationary=only[h], moving=kv[h // group][0][:, c0:c0 + nc])
+        for j in range(kv_heads):
+            nisa.nc_matmul(dst=s_ps, stationary=only[:, j, :], moving=k_t[j][:, c0:c0 + nc])
         nisa.tensor_copy(dst=scores[:, c0:c0 + nc], src=s_ps)
     new_ps = nl.ndarray((heads, 1), dtype=nl.float32, buffer=nl.psum)
-    for h in range(heads):
-        nisa.nc_matmul(dst=new_ps, stationary=only[h], moving=k_new_t[:, h // group:h // group + 1])
-    probs, p_new = masked_softmax(scores, new_ps, before_pos, scale, dtype)
-    o_ps = nl.ndarray((d, heads), dtype=nl.float32, buffer=nl.psum)
-    for i, s0, ns in tiles(s, p):
+    for j in range(kv_heads):
+        nisa.nc_matmul(dst=new_ps, stationary=only[:, j, :], moving=k_new_t[:, j:j + 1])
+    probs = masked_softmax(nl.ndarray((heads, s + 1), dtype=dtype, buffer=nl.sbuf), scores, new_ps, before_pos,
+                           scale)
+    o_ps = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.psum)
+    for i, s0, ns in tiles(s + 1, p):
         pt = transpose_into(nl.ndarray((ns, heads), dtype=dtype, buffer=nl.sbuf), probs[:, s0:s0 + ns])
+        placed = {}  # (kv head, rows it lands at) -> its V tile, zero elsewhere: heads of a group share it
         for h in range(heads):
-            nisa.nc_matmul(dst=o_ps[:, h:h + 1], stationary=kv[h // group][1][0:ns, i, :], moving=pt[:, h:h + 1])
-    p_new_t = transpose_into(nl.ndarray((1, heads), dtype=dtype, buffer=nl.sbuf), p_new)
-    for h in range(heads):
-        j = h // group
-        nisa.nc_matmul(dst=o_ps[:, h:h + 1], stationary=v_new[:, j * d:(j + 1) * d], moving=p_new_t[:, h:h + 1])
-    nisa.tensor_copy(dst=att_t, src=o_ps)
-    return att_t
+            j, r0, col = h // group, (h * d) % p, (h * d) // p
+            if (j, r0) not in placed:
+                placed[(j, r0)] = _v_at(v_cache[j, :, :], v_new[:, j * d:(j + 1) * d], s0, ns, r0, rows, dtype)
+            nisa.nc_matmul(dst=o_ps[:, col:col + 1], stationary=placed[(j, r0)], moving=pt[:, h:h + 1])
+    nisa.tensor_copy(dst=att, src=o_ps)
+    return att
 
 
-def masked_softmax(scores, new_ps, before_pos, scale, dtype):
-    """The probabilities (dtype) of scores [g, S] (dtype) masked to positions < pos, and of one more column, the
-    new token's scores new_ps [g, 1] (PSUM fp32): softmax in fp32 of both scaled, as the reference rounds."""
+def _v_at(v, v_new, s0, ns, r0, rows, dtype):
+    """Keys s0 .. s0 + ns of one kv head's V (v [S, D] @ HBM, then the new token's row v_new [1, D] SBUF as key S)
+    at columns r0 .. r0 + D of an [ns, rows] SBUF tile, zero elsewhere (GpSimd clears it)."""
+    s, d = v.shape
+    v_h = nl.ndarray((ns, rows), dtype=dtype, buffer=nl.sbuf)
+    nisa.memset(dst=v_h, value=0.0, engine=nisa.engine.gpsimd)
+    cached = min(ns, s - s0)
+    if cached > 0:
+        nisa.dma_copy(dst=v_h[0:cached, r0:r0 + d], src=v[s0:s0 + cached, :])
+    if cached < ns:  # the new token's row, after the cache's
+        nisa.dma_copy(dst=v_h[cached:ns, r0:r0 + d], src=v_new)
+    return v_h
+
+
+def masked_softmax(probs, scores, new_ps, before_pos, scale):
+    """probs [g, S + 1] (SBUF, its dtype) = softmax of scores [g, S] (SBUF) masked to positions < pos and of one
+    more column, the new token's scores new_ps [g, 1] (PSUM fp32): both scaled, the softmax in fp32, rounded to
+    probs' dtype, as the reference rounds."""
     g, s = scores.shape
-    new = nl.ndarray((g, 1), dtype=dtype, buffer=nl.sbuf)
+    new = nl.ndarray((g, 1), dtype=scores.dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=new, src=new_ps)
     new_scaled = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=new_scaled, data=new, op0=nl.multiply, operand0=scale)
@@ -171,11 +195,9 @@ def masked_softmax(scores, new_ps, before_pos, scale, dtype):
     nisa.tensor_tensor(dst=neg_max, data1=row_max, data2=new_scaled, op=nl.maximum)
     nisa.tensor_scalar(dst=neg_max, data=neg_max, op0=nl.multiply, operand0=-1.0)
     e, inv, e_new = softmax_rows(scaled, neg_max, new_scaled)
-    probs = nl.ndarray((g, s), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=probs, data=e, op0=nl.multiply, operand0=inv)
-    p_new = nl.ndarray((g, 1), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=p_new, data=e_new, op0=nl.multiply, operand0=inv)
-    return probs, p_new
+    nisa.tensor_scalar(dst=probs[:, 0:s], data=e, op0=nl.multiply, operand0=inv)
+    nisa.tensor_scalar(dst=probs[:, s:s + 1], data=e_new, op0=nl.multiply, operand0=inv)
+    return probs
 
 
 def positions_before(pos, g, s):
@@ -202,10 +224,9 @@ def attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos):
         nisa.dma_transpose(dst=k_new_t, src=k_new[b, :, 0, :])
         v_row = nl.ndarray((1, kv_heads * d), dtype=v_new.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=v_row, src=v_new[b, :, :, :].reshape((1, kv_heads * d)))
-        att_t = decode_heads(nl.ndarray((d, heads), dtype=q.dtype, buffer=nl.sbuf), q_t, k_new_t, v_row,
-                             k_cache[b, :, :, :], v_cache[b, :, :, :], before, d ** -0.5, q.dtype, p)
-        o = transpose_into(nl.ndarray((heads, d), dtype=q.dtype, buffer=nl.sbuf), att_t)
-        nisa.dma_copy(dst=out[b, :, 0, :], src=o)
+        att = nl.ndarray((min(heads * d, p), -(-heads * d // p)), dtype=q.dtype, buffer=nl.sbuf)
+        decode_heads(att, q_t, k_new_t, v_row, k_cache[b, :, :, :], v_cache[b, :, :, :], before, d ** -0.5, q.dtype, p)
+        store_spread(out[b, :, :, :].reshape((heads * d,)), att, heads * d, p)
     return out
 
 

@@ -42,3 +42,13 @@ def transpose_into(dst, data):
     nisa.nc_transpose(dst=t_ps, data=data)
     nisa.tensor_copy(dst=dst, src=t_ps)
     return dst
+
+
+def store_spread(row, spread, n, p):
+    """row [n] (HBM) = a row spread over partitions, spread [P, n / P] holding row[c * P + p] at [p, c] (the LM
+    head's logits, the attention's outputs), by strided DMAs (a partial last column: its rows only)."""
+    full = n // p
+    if full:
+        nisa.dma_copy(dst=row.ap(pattern=[[1, p], [p, full]], offset=0), src=spread[:, 0:full])
+    if n % p:
+        nisa.dma_copy(dst=row.ap(pattern=[[1, n % p], [1, 1]], offset=full * p), src=spread[0:n % p, full:full + 1])

@@ -20,7 +20,7 @@ Shapes (B sequences, H heads, KV kv-heads of D, dim, F = (H + 2 KV) * D, I the M
     rope_cos/sin [max_seq, D]           the model's tables, the row at pos read at run time
     input_norms, post_norms  L x [dim]
     wqkvs       L x [P, dim / P, F]     q | k | v projections, fused
-    wos         L x [D, H, dim]         each head's D rows of the output projection
+    wos         L x [P, H * D / P, dim]
     gates, ups  L x [P, dim / P, I]
     downs       L x [P, I / P, dim]
     final_norm  [dim];  lm_head [P, dim / P, vocab]
@@ -45,7 +45,7 @@ from .qkv import project
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
 from .sample import argmax_spread
-from .tiles import tiles, transpose_rows
+from .tiles import store_spread, tiles, transpose_rows
 
 _PMAX = 128  # nl.tile_size.pmax: the partitions the Tensor Engine contracts over
 
@@ -85,11 +85,10 @@ class DecodeStack(NamedTuple):
         """From a model's DecodeWeights (PyTorch's layouts) and RoPE tables: copies in the kernel's layouts.
         The caches are the model's own (the kernel writes them)."""
         with torch.no_grad():
-            d = rope_cos.shape[1]
-            wos = [wo.t().reshape(n_heads, d, wo.shape[0]).permute(1, 0, 2).contiguous() for wo in w.wos]
             return cls(embed=w.embed, rope_cos=rope_cos.to(w.embed.dtype), rope_sin=rope_sin.to(w.embed.dtype),
                        input_norms=list(w.input_norms),
-                       wqkvs=[tiled(torch.cat([q, k, v])) for q, k, v in zip(w.wqs, w.wks, w.wvs)], wos=wos,
+                       wqkvs=[tiled(torch.cat([q, k, v])) for q, k, v in zip(w.wqs, w.wks, w.wvs)],
+                       wos=[tiled(wo) for wo in w.wos],
                        post_norms=list(w.post_norms), gates=[tiled(g) for g in w.gates], ups=[tiled(u) for u in w.ups],
                        downs=[tiled(d_) for d_ in w.downs], final_norm=w.final_norm, lm_head=tiled(w.lm_head),
                        k_caches=list(w.k_caches), v_caches=list(w.v_caches))
@@ -191,15 +190,6 @@ def lm_head_spread(h_t, lm_head, dim, vocab, dtype, p):
     return spread
 
 
-def store_spread(row, spread, vocab, p):
-    """row [vocab] (HBM) = the logits spread over partitions (lm_head_spread's layout), by strided DMAs."""
-    full = vocab // p
-    if full:
-        nisa.dma_copy(dst=row.ap(pattern=[[1, p], [p, full]], offset=0), src=spread[:, 0:full])
-    if vocab % p:
-        nisa.dma_copy(dst=row.ap(pattern=[[1, vocab % p], [1, 1]], offset=full * p), src=spread[0:vocab % p, full:full + 1])
-
-
 def _columns(row, heads, d):
     """A [1, heads * D] row as [D, heads] (SBUF): each head's D values a column, by Tensor Engine transposes into
     one PSUM tile."""
@@ -211,35 +201,36 @@ def _columns(row, heads, d):
     return t
 
 
-def _layer(x, b, pos_i, before, c, s, w_in, wqkv, wo, w_post, gate, up, down, k_cache, v_cache, n_heads, n_kv_heads,
-           eps, p):
-    """One layer on the hidden row x [1, dim] (SBUF) of sequence b -> the next layer's row (SBUF)."""
+def qkv_rows(x, w_in, wqkv, c, s, n_heads, n_kv_heads, eps, p):
+    """RMSNorm + the fused Q/K/V projection + RoPE of the hidden row x [1, dim] (SBUF): q [1, H * D] and k, v
+    [1, KV * D] rows (SBUF), wqkv prepared [P, dim / P, (H + 2 KV) * D] (HBM)."""
+    _, dim = x.shape
+    d = c.shape[2]
+    hq, hk = n_heads * d, n_kv_heads * d
+    h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=x.dtype, buffer=nl.sbuf), x, w_in, eps), p)
+    y = project(nl.ndarray((1, hq + 2 * hk), dtype=x.dtype, buffer=nl.sbuf), h_t, load_tiled(wqkv), dim, p)
+    return _rope_heads(y[:, 0:hq], n_heads, d, c, s), _rope_heads(y[:, hq:hq + hk], n_kv_heads, d, c, s), \
+        y[:, hq + hk:hq + 2 * hk]
+
+
+def output_projection(att, wo, x, hd, p):
+    """x + o @ wo.T (a [1, dim] row, SBUF), from the heads' outputs o [H * D = hd] in 128-row tiles att [R, C]
+    (decode_heads' layout) and wo prepared [P, hd / P, dim] (HBM): 128 partitions of contraction a matmul."""
+    rows, cols = att.shape
+    y = project(nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf), att.reshape((rows, cols, 1)), load_tiled(wo), hd,
+                p)
+    nisa.tensor_tensor(dst=y, data1=y, data2=x, op=nl.add)
+    return y
+
+
+def mlp_residual(x, w_post, gate, up, down, eps, p):
+    """x + mlp(rmsnorm(x)) (a [1, dim] row, SBUF), the weights prepared (gate / up [P, dim / P, I], down
+    [P, I / P, dim], HBM)."""
     _, dim = x.shape
     dt = x.dtype
-    d = c.shape[2]
     inter = gate.shape[2]
-    hq, hk = n_heads * d, n_kv_heads * d
-    h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_in, eps), p)
-    y = project(nl.ndarray((1, hq + 2 * hk), dtype=dt, buffer=nl.sbuf), h_t, load_tiled(wqkv), dim, p)
-    q = _rope_heads(y[:, 0:hq], n_heads, d, c, s)
-    k = _rope_heads(y[:, hq:hq + hk], n_kv_heads, d, c, s)
-    v = y[:, hq + hk:hq + 2 * hk]
-    q_t = _columns(q, n_heads, d)
-    att_t = decode_heads(nl.ndarray((d, n_heads), dtype=dt, buffer=nl.sbuf), q_t, _columns(k, n_kv_heads, d), v,
-                         k_cache[b, :, :, :], v_cache[b, :, :, :], before, d ** -0.5, dt, p)
-    for j in nl.affine_range(n_kv_heads):  # the new rows into the caches at pos, after the read (which masks pos)
-        nisa.dma_copy(dst=row_at(k_cache[b, j, :, :], pos_i), src=k[:, j * d:(j + 1) * d])
-        nisa.dma_copy(dst=row_at(v_cache[b, j, :, :], pos_i), src=v[:, j * d:(j + 1) * d])
-    wo_t = load_tiled(wo)
-    x1 = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
-    for _, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):  # output projection, summed over heads
-        o_ps = nl.ndarray((1, nc), dtype=nl.float32, buffer=nl.psum)
-        for hh in nl.affine_range(n_heads):
-            nisa.nc_matmul(dst=o_ps, stationary=att_t[:, hh:hh + 1], moving=wo_t[0:d, hh, c0:c0 + nc])
-        nisa.tensor_copy(dst=x1[:, c0:c0 + nc], src=o_ps)
-    nisa.tensor_tensor(dst=x1, data1=x1, data2=x, op=nl.add)
-    h2_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x1, w_post, eps), p)
-    act = swiglu_transposed(h2_t, load_tiled(gate), load_tiled(up), dim, inter, 1, dt, p)
+    h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_post, eps), p)
+    act = swiglu_transposed(h_t, load_tiled(gate), load_tiled(up), dim, inter, 1, dt, p)
     d_t = load_tiled(down)
     out = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
     for _, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):  # down projection + residual
@@ -247,8 +238,23 @@ def _layer(x, b, pos_i, before, c, s, w_in, wqkv, wo, w_post, gate, up, down, k_
         for i, _, ni in tiles(inter, p):
             nisa.nc_matmul(dst=o_ps, stationary=act[0:ni, i, :], moving=d_t[0:ni, i, c0:c0 + nc])
         nisa.tensor_copy(dst=out[:, c0:c0 + nc], src=o_ps)
-        nisa.tensor_tensor(dst=out[:, c0:c0 + nc], data1=out[:, c0:c0 + nc], data2=x1[:, c0:c0 + nc], op=nl.add)
+        nisa.tensor_tensor(dst=out[:, c0:c0 + nc], data1=out[:, c0:c0 + nc], data2=x[:, c0:c0 + nc], op=nl.add)
     return out
+
+
+def _layer(x, b, pos_i, before, c, s, w_in, wqkv, wo, w_post, gate, up, down, k_cache, v_cache, n_heads, n_kv_heads,
+           eps, p):
+    """One layer on the hidden row x [1, dim] (SBUF) of sequence b -> the next layer's row (SBUF)."""
+    d = c.shape[2]
+    hd = n_heads * d
+    q, k, v = qkv_rows(x, w_in, wqkv, c, s, n_heads, n_kv_heads, eps, p)
+    att = nl.ndarray((min(hd, p), -(-hd // p)), dtype=x.dtype, buffer=nl.sbuf)
+    decode_heads(att, _columns(q, n_heads, d), _columns(k, n_kv_heads, d), v, k_cache[b, :, :, :],
+                 v_cache[b, :, :, :], before, d ** -0.5, x.dtype, p)
+    for j in nl.affine_range(n_kv_heads):  # the new rows into the caches at pos, after the read (which masks pos)
+        nisa.dma_copy(dst=row_at(k_cache[b, j, :, :], pos_i), src=k[:, j * d:(j + 1) * d])
+        nisa.dma_copy(dst=row_at(v_cache[b, j, :, :], pos_i), src=v[:, j * d:(j + 1) * d])
+    return mlp_residual(output_projection(att, wo, x, hd, p), w_post, gate, up, down, eps, p)
 
 
 @jit
@@ -264,7 +270,7 @@ def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, 
     f = (n_heads + 2 * n_kv_heads) * d
     for i in range(len(wqkvs)):
         expect_layout(f"wqkvs[{i}]", wqkvs[i], _tiled_shape(dim, f), "[P, dim / P, (heads + 2 kv_heads) * head_dim]")
-        expect_layout(f"wos[{i}]", wos[i], (d, n_heads, dim), "[head_dim, heads, dim]")
+        expect_layout(f"wos[{i}]", wos[i], _tiled_shape(n_heads * d, dim), "[P, heads * head_dim / P, dim]")
         expect_layout(f"gates[{i}]", gates[i], _tiled_shape(dim, inter), "[P, dim / P, intermediate]")
         expect_layout(f"ups[{i}]", ups[i], _tiled_shape(dim, inter), "[P, dim / P, intermediate]")
         expect_layout(f"downs[{i}]", downs[i], _tiled_shape(inter, dim), "[P, intermediate / P, dim]")
