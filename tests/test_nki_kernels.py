@@ -14,8 +14,6 @@ import pytest
 import torch
 
 from nativelab import nki
-from nativelab.nki import isa as nisa
-from nativelab.nki import language as nl
 from nativelab.kernels import nki as nki_kernels
 from nativelab.kernels import wrap_nki
 from nativelab.kernels.ops import reference_rmsnorm, reference_sample_mask
@@ -259,36 +257,6 @@ def test_argmax_interpreted_is_torch_argmax_ties_first(dtype):
     logits[2, [30000, 30001]] = 50.0
     got = nki.simulate(nki_kernels.argmax_kernel)(logits).reshape(-1).tolist()
     assert got == logits.argmax(-1).tolist() == [got[0], 5, 30000]
-
-
-@nki.jit
-def _argmax_of_spread(row):
-    """row [V] (HBM, V a multiple of 128) spread over partitions (value v at [v % 128, v // 128]), then
-    argmax_spread: the transformer step's greedy draw on its own."""
-    p, cols = 128, row.shape[0] // 128
-    t = nl.ndarray((p, max(cols, 8)), dtype=row.dtype, buffer=nl.sbuf)
-    nisa.memset(dst=t, value=-3.0e38)
-    nisa.dma_copy(dst=t[:, 0:cols], src=row.ap(pattern=[[1, p], [p, cols]], offset=0))
-    found = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=found, src=nki_kernels.sample.argmax_spread(t))
-    out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=found)
-    return out
-
-
-@pytest.mark.parametrize("ties, first", [([5, 20000], 5), ([30001, 30000], 30000), ([129, 1], 1), ([], None)])
-def test_argmax_spread_is_torch_argmax_ties_first(ties, first):
-    """Ties in one partition (1, 129), in one column (30000, 30001) and in neither (5, 20000): the first index,
-    as torch.argmax; a vocabulary of 256 (two columns, padded to max8's 8) too."""
-    torch.manual_seed(0)
-    for v in (32000, 256):
-        logits = torch.randn(v, dtype=torch.bfloat16)
-        if ties and max(ties) < v:
-            logits[ties] = 100.0
-        got = nki.simulate(_argmax_of_spread)(logits).item()
-        assert got == logits.argmax().item()
-        if ties and max(ties) < v:
-            assert got == first
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from ..interface import nki_op, wrap_kernel, wrap_nki
 from ..ops._checks import check_float, check_rank
 from ..ops.sample import _uniform as uniform_noise  # the library sampler's noise (same layer)
 from ..ops.sample import check_sampling
-from .tiles import tiles, transpose_into
+from .tiles import tiles
 
 MAX8_FMAX = 16384  # max8 reads at most 16384 elements per partition (the nki.isa.max8 page)
 
@@ -72,36 +72,6 @@ def argmax_step(best, best_at, t, c0):
     nisa.tensor_tensor(dst=greater, data1=top[:, 0:1], data2=best, op=nl.greater)
     nisa.tensor_copy_predicated(dst=best_at, src=at_f, predicate=greater)
     nisa.tensor_tensor(dst=best, data1=best, data2=top[:, 0:1], op=nl.maximum)
-
-
-def argmax_spread(t):
-    """The first index of the largest value of a row spread over partitions, t [P, C] (SBUF) holding value
-    v = c * P + p at [p, c]: a (1, 1) fp32 tile. Each partition's maximum and its first column (max8,
-    nc_find_index8: C values a partition, not the row's all on one), then across the partitions on one row
-    (Tensor Engine transposes): the smallest index among the partitions holding the maximum. Values at or below
-    -3e38 (padding) never win."""
-    p = t.shape[0]
-    top, at = _largest(t)
-    index = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.iota(dst=index, pattern=[[0, 1]], offset=0, channel_multiplier=1)  # p
-    col = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=col, src=at[:, 0:1])
-    nisa.scalar_tensor_tensor(dst=index, data=col, op0=nl.multiply, operand0=float(p), op1=nl.add, operand1=index)
-    nisa.tensor_scalar(dst=index, data=index, op0=nl.multiply, operand0=-1.0)  # the smallest index, the largest
-    best = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=best, src=top[:, 0:1])
-    best_row = transpose_into(nl.ndarray((1, p), dtype=nl.float32, buffer=nl.sbuf), best)
-    index_row = transpose_into(nl.ndarray((1, p), dtype=nl.float32, buffer=nl.sbuf), index)
-    top_value = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=top_value, op=nl.max, data=best_row, axis=1, keepdims=True)
-    holds = nl.ndarray((1, p), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=holds, data=best_row, op0=nl.equal, operand0=top_value)
-    picked = nl.ndarray((1, p), dtype=nl.float32, buffer=nl.sbuf)
-    found = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.select_reduce(dst=picked, predicate=holds, on_true=index_row, on_false=-3.0e38, reduce_res=found,
-                       reduce_op=nl.maximum)
-    nisa.tensor_scalar(dst=found, data=found, op0=nl.multiply, operand0=-1.0)
-    return found
 
 
 def _store_index(dst, best_at):

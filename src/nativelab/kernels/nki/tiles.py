@@ -45,8 +45,8 @@ def transpose_into(dst, data):
 
 
 def store_spread(row, spread, n, p):
-    """row [n] (HBM) = a row spread over partitions, spread [P, n / P] holding row[c * P + p] at [p, c] (the LM
-    head's logits, the attention's outputs), by strided DMAs (a partial last column: its rows only)."""
+    """row [n] (HBM) = a row spread over partitions, spread [P, n / P] holding row[c * P + p] at [p, c] (the
+    attention's outputs), by strided DMAs (a partial last column: its rows only)."""
     full = n // p
     if full:
         nisa.dma_copy(dst=row.ap(pattern=[[1, p], [p, full]], offset=0), src=spread[:, 0:full])

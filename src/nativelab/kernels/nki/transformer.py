@@ -44,8 +44,8 @@ from .mlp import swiglu_transposed
 from .qkv import project
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
-from .sample import argmax_spread
-from .tiles import store_spread, tiles, transpose_rows
+from .sample import MAX8_FMAX, argmax_step, running_argmax
+from .tiles import tiles, transpose_rows
 
 _PMAX = 128  # nl.tile_size.pmax: the partitions the Tensor Engine contracts over
 
@@ -158,36 +158,6 @@ def _rope_heads(y, heads, d, c, s):
     r = nl.ndarray(y.shape, dtype=y.dtype, buffer=nl.sbuf)
     rotate_into(r.reshape((1, heads, d)), y.reshape((1, heads, d)), c[:, 0:heads, :], s[:, 0:heads, :])
     return r
-
-
-def lm_head_spread(h_t, lm_head, dim, vocab, dtype, p):
-    """logits.T spread over partitions, [P, vocab / P] (SBUF, dtype): logit v = c * P + p at [p, c], from the
-    final hidden state h.T [P, dim / P, 1] and the prepared head [P, dim / P, vocab] (HBM), streamed 512 columns
-    a DMA. Each 128 logits are one matmul's output column (the head's block stationary, h.T moving), so the
-    products fill all partitions and the argmax reads 250 values a partition, not 32000 on one. Padding (a
-    partial block's missing rows, columns up to 8): -3e38."""
-    blocks = -(-vocab // p)
-    spread = nl.ndarray((p, max(blocks, 8)), dtype=dtype, buffer=nl.sbuf)  # max8 reads at least 8 a partition
-    nisa.memset(dst=spread, value=-3.0e38)
-    bank = nl.tile_size.gemm_moving_fmax  # fp32 columns of one PSUM bank
-    for _, g0, ng in tiles(blocks, bank):  # up to 512 x 128 logits a PSUM tile
-        ps = nl.ndarray((p, ng), dtype=nl.float32, buffer=nl.psum)
-        for _, v0, nv in tiles(min(vocab, (g0 + ng) * p) - g0 * p, nl.tile_size.gemm_moving_fmax):
-            v0 += g0 * p
-            w_t = nl.ndarray((lm_head.shape[0], lm_head.shape[1], nv), dtype=dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=w_t, src=lm_head[:, :, v0:v0 + nv])
-            for _, b0, nb in tiles(nv, p):
-                col = (v0 + b0) // p - g0
-                for k, _, nk in tiles(dim, p):
-                    nisa.nc_matmul(dst=ps[0:nb, col:col + 1], stationary=w_t[0:nk, k, b0:b0 + nb],
-                                   moving=h_t[0:nk, k, :])
-        full = min(ng, vocab // p - g0)  # whole blocks; a partial last block copies its rows only
-        if full > 0:
-            nisa.tensor_copy(dst=spread[:, g0:g0 + full], src=ps[:, 0:full])
-        if full < ng:
-            rows = vocab - (g0 + full) * p
-            nisa.tensor_copy(dst=spread[0:rows, g0 + full:g0 + full + 1], src=ps[0:rows, full:full + 1])
-    return spread
 
 
 def _columns(row, heads, d):
@@ -304,11 +274,18 @@ def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, 
             x = _layer(x, b, pos_i, before, c, s, w_in[i], wqkvs[i], wos[i], w_post[i], gates[i], ups[i], downs[i],
                        k_caches[i], v_caches[i], n_heads, n_kv_heads, eps, p)
         h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_final, eps), p)
-        logits_t = lm_head_spread(h_t, lm_head, dim, vocab, dt, p)
-        store_spread(logits[b, :], logits_t, vocab, p)
+        row = nl.ndarray((1, vocab), dtype=dt, buffer=nl.sbuf)
+        for _, v0, nv in tiles(vocab, nl.tile_size.gemm_moving_fmax):  # the head streamed 512 columns a DMA
+            w_t = nl.ndarray((lm_head.shape[0], lm_head.shape[1], nv), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_t, src=lm_head[:, :, v0:v0 + nv])
+            project(row[:, v0:v0 + nv], h_t, w_t, dim, p)
+        nisa.dma_copy(dst=logits[b:b + 1, :], src=row)
+        best, best_at = running_argmax(1)
+        for _, c0, nc in tiles(vocab, MAX8_FMAX, carried=True):
+            argmax_step(best, best_at, row[:, c0:c0 + nc], c0)
         words = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
         nisa.memset(dst=words, value=0)
-        nisa.tensor_copy(dst=words[:, 0:1], src=argmax_spread(logits_t))
+        nisa.tensor_copy(dst=words[:, 0:1], src=best_at)
         nisa.dma_copy(dst=token[b:b + 1, :], src=words)
     # the draw counted, as the sampler's counter advances at every draw (its low word; exact below 2**24)
     counter = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
