@@ -81,15 +81,17 @@ def cases(dt):
     def step_ref(tokens, pos, seed):  # the token and logits of reference_transformer_tkg_token
         logits = reference_transformer_tkg_token(tokens, pos, seed, one_layer, *tables, 8, 8, 1e-5)[:, -1]
         return logits.argmax(-1, keepdim=True), logits
+    mlp_t = [nk.tiled(w_) for w_ in mlp_w]  # the kernels take weights laid out once, as the ops pass them
     return [
         ("add 1024x1024", nk.add_kernel, (x, y), lambda x, y: x + y, None),
         ("rmsnorm 1024x1024", nk.rmsnorm_kernel, (x, w, 1e-5), reference_rmsnorm, None),
         ("softmax 1024x1024", nk.softmax_kernel, (x,), nk.reference_softmax, None),
         ("matmul 512x1024x1024", nk.matmul_kernel, (a, b), lambda a, b: a @ b, None),
         ("rope 8x128x64", nk.rope_kernel, (q, cos, sin), reference_rope, None),
-        ("mlp 128x512x2048", nk.mlp_kernel, (rows, *mlp_w), reference_mlp, None),
-        ("mlp 1x512x2048", nk.mlp_kernel, (rows[:1], *mlp_w), reference_mlp, None),
-        ("qkv 128x512", nk.qkv_kernel, (rows[None], *qkv_w, cos, sin, 8, 8, 1e-5), reference_qkv, None),
+        ("mlp 128x512x2048", nk.mlp_kernel, (rows, *mlp_t), reference_mlp, (rows, *mlp_w)),
+        ("mlp 1x512x2048", nk.mlp_kernel, (rows[:1], *mlp_t), reference_mlp, (rows[:1], *mlp_w)),
+        ("qkv 128x512", nk.qkv_kernel, (rows[None], qkv_w[0], *map(nk.tiled, qkv_w[1:4]), cos, sin, 8, 8, 1e-5),
+         reference_qkv, (rows[None], *qkv_w, cos, sin, 8, 8, 1e-5)),
         ("attention_cte 8x128x64", nk.attention_cte_kernel, (q, k, v), reference_attention_cte, None),
         ("attention_tkg 8x512x64", nk.attention_tkg_kernel, (q1, k1, v1, k_cache, v_cache, pos.float()), tkg_ref,
          (q1, k1, v1, k_cache, v_cache, pos)),

@@ -70,7 +70,7 @@ CASES = {
     "mlp": (nki_kernels.mlp, nki_kernels.mlp_kernel,
             lambda dt: (torch.randn(2, 65, 200, dtype=dt), _weight(300, 200, dt), _weight(300, 200, dt),
                         _weight(200, 300, dt)),
-            lambda x, g, u, d: (_rows(x), g, u, d), reference_mlp),
+            lambda x, g, u, d: (_rows(x), *map(nki_kernels.tiled, (g, u, d))), reference_mlp),
     # grouped-query (4 heads on 2 kv heads), 200 positions: two query tiles, the second's keys past 128
     "attention_cte": (nki_kernels.attention_cte, nki_kernels.attention_cte_kernel,
                       lambda dt: tuple(torch.randn(2, h, 200, 16, dtype=dt) for h in (4, 2, 2)),
@@ -80,7 +80,7 @@ CASES = {
             lambda dt: (torch.randn(2, 5, 200, dtype=dt), torch.randn(200, dtype=dt), _weight(64, 200, dt),
                         _weight(32, 200, dt), _weight(32, 200, dt), torch.randn(5, 16, dtype=dt),
                         torch.randn(5, 16, dtype=dt), 4, 2, 1e-5),
-            lambda *a: a, reference_qkv),
+            lambda x, n, wq, wk, wv, *rest: (x, n, *map(nki_kernels.tiled, (wq, wk, wv)), *rest), reference_qkv),
 }
 
 
@@ -239,10 +239,46 @@ def test_transformer_step_refuses_a_weight_in_pytorchs_layout():
                                                           torch.tensor([0, 0]), *stack, heads, kv_heads, 1e-5)
 
 
+@pytest.mark.parametrize("kernel, make", [
+    ("mlp_kernel", lambda: (torch.randn(3, 200), _weight(300, 200, torch.float32), _weight(300, 200, torch.float32),
+                            _weight(200, 300, torch.float32))),
+    ("qkv_kernel", lambda: (torch.randn(1, 5, 200), torch.randn(200), _weight(64, 200, torch.float32),
+                            _weight(32, 200, torch.float32), _weight(32, 200, torch.float32), torch.randn(5, 16),
+                            torch.randn(5, 16), 4, 2, 1e-5))])
+def test_kernels_refuse_weights_in_pytorchs_layout(kernel, make):
+    """mlp_kernel / qkv_kernel take weights laid out once ([P, K / P, N]); nn.Linear.weight's [out, in] is an
+    error naming the layout, before any instruction runs."""
+    with pytest.raises(ValueError, match=rf"{kernel}: \w+ must be \[P, dim / P, \w+"):
+        nki.simulate(getattr(nki_kernels, kernel))(*make())
+
+
+def test_prepared_lays_a_weight_out_once_and_again_after_a_write():
+    """The ops take nn.Linear.weight and lay it out on its first call: a second call reuses the same copy (no
+    transpose at launch), an in-place write (an optimizer step, load_state_dict) makes a fresh one."""
+    w = torch.nn.Linear(200, 3, bias=False).weight
+    first = nki_kernels.prepared(w)
+    assert torch.equal(first, nki_kernels.tiled(w)) and nki_kernels.prepared(w) is first
+    with torch.no_grad():
+        w.mul_(2)
+    again = nki_kernels.prepared(w)
+    assert again is not first and torch.equal(again, nki_kernels.tiled(w))
+
+
+def test_mlp_op_launches_no_weight_transpose():
+    """The MLP op with nn.Linear weights: its launches' instructions move each weight with one plain DMA (no
+    dma_transpose of a weight), equal to the reference."""
+    x, g, u, d = torch.randn(2, 200), _weight(300, 200, torch.float32), _weight(300, 200, torch.float32), \
+        _weight(200, 300, torch.float32)
+    est = nki_kernels.mlp_kernel.estimate(x, *map(nki_kernels.prepared, (g, u, d)))
+    transposes = sum(e[0] == "dma_transpose" for e in est.events)
+    assert transposes == -(-200 // 128)  # x.T's tiles only: the activations, never a weight
+    torch.testing.assert_close(nki_kernels.mlp(x, g, u, d), reference_mlp(x, g, u, d), **TOL[torch.float32])
+
+
 def test_decode_stack_tiles_put_the_contraction_on_partitions():
     """DecodeStack's layout [P, K / P, N]: element [i, k, n] is w[n, k * P + i], K padded with zeros."""
     w = torch.randn(5, 300)
-    t = nki_kernels.transformer.tiled(w)
+    t = nki_kernels.tiled(w)
     assert t.shape == (128, 3, 5) and t.is_contiguous()
     assert torch.equal(t.permute(1, 0, 2).reshape(384, 5)[:300], w.t())
     assert not t.permute(1, 0, 2).reshape(384, 5)[300:].any()

@@ -18,10 +18,12 @@ mlp_kernel = wrap_nki(nkilib.mlp_kernel)
 
 @nki_op("nki_lab::mlp", mutates_args=())
 def nki_mlp(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
-    """SwiGLU: down(silu(gate(x)) * up(x)) in one kernel; weights as nn.Linear.weight ([out, in])."""
+    """SwiGLU: down(silu(gate(x)) * up(x)) in one kernel; weights as nn.Linear.weight ([out, in]), which nkilib
+    lays out for the Tensor Engine ([P, in / P, out]) on their first call and keeps: no launch transposes them."""
     if KERNELS == "cpu":
         return cpu_mlp(x, gate_w, up_w, down_w)
-    return mlp_kernel(x.reshape(-1, x.shape[-1]), gate_w, up_w, down_w).reshape(x.shape)
+    gate, up, down = nkilib.prepared(gate_w), nkilib.prepared(up_w), nkilib.prepared(down_w)
+    return mlp_kernel(x.reshape(-1, x.shape[-1]), gate, up, down).reshape(x.shape)
 
 
 # The other kernels, registered the same way.

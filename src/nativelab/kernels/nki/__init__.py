@@ -5,6 +5,7 @@ hardware's limits, and estimate on Trainium2 (`kernel.estimate(*args)`)."""
 
 from .add import add, add_kernel
 from .attention import attention_cte, attention_cte_kernel, attention_tkg, attention_tkg_kernel
+from .layouts import prepared, tiled
 from .matmul import matmul, matmul_kernel
 from .mlp import mlp, mlp_kernel
 from .qkv import qkv, qkv_kernel
@@ -16,5 +17,5 @@ from .softmax import reference_softmax, softmax, softmax_kernel
 
 __all__ = ["add", "add_kernel", "argmax", "argmax_kernel", "attention_cte", "attention_cte_kernel", "attention_tkg",
            "attention_tkg_kernel", "DecodeStack", "transformer_step_kernel", "matmul",
-           "matmul_kernel", "mlp", "mlp_kernel", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel", "rope",
+           "matmul_kernel", "mlp", "mlp_kernel", "prepared", "tiled", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel", "rope",
            "rope_kernel", "sample_top_p", "top_p_kernel", "softmax", "softmax_kernel", "reference_softmax"]

@@ -1,11 +1,19 @@
-"""The SwiGLU MLP in NKI: down(silu(x @ gate.T) * (x @ up.T)), weights as nn.Linear.weight ([out, in]).
+"""The SwiGLU MLP in NKI: down(silu(x @ gate.T) * (x @ up.T)).
+
+    x      [tokens, dim] @ HBM
+    gate   [P, dim / P, I] @ HBM     gate_proj.weight laid out once (layouts.tiled / prepared), as is
+    up     [P, dim / P, I] @ HBM     up_proj.weight
+    down   [P, I / P, dim] @ HBM     down_proj.weight
+    -> [tokens, dim]
 
 The Tensor Engine contracts over the partition dimension, so the kernel works with the intermediate activations
 transposed: for each 128-token tile, x.T arrives by DMA transpose (hidden size on partitions), each 128-row
 block of the intermediate size is gate.T's block (stationary) against x.T (moving), summed over the hidden
 size's tiles in PSUM, which leaves silu(a) * b with the intermediate size on partitions: exactly the
 stationary operand the down projection needs, summed over the intermediate size's tiles into [tokens, 512]
-PSUM banks. The three weights are loaded transposed into SBUF once per launch."""
+PSUM banks. Each weight arrives already in that layout, in the blocks the products use first: no launch
+transposes a weight. The op
+(`mlp`) takes nn.Linear.weight ([out, in]) and lays each weight out on its first call."""
 
 from __future__ import annotations
 
@@ -16,7 +24,8 @@ from ...nki import jit
 from ...nki import language as nl
 from ..interface import nki_op, wrap_nki
 from ..ops.mlp import _check as check_mlp  # the same argument checks as the PyTorch kernel's
-from .tiles import load_transposed, tiles
+from .layouts import expect_tiled, prepared
+from .tiles import tiles
 
 
 def swiglu_transposed(xt, g_t, u_t, dim, inter, n, dtype, p):
@@ -52,18 +61,28 @@ def down_projection(out_rows, act, d_t, dim, inter, n, dtype, p, residual=None):
 
 
 @jit
-def mlp_kernel(x, gate_w, up_w, down_w):
+def mlp_kernel(x, gate, up, down):
     rows, dim = x.shape
-    inter = gate_w.shape[0]
+    inter = gate.shape[-1]  # checked below
     p = nl.tile_size.pmax
+    expect_tiled("mlp_kernel", "gate", gate, dim, inter, "[P, dim / P, intermediate]")
+    expect_tiled("mlp_kernel", "up", up, dim, inter, "[P, dim / P, intermediate]")
+    expect_tiled("mlp_kernel", "down", down, inter, dim, "[P, intermediate / P, dim]")
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    g_t, u_t = load_transposed(gate_w, p), load_transposed(up_w, p)  # [hidden on partitions, inter]
-    d_t = load_transposed(down_w, p)  # [inter on partitions, hidden]
+    xt = nl.ndarray((p, (dim + p - 1) // p, rows), dtype=x.dtype, buffer=nl.sbuf)  # x.T first: the small load
     for _, r0, n in tiles(rows, p):
-        xt = nl.ndarray((p, (dim + p - 1) // p, n), dtype=x.dtype, buffer=nl.sbuf)
         for k, k0, nk in tiles(dim, p):
-            nisa.dma_transpose(dst=xt[0:nk, k, :], src=x[r0:r0 + n, k0:k0 + nk])
-        act = swiglu_transposed(xt, g_t, u_t, dim, inter, n, x.dtype, p)
+            nisa.dma_transpose(dst=xt[0:nk, k, r0:r0 + n], src=x[r0:r0 + n, k0:k0 + nk])
+    # the weights in the order the products use them, a PSUM bank's columns of gate and up at a time, so the
+    # first products start when their block has arrived, not the whole weight
+    g_t, u_t, d_t = (nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf) for w in (gate, up, down))
+    for _, c0, nc in tiles(inter, nl.tile_size.gemm_moving_fmax):
+        nisa.dma_copy(dst=g_t[:, :, c0:c0 + nc], src=gate[:, :, c0:c0 + nc])
+        nisa.dma_copy(dst=u_t[:, :, c0:c0 + nc], src=up[:, :, c0:c0 + nc])
+    for _, i0, ni in tiles(down.shape[1], 4):
+        nisa.dma_copy(dst=d_t[:, i0:i0 + ni, :], src=down[:, i0:i0 + ni, :])
+    for _, r0, n in tiles(rows, p):
+        act = swiglu_transposed(xt[:, :, r0:r0 + n], g_t, u_t, dim, inter, n, x.dtype, p)
         down_projection(out[r0:r0 + n, :], act, d_t, dim, inter, n, x.dtype, p)
     return out
 
@@ -73,6 +92,7 @@ _mlp = wrap_nki(mlp_kernel)
 
 @nki_op("nativelab::nki_mlp", mutates_args=())
 def mlp(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
+    """x [..., dim] with nn.Linear.weight's ([out, in]), each laid out for the kernel once (`prepared`)."""
     check_mlp(x, gate_w, up_w, down_w, None)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
-    return _mlp(flat, gate_w.contiguous(), up_w.contiguous(), down_w.contiguous()).reshape(x.shape)
+    return _mlp(flat, prepared(gate_w), prepared(up_w), prepared(down_w)).reshape(x.shape)

@@ -4,7 +4,10 @@ k and v (B, Hkv, T, D), RoPE applied to q and k.
 Tokens on partitions (128 per tile, within one sequence so a tile's positions are consecutive): the norm
 along the free dimension, then h.T by Tensor Engine transposes (the hidden size onto partitions, where the
 projections contract), each projection 512 output features per PSUM bank, then RoPE on each head's D columns
-with the tile's rows of the tables, and each head's [tokens, D] block stored to its place in (B, H, T, D)."""
+with the tile's rows of the tables, and each head's [tokens, D] block stored to its place in (B, H, T, D).
+
+The projections arrive laid out for the Tensor Engine, wq [P, dim / P, H * D] and wk, wv [P, dim / P, KV * D]
+@ HBM (layouts.tiled / prepared, once per weight); the op (`qkv`) takes nn.Linear.weight ([out, in])."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from ..interface import nki_op, wrap_nki
 from ..ops.qkv import check_qkv_args
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
-from .tiles import load_transposed, tiles, transpose_rows
+from .layouts import expect_tiled, load_tiled, prepared
+from .tiles import tiles, transpose_rows
 
 
 def project(y, h_t, w_t, dim, p):
@@ -46,13 +50,16 @@ def store_heads(out, b, t0, y, heads, d, cos=None, sin=None):
 @jit
 def qkv_kernel(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps):
     b_size, t, dim = x.shape
-    d = wq.shape[0] // n_heads
+    d = wq.shape[-1] // n_heads  # checked below
     p = nl.tile_size.pmax
+    expect_tiled("qkv_kernel", "wq", wq, dim, n_heads * d, "[P, dim / P, heads * head_dim]")
+    expect_tiled("qkv_kernel", "wk", wk, dim, n_kv_heads * d, "[P, dim / P, kv_heads * head_dim]")
+    expect_tiled("qkv_kernel", "wv", wv, dim, n_kv_heads * d, "[P, dim / P, kv_heads * head_dim]")
     q = nl.ndarray((b_size, n_heads, t, d), dtype=x.dtype, buffer=nl.shared_hbm)
     k = nl.ndarray((b_size, n_kv_heads, t, d), dtype=x.dtype, buffer=nl.shared_hbm)
     v = nl.ndarray((b_size, n_kv_heads, t, d), dtype=x.dtype, buffer=nl.shared_hbm)
     w = load_broadcast(norm_w, p)
-    wq_t, wk_t, wv_t = load_transposed(wq, p), load_transposed(wk, p), load_transposed(wv, p)
+    wq_t, wk_t, wv_t = load_tiled(wq), load_tiled(wk), load_tiled(wv)
     for b in nl.affine_range(b_size):
         for _, t0, n in tiles(t, p):
             xt = nl.ndarray((n, dim), dtype=x.dtype, buffer=nl.sbuf)
@@ -79,6 +86,6 @@ def qkv(x: torch.Tensor, norm_w: torch.Tensor, wq: torch.Tensor, wk: torch.Tenso
         cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int,
         eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_qkv_args(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads)
-    args = [t.contiguous() for t in (x, norm_w, wq, wk, wv, cos, sin)]
-    q, k, v = _qkv(*args, n_heads, n_kv_heads, float(eps))
+    x, norm_w, cos, sin = (t.contiguous() for t in (x, norm_w, cos, sin))
+    q, k, v = _qkv(x, norm_w, prepared(wq), prepared(wk), prepared(wv), cos, sin, n_heads, n_kv_heads, float(eps))
     return q, k, v

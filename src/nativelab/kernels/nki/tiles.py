@@ -1,5 +1,5 @@
-"""What the library's NKI kernels share: tiling a size into the hardware's tile sizes, and loading a weight
-transposed (its contraction dimension onto the partitions, where the Tensor Engine contracts)."""
+"""What the library's NKI kernels share: tiling a size into the hardware's tile sizes, and moving rows of
+activations onto the partitions (where the Tensor Engine contracts). Weights come laid out already: layouts.py."""
 
 from __future__ import annotations
 
@@ -15,15 +15,6 @@ def tiles(size: int, step: int, carried: bool = False):
     loop = nl.sequential_range if carried else nl.affine_range
     for i in loop((size + step - 1) // step):
         yield i, i * step, min(size, i * step + step) - i * step
-
-
-def load_transposed(w, p):
-    """w [rows, cols] (HBM) -> SBUF [p, col tiles, rows]: w.T, its rows (w's columns) in tiles of p partitions."""
-    rows, cols = w.shape
-    t = nl.ndarray((p, (cols + p - 1) // p, rows), dtype=w.dtype, buffer=nl.sbuf)
-    for k, k0, nk in tiles(cols, p):
-        nisa.dma_transpose(dst=t[0:nk, k, :], src=w[:, k0:k0 + nk])
-    return t
 
 
 def transpose_rows(h, p):

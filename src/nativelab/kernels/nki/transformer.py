@@ -30,6 +30,7 @@ Shapes (B sequences, H heads, KV kv-heads of D, dim, F = (H + 2 KV) * D, I the M
 
 from __future__ import annotations
 
+import functools
 import typing
 from typing import NamedTuple
 
@@ -45,21 +46,8 @@ from .qkv import project
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
 from .sample import MAX8_FMAX, argmax_step, running_argmax
+from .layouts import expect_tiled, load_tiled, tiled
 from .tiles import tiles, transpose_rows
-
-_PMAX = 128  # nl.tile_size.pmax: the partitions the Tensor Engine contracts over
-
-
-def tiled(w: Tensor) -> Tensor:
-    """A PyTorch linear weight w [N, K] ([out, in]) in the Tensor Engine's layout [P, K / P, N] (P = min(K, 128);
-    element [i, k, n] = w[n, k * P + i]; K padded with zero rows to whole tiles), contiguous."""
-    n, k = w.shape
-    p = min(k, _PMAX)
-    kt = -(-k // p)
-    w_t = torch.zeros(kt * p, n, dtype=w.dtype, device=w.device)
-    w_t[:k] = w.t()
-    return w_t.reshape(kt, p, n).permute(1, 0, 2).contiguous()
-
 
 class DecodeStack(NamedTuple):
     """A Llama's tensors for `transformer_step_kernel`, prepared once (`prepare`): the matrices tiled for the
@@ -118,26 +106,6 @@ class DecodeStack(NamedTuple):
 
 
 _PER_LAYER = {f: typing.get_origin(t) is list for f, t in typing.get_type_hints(DecodeStack).items()}  # a tensor per layer
-
-
-def expect_layout(name: str, w, shape: tuple, layout: str) -> None:
-    """A weight the kernel takes prepared: ValueError naming the layout it expects when w is not in it."""
-    if tuple(w.shape) != tuple(shape):
-        raise ValueError(f"transformer_step_kernel: {name} must be {layout} = {list(shape)} "
-                         f"(DecodeStack.prepare, once at load), got {list(w.shape)}: a PyTorch [out, in] weight "
-                         f"is not taken")
-
-
-def _tiled_shape(k: int, n: int) -> tuple[int, int, int]:
-    p = min(k, _PMAX)
-    return p, -(-k // p), n
-
-
-def load_tiled(w):
-    """A prepared weight [P, K / P, N] (HBM) into SBUF with one DMA."""
-    t = nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=w)
-    return t
 
 
 def low_words(t, n: int, offset: int = 0):
@@ -238,13 +206,14 @@ def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, 
     p = nl.tile_size.pmax
     dt = embed.dtype
     f = (n_heads + 2 * n_kv_heads) * d
+    expect = functools.partial(expect_tiled, "transformer_step_kernel")  # weights prepared once (DecodeStack)
     for i in range(len(wqkvs)):
-        expect_layout(f"wqkvs[{i}]", wqkvs[i], _tiled_shape(dim, f), "[P, dim / P, (heads + 2 kv_heads) * head_dim]")
-        expect_layout(f"wos[{i}]", wos[i], _tiled_shape(n_heads * d, dim), "[P, heads * head_dim / P, dim]")
-        expect_layout(f"gates[{i}]", gates[i], _tiled_shape(dim, inter), "[P, dim / P, intermediate]")
-        expect_layout(f"ups[{i}]", ups[i], _tiled_shape(dim, inter), "[P, dim / P, intermediate]")
-        expect_layout(f"downs[{i}]", downs[i], _tiled_shape(inter, dim), "[P, intermediate / P, dim]")
-    expect_layout("lm_head", lm_head, _tiled_shape(dim, vocab), "[P, dim / P, vocab]")
+        expect(f"wqkvs[{i}]", wqkvs[i], dim, f, "[P, dim / P, (heads + 2 kv_heads) * head_dim]")
+        expect(f"wos[{i}]", wos[i], n_heads * d, dim, "[P, heads * head_dim / P, dim]")
+        expect(f"gates[{i}]", gates[i], dim, inter, "[P, dim / P, intermediate]")
+        expect(f"ups[{i}]", ups[i], dim, inter, "[P, dim / P, intermediate]")
+        expect(f"downs[{i}]", downs[i], inter, dim, "[P, intermediate / P, dim]")
+    expect("lm_head", lm_head, dim, vocab, "[P, dim / P, vocab]")
     token = nl.ndarray((b_size, 2), dtype=nl.int32, buffer=nl.shared_hbm)  # int64 words: [low, high]
     logits = nl.ndarray((b_size, vocab), dtype=dt, buffer=nl.shared_hbm)
     pos_i = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)

@@ -1,0 +1,69 @@
+"""The layout the Tensor Engine contracts a weight in, `[P, K / P, N] @ HBM`, made once per weight.
+
+nc_matmul contracts over the partition dimension, so a linear weight w [N, K] (PyTorch's [out, in]) is wanted
+with its contraction dimension K on P = min(K, 128) partitions: element [i, k, n] = w[n, k * P + i], K padded
+with zero rows to whole tiles. In that layout one contiguous DMA puts the weight in SBUF (`load_tiled`); in
+PyTorch's, every launch would transpose it. The host lays a weight out once (`tiled`; `prepared` remembers it
+per weight tensor, as nkilib's ops take `module.weight` and handle the transpose themselves), and a kernel handed
+another layout refuses it by name (`expect_tiled`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ...nki import isa as nisa
+from ...nki import language as nl
+from .._private import is_fake, version
+
+PMAX = 128  # nl.tile_size.pmax: the partitions the Tensor Engine contracts over
+
+
+def tiled_shape(k: int, n: int) -> tuple[int, int, int]:
+    """The shape [P, K / P, N] of a weight contracting K into N (P = min(K, 128), K / P rounded up)."""
+    p = min(k, PMAX)
+    return p, -(-k // p), n
+
+
+def tiled(w: Tensor) -> Tensor:
+    """w [N, K] ([out, in]) in the Tensor Engine's layout [P, K / P, N], contiguous (a new tensor)."""
+    n, k = w.shape
+    p, kt, _ = tiled_shape(k, n)
+    w_t = torch.zeros(kt * p, n, dtype=w.dtype, device=w.device)
+    w_t[:k] = w.t()
+    return w_t.reshape(kt, p, n).permute(1, 0, 2).contiguous()
+
+
+_prepared = WeakIdKeyDictionary()  # weight tensor -> (its version when laid out, the tiled copy); dies with it
+
+
+def prepared(w: Tensor) -> Tensor:
+    """`tiled(w)`, made on the first call for this weight tensor and again only after it is written in place
+    (a load_state_dict, an optimizer step): later launches reuse the copy, so no launch transposes a weight."""
+    if is_fake(w):  # tracing (a custom op's fake implementation): the layout's metadata, nothing kept
+        return tiled(w)
+    seen = _prepared.get(w)
+    if seen is not None and seen[0] == version(w):
+        return seen[1]
+    with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor, usable inside and outside inference
+        t = tiled(w.detach())
+    _prepared[w] = (version(w), t)
+    return t
+
+
+def expect_tiled(kernel: str, name: str, w, k: int, n: int, meaning: str) -> None:
+    """ValueError naming the layout a kernel takes, when the weight w is not [P, K / P, N] for K -> N. meaning:
+    the layout in words, e.g. "[P, dim / P, intermediate]"."""
+    shape = tiled_shape(k, n)
+    if tuple(w.shape) != shape:
+        raise ValueError(f"{kernel}: {name} must be {meaning} = {list(shape)}, the Tensor Engine's layout "
+                         f"(nativelab.kernels.nki.prepared(weight), once per weight), got {list(w.shape)}: a PyTorch "
+                         f"[out, in] weight is not taken")
+
+
+def load_tiled(w):
+    """A weight in the tiled layout [P, K / P, N] (HBM) into SBUF with one DMA."""
+    t = nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=w)
+    return t
