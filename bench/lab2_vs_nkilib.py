@@ -2,7 +2,7 @@
 estimate (nki/cost.py, one NeuronCore-v3) of each piece of `transformer_step_kernel`, at the shapes nki-library's
 figures were taken at, beside those figures.
 
-    python bench/lab2_vs_nkilib.py
+    python bench/lab2_vs_nkilib.py [--nkilib /tmp/nkilib]
 
 The shapes (README.md, "nki-library 2.29, kernel by kernel"): the guide's small Llama at decode, batch 1, one
 token, 256 cache positions, 8 query heads over ONE kv head (the head count nki-library's attention block takes),
@@ -13,11 +13,18 @@ over the cache, with the new token), output projection (+ residual), mlp (RMSNor
 mlp_residual), and the 6-layer stack (the step kernel's layers, hidden row in and out, no embedding or head).
 
 nki-library's figures are kernel.estimate() of its kernels, run unmodified from nki-library 2.29 (ddbca35) through
-the same cost model (README.md's table under "kernel by kernel"; transformer_tkg's by bench/nkilib_transformer_tkg.py).
-Target (issue 46): ours within 1.3x of theirs, row by row.
+the same cost model. With `--nkilib DIR` (a checkout of aws-neuron/nki-library outside the repository) they are
+measured in this run by bench/nkilib_kernels.py, on the cost model this process imports; without it they are the
+figures README.md records (its table under "kernel by kernel", NKILIB below), which go stale when nki/cost.py
+changes. The output says which it used. Target (issue 46): ours within 1.3x of theirs, row by row.
 """
 
 from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
 
 import torch
 
@@ -31,7 +38,8 @@ from nativelab.nki import isa as nisa
 from nativelab.nki import jit
 from nativelab.nki import language as nl
 
-# nki-library 2.29's estimates at these shapes, us, and busy us (tensor / vector / scalar / dma), from README.md
+# nki-library 2.29's estimates at these shapes, us, and busy us (tensor / vector / scalar / dma), from README.md:
+# the fallback when no checkout is given (--nkilib measures them instead)
 NKILIB = {
     "rmsnorm": (2.41, (0.32, 0.99, 0.11, 0.01)),
     "qkv": (5.90, (1.39, 3.82, 0.11, 1.82)),
@@ -125,7 +133,25 @@ def _w(out_features, in_features):
     return (torch.randn(out_features, in_features) * in_features ** -0.5).to(torch.bfloat16)
 
 
+def nkilib_figures(root: str | None) -> tuple[dict, str]:
+    """{piece: (us, busy us)} of nki-library's side and where they came from: measured from the checkout at
+    `root` by bench/nkilib_kernels.py (loaded by path: bench/ is not a package), else README.md's record."""
+    if root is None:
+        return NKILIB, "README.md's recorded figures (nki-library 2.29; pass --nkilib DIR to measure them)"
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nkilib_kernels.py")
+    spec = importlib.util.spec_from_file_location("_bench_nkilib_kernels", path)
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up there
+    spec.loader.exec_module(mod)
+    rows = mod.measure(root)
+    return ({name: (r.us, r.busy) for name, r in rows.items()},
+            f"measured now from {root} by bench/nkilib_kernels.py, on this cost model")
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nkilib", help="a checkout of aws-neuron/nki-library to measure its side from (default: "
+                                     "README.md's recorded figures)")
+    opts = ap.parse_args()
     torch.manual_seed(0)
     bf = torch.bfloat16
     weights = DecodeWeights(
@@ -151,12 +177,15 @@ def main() -> None:
         "6-layer stack": (stack_piece, (x, pos, pos.float(), *tables, st.input_norms, st.wqkvs, st.wos, st.post_norms,
                                         st.gates, st.ups, st.downs, st.k_caches, st.v_caches)),
     }
-    print("est. trn2 us on one NeuronCore-v3; busy us: tensor / vector / scalar / dma")
+    figures, source = nkilib_figures(opts.nkilib)
+    print(f"est. trn2 us on one NeuronCore-v3, cost model of {os.path.dirname(nativelab.__file__)}; "
+          "busy us: tensor / vector / scalar / dma")
+    print(f"nki-library: {source}")
     print(f"{'piece':18s} {'ours':>8s} {'nki-library':>12s} {'ratio':>6s}  {'ours busy':>28s}  {'nki-library busy':>28s}")
     for name, (kernel, args) in pieces.items():
         e = kernel.estimate(*args)
         busy = " / ".join(f"{e.busy.get(k, 0.0) * 1e6:.2f}" for k in ("tensor", "vector", "scalar", "dma"))
-        theirs, their_busy = NKILIB[name]
+        theirs, their_busy = figures[name]
         print(f"{name:18s} {e.seconds * 1e6:8.2f} {theirs:12.2f} {e.seconds * 1e6 / theirs:5.2f}x  {busy:>28s}  "
               f"{' / '.join(f'{b:.2f}' for b in their_busy):>28s}")
 

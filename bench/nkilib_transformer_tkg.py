@@ -97,10 +97,10 @@ def models(seed: int = 0, dtype=torch.bfloat16):
     return ref
 
 
-def kernel_weights(ref) -> dict:
+def kernel_weights(ref, dev: str = DEV) -> dict:
     """The per-layer lists transformer_tkg takes, on the device: W_qkv (H, (8 + 2) x 64) = [Q | K | V] columns,
     W_out (8 x 64, H), W_gate / W_up (H, I), W_down (I, H), the norms' gammas (1, H)."""
-    t = lambda x: x.detach().t().contiguous().to(DEV)  # noqa: E731  (nn.Linear keeps (out, in))
+    t = lambda x: x.detach().t().contiguous().to(dev)  # noqa: E731  (nn.Linear keeps (out, in))
     w = {k: [] for k in ("W_qkvs", "W_outs", "W_gates", "W_ups", "W_downs", "W_gamma_qkvs", "W_gamma_mlps")}
     for layer in ref.layers:
         a, m = layer.self_attn, layer.mlp
@@ -109,16 +109,16 @@ def kernel_weights(ref) -> dict:
         w["W_gates"].append(t(m.gate_proj.weight))
         w["W_ups"].append(t(m.up_proj.weight))
         w["W_downs"].append(t(m.down_proj.weight))
-        w["W_gamma_qkvs"].append(layer.input_layernorm.weight.detach().view(1, -1).to(DEV))
-        w["W_gamma_mlps"].append(layer.post_attention_layernorm.weight.detach().view(1, -1).to(DEV))
+        w["W_gamma_qkvs"].append(layer.input_layernorm.weight.detach().view(1, -1).to(dev))
+        w["W_gamma_mlps"].append(layer.post_attention_layernorm.weight.detach().view(1, -1).to(dev))
     return w
 
 
-def kernel_caches(ref) -> tuple[list, list]:
+def kernel_caches(ref, dev: str = DEV) -> tuple[list, list]:
     """The base tier's caches (B, 1, S, d) after the prefill, as the kernel's: K transposed (B, 1, d, CTX),
     V (B, 1, CTX, d)."""
-    ks = [layer.self_attn.k_cache[:, :, :CTX].transpose(-1, -2).contiguous().to(DEV) for layer in ref.layers]
-    vs = [layer.self_attn.v_cache[:, :, :CTX].contiguous().to(DEV) for layer in ref.layers]
+    ks = [layer.self_attn.k_cache[:, :, :CTX].transpose(-1, -2).contiguous().to(dev) for layer in ref.layers]
+    vs = [layer.self_attn.v_cache[:, :, :CTX].contiguous().to(dev) for layer in ref.layers]
     return ks, vs
 
 
@@ -126,17 +126,17 @@ class Around(torch.nn.Module):
     """What runs around the kernel, one compiled graph per token: the final RMSNorm, LM head and argmax of the
     kernel's output, then the next token's kernel inputs (embedding, RoPE rows, mask, cache write position)."""
 
-    def __init__(self, ref):
+    def __init__(self, ref, dev: str = DEV):
         super().__init__()
         cfg = ref.cfg
         self.n_heads, self.half = cfg.n_heads, cfg.head_dim // 2
-        self.embed = ref.embed_tokens.weight.detach().to(DEV)
-        self.lm_head = ref.lm_head.weight.detach().to(DEV)
-        self.norm = copy.deepcopy(ref.norm).to(DEV)
-        self.cos = ref.rope_cos[:, : self.half].to(torch.bfloat16).to(DEV)  # (max_seq_len, d/2): HF's halves
-        self.sin = ref.rope_sin[:, : self.half].to(torch.bfloat16).to(DEV)
-        self.cols = torch.arange(CTX, device=DEV)
-        self.seed_state = seed_state(0, DEV)
+        self.embed = ref.embed_tokens.weight.detach().to(dev)
+        self.lm_head = ref.lm_head.weight.detach().to(dev)
+        self.norm = copy.deepcopy(ref.norm).to(dev)
+        self.cos = ref.rope_cos[:, : self.half].to(torch.bfloat16).to(dev)  # (max_seq_len, d/2): HF's halves
+        self.sin = ref.rope_sin[:, : self.half].to(torch.bfloat16).to(dev)
+        self.cols = torch.arange(CTX, device=dev)
+        self.seed_state = seed_state(0, dev)
 
     def inputs(self, token, pos):
         """token (1,) and pos (1,) -> X (1, 1, H), cos / sin (d/2, 1, 1), the cascaded mask (CTX, 1, heads, 1):
