@@ -13,7 +13,9 @@ instructions its trace issued. Every constant is AWS's and cited once, here:
 
 The model: each compute engine (Tensor, Vector, Scalar, GpSimd) runs its instructions in program order; an
 instruction starts when its engine is free and the instructions it depends on (read-after-write,
-write-after-read and write-after-write on overlapping regions of the same tensor) have finished. The DMA
+write-after-read and write-after-write on overlapping regions of the same tensor: compared dimension by
+dimension where both views are blocks of the tile, so a column block written does not hold up a read of
+another, as the compiler's dependency analysis on access patterns would not) have finished. The DMA
 queues (16 per core [trn2]) are one lane of the core's HBM bandwidth that is not in program order: a
 transfer takes the first free stretch of bandwidth after its inputs are ready (a load for the next tile
 does not wait behind the store of the previous one). Independent work on different engines overlaps.
@@ -46,6 +48,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
+from .hazards import box
 
 TENSOR_GHZ = 2.4  # [trn2] engine frequencies
 VECTOR_GHZ = 0.96
@@ -218,28 +221,45 @@ class _Bandwidth:
         return start
 
 
-def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3) -> Estimate:
-    """Schedule the instructions on their cores' engines (see the module docstring) and time them on `target`."""
+def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3, storages: dict | None = None) -> Estimate:
+    """Schedule the instructions on their cores' engines (see the module docstring) and time them on `target`.
+    storages: the trace's allocations (Trace.storages: shape and element size at [4], [5]), to compare two
+    accesses of one tile block by block; without them, by their first and last elements."""
     cores = sorted({ins.core for ins in instructions}) or [0]
     free = {(c, e): 0.0 for c in cores for e in ENGINES}
     busy = {c: dict.fromkeys(ENGINES, 0.0) for c in cores}
     dma = {c: _Bandwidth() for c in cores}  # each core its own share of HBM bandwidth
-    reads: dict = {}  # storage id -> [(lo, hi, end time)] of the reads so far
+    reads: dict = {}  # storage id -> [(lo, hi, end time, view)] of the reads so far
     writes: dict = {}  # ... of the writes
     events = []
     event_cores = []
     waiting: dict = {}  # sync key -> (instruction, ready, occupy, latency, event index) of the first core there
 
+    boxes: dict = {}  # (storage, view) -> the view's box in its tile, or None
+
+    def box_of(sid, view):
+        key = (sid, view)
+        if key not in boxes:
+            st = storages.get(sid) if storages is not None and view is not None else None
+            boxes[key] = box(view, st[4], st[5]) if st is not None else None
+        return boxes[key]
+
+    def meet(sid, view, other) -> bool:
+        """Two accesses whose first-to-last spans overlap share an element (unless both are blocks of the tile
+        that miss each other in some dimension)."""
+        a, b = box_of(sid, view), box_of(sid, other)
+        return a is None or b is None or all(l1 <= h2 and l2 <= h1 for l1, h1, l2, h2 in zip(*a, *b))
+
     def ready_of(ins):
         ready = free[(ins.core, ins.engine)] if ins.engine != "dma" else 0.0
-        for sid, lo, hi, _ in ins.reads:  # read after write
-            for a_lo, a_hi, end in writes.get(sid, ()):
-                if lo <= a_hi and a_lo <= hi and end > ready:
+        for sid, lo, hi, view in ins.reads:  # read after write
+            for a_lo, a_hi, end, a_view in writes.get(sid, ()):
+                if lo <= a_hi and a_lo <= hi and end > ready and meet(sid, view, a_view):
                     ready = end
-        for sid, lo, hi, _ in ins.writes:  # write after read or write
+        for sid, lo, hi, view in ins.writes:  # write after read or write
             for table in (reads, writes):
-                for a_lo, a_hi, end in table.get(sid, ()):
-                    if lo <= a_hi and a_lo <= hi and end > ready:
+                for a_lo, a_hi, end, a_view in table.get(sid, ()):
+                    if lo <= a_hi and a_lo <= hi and end > ready and meet(sid, view, a_view):
                         ready = end
         return ready
 
@@ -251,8 +271,8 @@ def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3) -> Estim
 
     def finish(ins, start, end, index):
         for regions, table in ((ins.reads, reads), (ins.writes, writes)):
-            for sid, lo, hi, _ in regions:
-                table.setdefault(sid, []).append((lo, hi, end))
+            for sid, lo, hi, view in regions:
+                table.setdefault(sid, []).append((lo, hi, end, view))
         events[index] = (ins.name, ins.engine, start, end, ins.line)
 
     for ins in instructions:

@@ -208,7 +208,7 @@ def _ranges_meet(accesses) -> bool:
     return False
 
 
-def _box(view, shape, size):
+def box(view, shape, size):
     """The view as a box of the allocation's (row-major) index space, [first, last] per dimension, when it is
     one (each of its dimensions one of the allocation's, step 1, its own dtype); else None."""
     offset, vshape, vstrides, vsize = view
@@ -235,7 +235,7 @@ def _boxes_meet(accesses, shape, size, grid: bool) -> bool:
     """Whether two accesses of different iterations (one a write, not two of one accumulation, in a grid not
     ordered by a rendezvous) may share an element: exactly, where both are boxes (tile [i] of a tile, column
     blocks); True where one is not (the element-by-element comparison decides)."""
-    boxes = [_box(a.view, shape, size) for a in accesses]
+    boxes = [box(a.view, shape, size) for a in accesses]
     if any(b is None for b in boxes) or not shape:
         return True
     lo = np.array([b[0] for b in boxes], dtype=np.int64)

@@ -111,7 +111,7 @@ class _Traced:
     def estimate(self, name: str, target: cost.Target = cost.NEURONCORE_V3) -> cost.Estimate:
         """This signature's estimate on `target`, computed once per target."""
         if target not in self._estimates:
-            self._estimates[target] = cost.estimate(name, self.instructions, target)
+            self._estimates[target] = cost.estimate(name, self.instructions, target, self.storages)
         return self._estimates[target]
 
 
@@ -394,7 +394,7 @@ class JitKernel:
         device = tensors[0].device if tensors else torch.device("cpu")
         est = None
         if interpreted and (estimate or observe.nki_launch is not None or settings.NKI_PROFILE.get()):
-            est = cost.estimate(self.name, tr.instructions, target)
+            est = cost.estimate(self.name, tr.instructions, target, tr.storages)
             if settings.NKI_PROFILE.get() and not estimate:
                 print(est.summary(), file=sys.stderr)
         return [st.tensor.to(device) for st in tr.outputs], est

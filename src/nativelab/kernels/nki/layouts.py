@@ -2,7 +2,7 @@
 
 nc_matmul contracts over the partition dimension, so a linear weight w [N, K] (PyTorch's [out, in]) is wanted
 with its contraction dimension K on P = min(K, 128) partitions: element [i, k, n] = w[n, k * P + i], K padded
-with zero rows to whole tiles. In that layout one contiguous DMA puts the weight in SBUF (`load_tiled`); in
+with zero rows to whole tiles. In that layout plain DMAs put the weight in SBUF (`load_tiled`, in the blocks the products use first); in
 PyTorch's, every launch would transpose it. The host lays a weight out once (`tiled`; `prepared` remembers it
 per weight tensor, as nkilib's ops take `module.weight` and handle the transpose themselves), and a kernel handed
 another layout refuses it by name (`expect_tiled`)."""
@@ -62,8 +62,18 @@ def expect_tiled(kernel: str, name: str, w, k: int, n: int, meaning: str) -> Non
                          f"[out, in] weight is not taken")
 
 
-def load_tiled(w):
-    """A weight in the tiled layout [P, K / P, N] (HBM) into SBUF with one DMA."""
-    t = nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=w)
-    return t
+def load_tiled(*ws, n_block: int | None = None, k_block: int | None = None):
+    """Weights in the tiled layout [P, K / P, N] (HBM) into SBUF, one tile each (a tuple for several), by DMAs of
+    [P, k_block, n_block] blocks issued in the order the products use them: N's blocks outer, K's tiles inner, the
+    weights interleaved block by block (gate's and up's first blocks before either's second), so the first
+    matmuls start when their block has arrived rather than the whole weight. No blocks: one DMA a weight."""
+    tiles = tuple(nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf) for w in ws)
+    p, kt, n = ws[0].shape
+    nb, kb = n_block or n, k_block or kt
+    for c0 in range(0, n, nb):
+        c1 = min(n, c0 + nb)
+        for k0 in range(0, kt, kb):
+            k1 = min(kt, k0 + kb)
+            for t, w in zip(tiles, ws):
+                nisa.dma_copy(dst=t[:, k0:k1, c0:c1], src=w[:, k0:k1, c0:c1])
+    return tiles if len(tiles) > 1 else tiles[0]

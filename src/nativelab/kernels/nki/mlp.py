@@ -24,7 +24,7 @@ from ...nki import jit
 from ...nki import language as nl
 from ..interface import nki_op, wrap_nki
 from ..ops.mlp import _check as check_mlp  # the same argument checks as the PyTorch kernel's
-from .layouts import expect_tiled, prepared
+from .layouts import expect_tiled, load_tiled, prepared
 from .tiles import tiles
 
 
@@ -73,14 +73,9 @@ def mlp_kernel(x, gate, up, down):
     for _, r0, n in tiles(rows, p):
         for k, k0, nk in tiles(dim, p):
             nisa.dma_transpose(dst=xt[0:nk, k, r0:r0 + n], src=x[r0:r0 + n, k0:k0 + nk])
-    # the weights in the order the products use them, a PSUM bank's columns of gate and up at a time, so the
-    # first products start when their block has arrived, not the whole weight
-    g_t, u_t, d_t = (nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf) for w in (gate, up, down))
-    for _, c0, nc in tiles(inter, nl.tile_size.gemm_moving_fmax):
-        nisa.dma_copy(dst=g_t[:, :, c0:c0 + nc], src=gate[:, :, c0:c0 + nc])
-        nisa.dma_copy(dst=u_t[:, :, c0:c0 + nc], src=up[:, :, c0:c0 + nc])
-    for _, i0, ni in tiles(down.shape[1], 4):
-        nisa.dma_copy(dst=d_t[:, i0:i0 + ni, :], src=down[:, i0:i0 + ni, :])
+    # the weights in the order the products use them: a PSUM bank's columns of gate and up at a time
+    g_t, u_t = load_tiled(gate, up, n_block=nl.tile_size.gemm_moving_fmax)
+    d_t = load_tiled(down, k_block=4)
     for _, r0, n in tiles(rows, p):
         act = swiglu_transposed(xt[:, :, r0:r0 + n], g_t, u_t, dim, inter, n, x.dtype, p)
         down_projection(out[r0:r0 + n, :], act, d_t, dim, inter, n, x.dtype, p)

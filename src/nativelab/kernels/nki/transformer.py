@@ -146,7 +146,8 @@ def qkv_rows(x, w_in, wqkv, c, s, n_heads, n_kv_heads, eps, p):
     d = c.shape[2]
     hq, hk = n_heads * d, n_kv_heads * d
     h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=x.dtype, buffer=nl.sbuf), x, w_in, eps), p)
-    y = project(nl.ndarray((1, hq + 2 * hk), dtype=x.dtype, buffer=nl.sbuf), h_t, load_tiled(wqkv), dim, p)
+    y = project(nl.ndarray((1, hq + 2 * hk), dtype=x.dtype, buffer=nl.sbuf), h_t,
+                load_tiled(wqkv, n_block=nl.tile_size.gemm_moving_fmax, k_block=1), dim, p)
     return _rope_heads(y[:, 0:hq], n_heads, d, c, s), _rope_heads(y[:, hq:hq + hk], n_kv_heads, d, c, s), \
         y[:, hq + hk:hq + 2 * hk]
 
@@ -155,7 +156,8 @@ def output_projection(att, wo, x, hd, p):
     """x + o @ wo.T (a [1, dim] row, SBUF), from the heads' outputs o [H * D = hd] in 128-row tiles att [R, C]
     (decode_heads' layout) and wo prepared [P, hd / P, dim] (HBM): 128 partitions of contraction a matmul."""
     rows, cols = att.shape
-    y = project(nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf), att.reshape((rows, cols, 1)), load_tiled(wo), hd,
+    y = project(nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf), att.reshape((rows, cols, 1)),
+                load_tiled(wo, n_block=nl.tile_size.gemm_moving_fmax, k_block=1), hd,
                 p)
     nisa.tensor_tensor(dst=y, data1=y, data2=x, op=nl.add)
     return y
@@ -168,8 +170,9 @@ def mlp_residual(x, w_post, gate, up, down, eps, p):
     dt = x.dtype
     inter = gate.shape[2]
     h_t = transpose_rows(rmsnorm_rows(nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf), x, w_post, eps), p)
-    act = swiglu_transposed(h_t, load_tiled(gate), load_tiled(up), dim, inter, 1, dt, p)
-    d_t = load_tiled(down)
+    g_t, u_t = load_tiled(gate, up, n_block=nl.tile_size.gemm_moving_fmax)
+    act = swiglu_transposed(h_t, g_t, u_t, dim, inter, 1, dt, p)
+    d_t = load_tiled(down, k_block=4)
     out = nl.ndarray((1, dim), dtype=dt, buffer=nl.sbuf)
     for _, c0, nc in tiles(dim, nl.tile_size.gemm_moving_fmax):  # down projection + residual
         o_ps = nl.ndarray((1, nc), dtype=nl.float32, buffer=nl.psum)
