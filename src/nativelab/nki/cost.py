@@ -15,7 +15,7 @@ The model: each compute engine (Tensor, Vector, Scalar, GpSimd) runs its instruc
 instruction starts when its engine is free and the instructions it depends on (read-after-write,
 write-after-read and write-after-write on overlapping regions of the same tensor: compared dimension by
 dimension where both views are blocks of the tile, so a column block written does not hold up a read of
-another, as the compiler's dependency analysis on access patterns would not) have finished. The DMA
+another: the compiler tracks dependencies by access pattern, not by whole tile) have finished. The DMA
 queues (16 per core [trn2]) are one lane of the core's HBM bandwidth that is not in program order: a
 transfer takes the first free stretch of bandwidth after its inputs are ready (a load for the next tile
 does not wait behind the store of the previous one). Independent work on different engines overlaps.

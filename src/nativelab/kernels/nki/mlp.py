@@ -12,8 +12,7 @@ block of the intermediate size is gate.T's block (stationary) against x.T (movin
 size's tiles in PSUM, which leaves silu(a) * b with the intermediate size on partitions: exactly the
 stationary operand the down projection needs, summed over the intermediate size's tiles into [tokens, 512]
 PSUM banks. Each weight arrives already in that layout, in the blocks the products use first: no launch
-transposes a weight. The op
-(`mlp`) takes nn.Linear.weight ([out, in]) and lays each weight out on its first call."""
+transposes a weight. The op (`mlp`) takes nn.Linear.weight ([out, in]) and lays each weight out on its first call."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def qkv_kernel(x, norm_w, wq, wk, wv, cos, sin, n_heads, n_kv_heads, eps):
     k = nl.ndarray((b_size, n_kv_heads, t, d), dtype=x.dtype, buffer=nl.shared_hbm)
     v = nl.ndarray((b_size, n_kv_heads, t, d), dtype=x.dtype, buffer=nl.shared_hbm)
     w = load_broadcast(norm_w, p)
-    wq_t, wk_t, wv_t = (load_tiled(w, n_block=nl.tile_size.gemm_moving_fmax, k_block=1) for w in (wq, wk, wv))
+    wq_t, wk_t, wv_t = (load_tiled(m, n_block=nl.tile_size.gemm_moving_fmax, k_block=1) for m in (wq, wk, wv))
     for b in nl.affine_range(b_size):
         for _, t0, n in tiles(t, p):
             xt = nl.ndarray((n, dim), dtype=x.dtype, buffer=nl.sbuf)
