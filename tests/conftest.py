@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -6,7 +8,9 @@ import tempfile
 os.environ.setdefault("NATIVELAB_QUIET", "1")
 # The decode kernels' tuning measures at a plan's first step: what the tests measure, on a loaded machine and
 # odd shapes, stays out of the user's cache (kernels/cpu/tune.py).
-os.environ.setdefault("NATIVELAB_TUNE_CACHE_DIR", tempfile.mkdtemp(prefix="nativelab-tune-tests-"))
+if "NATIVELAB_TUNE_CACHE_DIR" not in os.environ:  # made once by the first pytest process; xdist's workers inherit it
+    os.environ["NATIVELAB_TUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="nativelab-tune-tests-")
+    atexit.register(shutil.rmtree, os.environ["NATIVELAB_TUNE_CACHE_DIR"], ignore_errors=True)  # not left in /tmp
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
