@@ -22,9 +22,7 @@ changes. The output says which it used. Target (issue 46): ours within 1.3x of t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import sys
 
 import torch
 
@@ -37,6 +35,7 @@ from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.nki import isa as nisa
 from nativelab.nki import jit
 from nativelab.nki import language as nl
+from module_files import sibling
 
 # nki-library 2.29's estimates at these shapes, us, and busy us (tensor / vector / scalar / dma), from README.md:
 # the fallback when no checkout is given (--nkilib measures them instead)
@@ -138,11 +137,7 @@ def nkilib_figures(root: str | None) -> tuple[dict, str]:
     `root` by bench/nkilib_kernels.py (loaded by path: bench/ is not a package), else README.md's record."""
     if root is None:
         return NKILIB, "README.md's recorded figures (nki-library 2.29; pass --nkilib DIR to measure them)"
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nkilib_kernels.py")
-    spec = importlib.util.spec_from_file_location("_bench_nkilib_kernels", path)
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up there
-    spec.loader.exec_module(mod)
-    rows = mod.measure(root)
+    rows = sibling("nkilib_kernels").measure(root)
     return ({name: (r.us, r.busy) for name, r in rows.items()},
             f"measured now from {root} by bench/nkilib_kernels.py, on this cost model")
 

@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -71,7 +70,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +86,7 @@ from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
 from nativelab.kernels.ops.transformer import reference_transformer_tkg_token
 from nativelab.nki import simulate
+from module_files import load  # public kernel files run as they are: their `import nki` is nativelab's
 
 sample_ops = importlib.import_module("nativelab.kernels.ops.sample")  # the module (the package exports its op)
 
@@ -168,15 +167,6 @@ TUTORIAL_MATMUL = "src/nki_samples/tutorials/matrix_multiplication/matrix_multip
 MAMBA = "nki/examples/fused_mamba/mamba_nki_kernels.py"  # in an aws-neuron-sdk checkout
 
 
-def _load(path: Path, name: str) -> types.ModuleType:
-    """A public kernel file, imported from the checkout as it is (its `import nki` / `from neuronxcc import nki`
-    are nativelab's stand-ins, installed by `import nativelab`)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def first_call_cases(dt, nki_samples: Path | None, neuron_sdk: Path | None) -> dict:
     """name -> a function building (kernel, inputs): a tiny add (what any first call costs), the library's kernels
     at cases()'s shapes, a 1024x2048 softmax; given the checkouts, nki-samples' matrix-multiplication tutorial
@@ -203,7 +193,7 @@ def _tutorial_matmul(path: Path, kernel: str, shape):
     torch.manual_seed(0)
     m, k, n = shape
     lhs, rhs = torch.rand(m, k, dtype=torch.bfloat16), torch.rand(k, n, dtype=torch.bfloat16)
-    return getattr(_load(path, "nki_samples_matmul"), kernel), (lhs.T, rhs)
+    return getattr(load(path, "nki_samples_matmul"), kernel), (lhs.T, rhs)
 
 
 def _mamba(path: Path, version: str):
@@ -216,7 +206,7 @@ def _mamba(path: Path, version: str):
     a = -np.ones((channels, state_size), dtype=np.float32)
     b = np.ones((batch, state_size, seq_len), dtype=np.float32)
     c = np.ones((batch, state_size, seq_len), dtype=np.float32)
-    return getattr(_load(path, "aws_neuron_sdk_mamba"), f"mamba_{version}"), (delta, u, a, b, c)
+    return getattr(load(path, "aws_neuron_sdk_mamba"), f"mamba_{version}"), (delta, u, a, b, c)
 
 
 def _tensors(result) -> list:

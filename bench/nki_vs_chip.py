@@ -31,12 +31,13 @@ A point whose estimate takes longer than --limit-s is reported as skipped (traci
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import multiprocessing as mp
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from module_files import load
 
 MM = "nki/examples/matrix_multiplication/matrix_multiplication_nki_kernels.py"
 LN = "legacy/nki/examples/layernorm/layernorm_nki_kernel.py"
@@ -83,9 +84,7 @@ def _estimate(samples: str, source: str, function: str, spec, hardware: str, out
     from nativelab.nki import cost
 
     path = Path(samples) / source
-    module = importlib.util.spec_from_file_location(path.stem, path)
-    kernels = importlib.util.module_from_spec(module)
-    module.loader.exec_module(kernels)
+    kernels = load(path, path.stem)
     target = cost.NEURONCORE_V2 if hardware.startswith("trn1") else cost.NEURONCORE_V3
     start = time.perf_counter()
     est = getattr(kernels, function).estimate(*_arguments(spec), target=target)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import os
 import sys
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 import nativelab  # noqa: F401  (registers the device and the `nki` namespace)
+from module_files import sibling
 
 H, I, HEADS, KV_HEADS, D, PRIOR = 512, 2048, 8, 1, 64, 256
 BF = torch.bfloat16
@@ -57,17 +57,7 @@ KERNELS = {
 }
 
 
-def _bench_module(name: str):
-    """A sibling script of this one, by path: bench/ is not a package, and putting it on sys.path would let
-    bench/nki.py shadow the `nki` package."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # as an import would (dataclasses need it)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tkg = _bench_module("nkilib_transformer_tkg")
+tkg = sibling("nkilib_transformer_tkg")
 
 
 @dataclass
