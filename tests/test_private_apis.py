@@ -316,6 +316,43 @@ def test_nki_private_apis():
     assert nki_private.is_view(t[1:]) and not nki_private.is_view(t) and not nki_private.is_view(t + 1)
 
 
+def test_nki_private_apis_of_the_loop_roller():
+    """What nki/rolling.py reads of make_fx and builds with while_loop (src/nativelab/nki/_private.py): the graph
+    being recorded, a tensor's node in it, the tracked tensors, schema alias annotations, the while_loop op with
+    an unbacked counter whose range is told to the shape environment."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from nativelab.nki import _private as nki_private
+
+    aten = torch.ops.aten
+    assert nki_private.written_argument(aten.add_.Tensor) == 0 and nki_private.written_argument(aten.add.Tensor) is None
+    assert nki_private.is_view_op(aten.slice.Tensor) and not nki_private.is_view_op(aten.copy_.default)
+    assert nki_private.is_higher_order(torch.ops.higher_order.while_loop) and not nki_private.is_higher_order(aten.mm)
+    assert nki_private.fx_graph() is None
+    seen = {}
+
+    def f(a, out):
+        b = a * 2
+        seen["graph"], seen["node"] = nki_private.fx_graph(), nki_private.proxy_node(b)
+        seen["tracked"] = any(t is b and n is seen["node"] for t, n in nki_private.tracked_tensors())
+
+        def body(k, o, src):
+            s = k.item()
+            nki_private.check_range(s, 0, 4)
+            o = o.clone()
+            o.narrow(0, s * 2, 2).copy_(src.narrow(0, s * 2, 2))
+            return k + 1, o
+
+        _, o = nki_private.while_loop(lambda k, o, src: k < 4, body, (torch.zeros((), dtype=torch.int64), out), (b,))
+        out.copy_(o)
+        return (out,)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.ones(8), torch.zeros(8))
+    assert seen["node"].graph is seen["graph"] and seen["node"].target is aten.mul.Tensor and seen["tracked"]
+    assert any(n.target is torch.ops.higher_order.while_loop for n in gm.graph.nodes)
+    assert torch.equal(gm(torch.arange(8.0), torch.zeros(8))[0], torch.arange(8.0) * 2)
+
+
 def test_kernel_ops_bump_versions_without_fill_defaults(monkeypatch):
     """kernel_op replaces custom_op's version-bump kernel for a mutating op (src/nativelab/kernels/_private.py:
     lean_version_bump, which reaches CustomOpDef._lib, _opoverload and torch._C._after_ADInplaceOrView_keyset):

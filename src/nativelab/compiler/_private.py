@@ -109,8 +109,10 @@ def recompute_meta(gm: torch.fx.GraphModule, example_inputs) -> None:
     tracing autograd over inference-mode inputs would fail (it also runs in fresh threads, where grad mode
     is on again)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # a shape environment for the unbacked integers a while_loop's body reads its offsets into (nki/rolling.py)
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     with mode, torch.no_grad():
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)

@@ -14,3 +14,67 @@ def is_fake(t: torch.Tensor) -> bool:
 def is_view(t: torch.Tensor) -> bool:
     """`t` is a view of another tensor's memory (writing a copy of it is then not free to skip)."""
     return t._is_view()
+
+
+# --- the recording pass's graph (nki/rolling.py keeps loops as loops)
+
+def _tracer():
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    mode = get_proxy_mode()
+    return mode.tracer if mode is not None else None
+
+
+def fx_graph():
+    """The graph make_fx is recording into, or None outside make_fx."""
+    tracer = _tracer()
+    return tracer.graph if tracer is not None else None
+
+
+def proxy_node(t: torch.Tensor):
+    """The graph node make_fx holds for tensor `t` now (its latest in-place op's, once written), or None."""
+    tracer = _tracer()
+    slot = tracer.tensor_tracker.get(t) if tracer is not None else None
+    return slot.proxy.node if slot is not None else None
+
+
+def tracked_tensors() -> list:
+    """(tensor, node) for every tensor make_fx tracks now."""
+    tracer = _tracer()
+    return [(t, slot.proxy.node) for t, slot in list(tracer.tensor_tracker.items())] if tracer is not None else []
+
+
+def while_loop(cond_fn, body_fn, carried: tuple, additional: tuple):
+    """torch's while_loop higher-order op itself (not torch.while_loop, which first runs Dynamo over the body):
+    under make_fx, one while_loop node and two subgraphs; cond_fn and body_fn take (*carried, *additional)."""
+    from torch._higher_order_ops.while_loop import while_loop_op
+    return while_loop_op(cond_fn, body_fn, tuple(carried), tuple(additional))
+
+
+def check_range(s, lo: int, stop: int) -> None:
+    """Tell the shape environment lo <= s < stop for an unbacked integer (a while_loop body's .item() of its
+    counter), so slices at offsets affine in it need no guard."""
+    torch._check(s >= lo)
+    torch._check(s < stop)
+
+
+def is_higher_order(target) -> bool:
+    return isinstance(target, torch._ops.HigherOrderOperator)
+
+
+def written_argument(target) -> int | None:
+    """The position of the argument an aten op writes in place and returns (`add_`'s self, `copy_`'s self),
+    from its schema's alias annotations; None for a functional op or a non-aten target."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return None
+    for j, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only:
+            return j
+    return None
+
+
+def is_view_op(target) -> bool:
+    """An aten op whose result aliases its first argument without writing it (slice, view, transpose...)."""
+    schema = getattr(target, "_schema", None)
+    return bool(schema and schema.returns and schema.returns[0].alias_info is not None
+                and not schema.returns[0].alias_info.is_write)

@@ -91,7 +91,7 @@ def instruction(fn):
             return fn(*args, **kwargs)
         tr.step += 1  # what one call reads and writes is live together (trace.Occupancy)
         tr.depth += 1
-        if tr.quiet:
+        if not tr.regions:
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -106,11 +106,28 @@ def instruction(fn):
             if issued:
                 issued[0].reads.extend(tr.pending_reads)
                 issued[-1].writes.extend(tr.pending_writes)
+                issued[0].immediates = _immediates(args, kwargs)
                 if tr.capture is not None and tr.loop_key[:1] and tr.loop_key[0][0] == trace.GRID_LOOP:
                     issued[-1].written = [_bytes_left(tr, region) for region in issued[-1].writes]
             tr.pending_reads, tr.pending_writes = [], []
 
     return call
+
+
+def _immediates(args, kwargs) -> tuple:
+    """A call's arguments other than tiles, as plain values: what else makes two iterations' calls differ."""
+    def plain(v):
+        if isinstance(v, NkiTensor):
+            return "tile"
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, (list, tuple)):
+            return tuple(plain(x) for x in v)
+        if isinstance(v, (np.integer, np.floating)):
+            return v.item()
+        name = getattr(v, "__name__", None) or getattr(v, "name", None)
+        return name if isinstance(name, str) else type(v).__name__
+    return tuple(plain(a) for a in args) + tuple((k, plain(v)) for k, v in kwargs.items())
 
 
 def _bytes_left(tr, region):

@@ -30,8 +30,8 @@ from .. import settings
 from ..compiler import metrics
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
-from . import cost, fusion, hazards, limits, order, programs, trace
-from ._private import is_fake
+from . import cost, fusion, hazards, limits, order, programs, rolling, trace
+from ._private import fx_graph, is_fake
 from .dtypes import to_numpy, to_tensor
 from .tensor import NkiTensor, Storage, hbm, new_trace, view_of
 
@@ -334,6 +334,7 @@ class JitKernel:
                           stacklevel=4)
         traced = _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes),
                          tr.runtime_control, tr.loops, tr.storages)
+        traced.loop_starts, traced.loop_ends = tr.loop_starts, tr.loop_ends  # where the recording pass rolls loops
         self._check_hazards(traced, tr, sig)
         return traced
 
@@ -443,16 +444,31 @@ class JitKernel:
         examples = [torch.empty(t.shape, dtype=t.dtype) for t in sig.tensors]
         examples += [torch.empty(s, dtype=d) for s, d in traced.out_specs]
         written = list(traced.written_inputs) + [n_in + j for j in range(len(traced.out_specs))]
+        unrolled: set = set()  # loops the roller must trace as written (a roll found wrong: nki/rolling.py)
+
         def body(*ts):
             tr = trace.Trace(self.name, self.grid, output_examples=list(ts[n_in:]), quiet=True, device="cpu",
                              fuser=fusion.PsumFuser(traced.written_inputs) if self.options.get("fuse", True) else None)
+            tr.roller = roller
             _run(self.fn, sig, ts[:n_in], tr)
+            if roller is not None:
+                roller.verify(tr, fx_graph())
             return tuple(ts[i] for i in written)
 
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", limits.NkiWarning)  # pass 1 warned already
-            gm = make_fx(body, tracing_mode="fake")(*examples)
+        while True:
+            roll = self.options.get("roll", True)  # False: every loop unrolled; an int: Roller's min_instructions
+            roller = rolling.Roller(traced, unrolled, **({} if roll is True else {"min_instructions": roll})) \
+                if roll is not False and traced.loop_ends else None
+            roller = roller if roller is not None and roller.candidates - unrolled else None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", limits.NkiWarning)  # pass 1 warned already
+                    gm = make_fx(body, tracing_mode="fake")(*examples)
+                break
+            except rolling.Unroll as e:
+                metrics.log.info("nki kernel %s: %s; traced again with it unrolled", self.name, e)
+                unrolled.add(e.loop)
         t_trace = time.perf_counter() - t0
         lifted = _lift_constants(gm)
         artifact, how = compile_cached(gm, examples + lifted, self._key(gm, examples, lifted))
@@ -543,7 +559,9 @@ def jit(fn=None, **options):
     target, debug flags) are accepted and ignored. nativelab's own: simulate=True interprets every launch
     (nki.simulate); fuse=False compiles each instruction as issued (no tile GEMMs fused: nki/fusion.py);
     check="hazards" checks every access for races between affine_range iterations (no budget),
-    "hazards-strict" raises on one, "off" skips it (default: NATIVELAB_NKI_HAZARDS; nki/hazards.py)."""
+    "hazards-strict" raises on one, "off" skips it (default: NATIVELAB_NKI_HAZARDS; nki/hazards.py);
+    roll=False compiles every loop unrolled (default: a large regular loop is compiled as a loop, nki/rolling.py;
+    an int: the instructions a loop must issue for that, rolling.MIN_INSTRUCTIONS by default)."""
     if fn is None:
         return lambda f: jit(f, **options)
     return fn if isinstance(fn, JitKernel) else JitKernel(fn, **options)

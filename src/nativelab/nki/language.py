@@ -220,12 +220,16 @@ def _loop(start, stop, step, kind: str):
     if tr.order is not None and kind == "affine":
         values = tr.order.iterations(line, values)
     outer = tr.loop_key
-    for i in values:
+    if tr.roller is not None and kind in ("affine", "sequential"):  # the recording pass may keep it a loop
+        values = tr.roller.iterations(tr, loop, values)
+    for k, i in enumerate(values):
+        tr.loop_starts[(loop, k)] = len(tr.loops)
         tr.loop_key = outer + ((loop, i),)
         try:
             yield i
         finally:
             tr.loop_key = outer
+    tr.loop_ends[loop] = len(tr.loops)
 
 
 def affine_range(start, stop=None, step=1, **_hints):

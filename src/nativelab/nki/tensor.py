@@ -104,6 +104,8 @@ class Storage:
         self.site = limits.kernel_line()
         tr = trace.active()
         self.born = tr.loop_key if tr is not None else ()  # the loop iterations it was allocated in
+        if tr is not None and tr.roller is not None:
+            tr.roller.storages.append(weakref.ref(self))
         self.written = np.zeros(tensor.numel(), dtype=bool) if track and input_index is None else None
         p = tensor.shape[0] if tensor.dim() else 1
         self.partitions = p
@@ -746,7 +748,7 @@ def read(t: NkiTensor, instruction: str, check_written: bool = True) -> torch.Te
         if tr.fuser is not None:
             tr.fuser.before_read(st)  # deferred matmuls and stores into it land first
         tr.account(st, write=False)
-        if not tr.quiet:
+        if tr.regions:
             tr.pending_reads.append(_region(tr, t))
         if check_written:
             _warn_unwritten(tr, t, instruction, "reads")
@@ -806,7 +808,7 @@ def note_write(t: NkiTensor) -> None:
         tr.account(st, write=True)
         if st.input_index is not None:
             tr.written_inputs.add(st.input_index)
-        if not tr.quiet:
+        if tr.regions:
             tr.pending_writes.append(_region(tr, t))
     if st.written is not None:
         idx = flat_indices(t)

@@ -53,6 +53,7 @@ class Instruction:
     accumulates: str | None = None  # an associative accumulation into its destination ("matmul", "add")
     written: list | None = None  # with Trace.capture: per region of `writes`, the bytes it left there (or None)
     pairs: int = 1  # Tensor Engine: contraction rows each PE multiplies per cycle (2: nc_matmul's double_row)
+    immediates: tuple = ()  # the call's non-tile arguments (nki/rolling.py compares iterations by them too)
 
 
 # what each program instance's core has of its own (Trace attributes swapped at a program switch)
@@ -191,6 +192,15 @@ class Trace:
     # a run on real values for the hazard checker: the bytes each write leaves in an HBM tensor that a launch
     # grid's programs write (storage id -> storage while running; nki/hazards.py compares programs' values)
     capture: dict | None = None
+    roller: object = None  # the recording pass's nki/rolling.py Roller (loops kept loops), or None
+    loop_starts: dict = field(default_factory=dict)  # (loop id, iteration index) -> loops entered before it
+    loop_ends: dict = field(default_factory=dict)  # loop id -> loops entered by its end
+
+    @property
+    def regions(self) -> bool:
+        """Whether instructions record the regions they access (the checking pass's; and the recording pass's
+        while it rolls loops, to be compared with the checking pass's)."""
+        return not self.quiet or self.roller is not None
 
     def program_state(self) -> dict:
         return {k: getattr(self, k) for k in PROGRAM_STATE}

@@ -1,0 +1,415 @@
+"""A loop kept a loop in the compiled graph (issue 47): the recording pass (make_fx) traces the first three
+iterations of a large nl.affine_range / nl.sequential_range loop (four, where iteration 0 differs), and, where
+their graphs are one template whose integer constants move by a fixed step per iteration, records the
+remaining iterations as one `while_loop` over that template instead of tracing them. What is compiled is then bounded by the kernel's size,
+not by its trip counts.
+
+Nothing is guessed. The checking pass (pass 1, on meta tensors) ran every iteration; the rolled ones must have
+issued the template's instructions at offsets that move by the same step (names, lines, engines, sizes, regions,
+immediates); the first iteration that does not is traced as written, and so are all after it. After the
+recording pass, the instructions it issued must be exactly pass 1's without the rolled iterations (so Python
+state the kernel carried across iterations, an offset summed in a Python int, is caught), and nothing after a
+rolled loop may use a value made inside its traced iterations. Any miss retraces the kernel with that loop
+unrolled, as before this module.
+
+A value carried from one iteration to the next is either a tensor the body writes in place (a kernel argument or
+output, or a tile allocated before the loop: the graph's in-place ops on it) or a tile the body rebinds (pass 2
+keeps a tile's value as an SSA value where it is written whole: nki/tensor.py), which the next iteration reads.
+Both become the while_loop's carried values; everything else the body reads is a closed-over input."""
+
+from __future__ import annotations
+
+import collections
+import operator
+
+import torch
+
+from . import trace
+from ._private import check_range, fx_graph, is_higher_order, is_view_op, proxy_node, tracked_tensors, while_loop
+from ._private import written_argument as _writes_arg
+
+MIN_TRIP = 8  # a loop of fewer iterations is traced as written: four are traced anyway
+MIN_ROLLED = 3  # ... and so is one that would roll fewer iterations than this
+# a loop that issues fewer instructions than this (all its iterations) stays unrolled: its compile is short
+# enough, its matmul chains stay fused across iterations (nki/fusion.py), the disk cache keeps it (Inductor
+# does not cache a graph with a while_loop), and its launches pay no per-iteration dispatch. The library's
+# top-p kernel (its 32-step bisection, 576 instructions) rolled: first call 13 s vs 33 s, but a launch 918 vs
+# 626 us (2-core AMD EPYC Zen 4): the loop's ~10 us an iteration against ~20 us of work
+MIN_INSTRUCTIONS = 1024
+
+
+class Unroll(Exception):
+    """A rolled loop was found wrong after the fact: retrace with `loop` unrolled."""
+
+    def __init__(self, loop: int, why: str):
+        super().__init__(f"loop {loop}: {why}")
+        self.loop, self.why = loop, why
+
+
+class _Mismatch(Exception):
+    pass
+
+
+class Roller:
+    """Pass 2's loop roller. `first`: pass 1's trace (its instructions, loops and iteration starts)."""
+
+    def __init__(self, first, disabled=frozenset(), min_instructions: int = MIN_INSTRUCTIONS):
+        self.first = first
+        self.disabled = set(disabled)
+        issued = collections.Counter(lid for ins in first.instructions for lid, _ in ins.loops)
+        trips = collections.Counter(loop for loop, _ in first.loop_starts)
+        # the loops it may roll (pass 1's ids): with none, the recording pass runs without it, as before
+        self.candidates = {lid for lid, n in issued.items() if n >= min_instructions and trips[lid] >= MIN_TRIP}
+        self.capturing = False
+        self.rolled: list = []  # (loop id, {rolled iteration values}, span nodes, the last node the roll added)
+        self.storages: list = []  # weakrefs to pass 2's storages (a tile rebound in the body is rebound after)
+
+    # --- the loop
+
+    def iterations(self, tr, loop: int, values):
+        """The loop's iteration values for the kernel's `for`: the first three (four, where iteration 0 differs)
+        traced as written, the regular ones after them rolled, the rest traced as written."""
+        values = list(values)
+        n = len(values)
+        graph = fx_graph()
+        if (loop not in self.candidates or loop in self.disabled or self.capturing or graph is None
+                or tr.launch.programs > 1):
+            yield from values
+            return
+        spans, template = [], None
+        for k in range(4):
+            self._flush(tr)
+            mark = _last(graph)
+            self.capturing = True
+            try:
+                yield values[k]
+            finally:
+                self.capturing = False
+            self._flush(tr)
+            spans.append(_after(graph, mark))
+            if k >= 2:
+                try:
+                    template = _template(spans, k - 1)
+                    break
+                except _Mismatch:
+                    continue
+        traced = len(spans)
+        if template is None:
+            yield from values[traced:]
+            return
+        stop = self._regular_until(loop, values, traced - 3)
+        if stop - traced < MIN_ROLLED:
+            yield from values[traced:]
+            return
+        try:
+            last = self._emit(tr, template, spans, traced, stop)
+        except Exception as e:  # noqa: BLE001 - a body while_loop cannot take: trace this loop as written
+            raise Unroll(loop, f"while_loop refused the body ({type(e).__name__}: {e})") from e
+        self.rolled.append((loop, set(values[traced:stop]), {x for sp in spans for x in sp}, last))
+        starts = self.first.loop_starts
+        target = starts[(loop, stop)] if stop < n else self.first.loop_ends[loop]
+        while len(tr.loops) < target:  # the rolled iterations' inner loops: ids as pass 1 numbered them
+            tr.loops.append(("rolled", ""))
+        yield from values[stop:]
+
+    def _flush(self, tr) -> None:
+        """Deferred fusion work lands before an iteration's span starts and after it ends (spans stand alone)."""
+        if tr.fuser is not None:
+            tr.fuser.flush()
+            tr.fuser.flush_stores()
+
+    def _regular_until(self, loop: int, values, a: int) -> int:
+        """The first iteration (index) after the traced ones whose pass-1 instructions are not iteration a's
+        moved by (a + 1's - a's) per iteration (a, a + 1, a + 2: the template's points): the rest are traced."""
+        index = {v: k for k, v in enumerate(values)}
+        by_iteration: dict = {}
+        for ins in self.first.instructions:
+            for lid, v in ins.loops:
+                if lid == loop:
+                    by_iteration.setdefault(index[v], []).append(_flat(ins))
+                    break
+        ref = [by_iteration.get(k, []) for k in (a, a + 1)]
+        if len(ref[0]) != len(ref[1]):
+            return 0
+        for k in range(a + 2, len(values)):
+            got = by_iteration.get(k, [])
+            if len(got) != len(ref[0]) or not all(_affine(x, y, g, k - a) for x, y, g in zip(ref[0], ref[1], got)):
+                return k
+        return len(values)
+
+    # --- the while_loop
+
+    def _emit(self, tr, template, spans, first: int, stop: int):
+        """Record iterations first..stop-1 as one while_loop over the template (one traced iteration's nodes);
+        bind what they carry out to the tensors and tiles that held it. Returns the last node it added."""
+        nodes, consts, prev_slots, externals, at = template  # the template is iteration `at`'s span
+        mutated = _mutated_externals(nodes, externals)
+        if _alias_among(externals, mutated):
+            raise RuntimeError("two values the body reads share memory, and the body writes one")
+        # carried: the externals written in place, then the tiles rebound (the last traced iteration's values)
+        tensors = {}  # node (an in-place op's: the tensor it wrote) -> the Python tensor make_fx tracks for it
+        for t, node in tracked_tensors():
+            tensors.setdefault(_canon(node), t)
+            tensors.setdefault(node, t)
+        prev = sorted(prev_slots)
+        readonly = [e for e in externals if e not in mutated]
+        missing = [n for n in [*mutated, *readonly, *(spans[-1][p] for p in prev)] if n not in tensors]
+        if missing:
+            raise RuntimeError(f"no tensor holds {missing[0].name}, which the body reads")
+        init_prev = [tensors[spans[-1][p]] for p in prev]
+        ro_values = [tensors[e] for e in readonly]
+        m_values = [tensors[e] for e in mutated]
+
+        n_carried = len(mutated) + len(prev)
+
+        def cond(k, *rest):
+            return k < stop
+
+        def body(k, *rest):
+            carried, closed = rest[:n_carried], rest[n_carried:]
+            s = k.item()
+            check_range(s, first, stop)
+            env = {}
+            for e, v in zip(mutated, carried[:len(mutated)]):
+                env[e] = v.clone()
+            prev_env = dict(zip(prev, carried[len(mutated):]))
+            for e, v in zip(readonly, closed):
+                env[e] = v
+
+            def arg(a):
+                if isinstance(a, _Ref):
+                    if a.kind == "local":
+                        return env[nodes[a.pos]]
+                    if a.kind == "prev":
+                        return prev_env[a.pos]
+                    return env[a.node]
+                if isinstance(a, _Affine):
+                    return a.c2 + a.step * (s - at)
+                if isinstance(a, (list, tuple)):
+                    return type(a)(arg(x) for x in a)
+                if isinstance(a, dict):
+                    return {key: arg(x) for key, x in a.items()}
+                return a
+
+            for j, node in enumerate(nodes):
+                a, kw = consts[j]
+                env[node] = node.target(*arg(a), **arg(kw))
+            outs = [env[e] for e in mutated] + [env[nodes[p]] for p in prev]
+            return (k + 1, *[o.clone() if any(o is c for c in rest) else o for o in outs])
+
+        k0 = torch.full((), first, dtype=torch.int64)
+        result = while_loop(cond, body, (k0, *m_values, *init_prev), ro_values)
+        outs = result[1:]
+        for t, v in zip(m_values, outs[:len(mutated)]):
+            t.copy_(v)
+        by_node = {}
+        for ref in self.storages:
+            st = ref()
+            if st is not None and st.tensor is not None:
+                by_node.setdefault(proxy_node(st.tensor), []).append(st)
+        for p, v in zip(prev, outs[len(mutated):]):
+            for st in by_node.get(spans[-1][p], []):
+                st.tensor = v
+                st.float_value = st.rounded = st.gemm = st.origin = None
+                st.owned, st.lender = True, None
+        return _last(fx_graph())
+
+    # --- after the recording pass
+
+    def verify(self, tr, graph) -> None:
+        """The recording pass issued pass 1's instructions less the rolled iterations, and nothing after a
+        rolled loop reads a value made inside its traced iterations: else Unroll."""
+        if not self.rolled:
+            return
+        rolled = {(loop, v) for loop, vs, _, _ in self.rolled for v in vs}
+        want = [_flat(i, self.first.storages) for i in self.first.instructions
+                if not any(key in rolled for key in i.loops)]
+        got = [_flat(i, tr.storages) for i in tr.instructions]
+        if want != got:
+            j = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+            raise Unroll(self.rolled[0][0], f"the recording pass issued other instructions than the checking pass "
+                                            f"(first at instruction {j}): Python state carried across iterations")
+        for loop, _, inside, last in self.rolled:
+            after = False
+            for node in graph.nodes:
+                if after and node.op != "output" and any(a in inside for a in node.all_input_nodes):
+                    raise Unroll(loop, f"{node.name} after the loop reads a value made in a traced iteration")
+                after = after or node is last
+
+
+# --- templates
+
+
+class _Ref:
+    """A node argument in the template: a node of the same iteration (its position), of the previous
+    iteration (a carried slot: its position there), or a node before the loop (external)."""
+    __slots__ = ("kind", "pos", "node")
+
+    def __init__(self, kind, pos=None, node=None):
+        self.kind, self.pos, self.node = kind, pos, node
+
+
+class _Affine:
+    """An integer constant that moves by `step` per iteration: c2 in the template's iteration."""
+    __slots__ = ("c2", "step")
+
+    def __init__(self, c2, step):
+        self.c2, self.step = c2, step
+
+
+def _template(spans, at: int):
+    """Iteration `at`'s nodes with their arguments as _Ref / _Affine / constants, checked against iterations
+    at - 1 and at + 1 (and at - 1's references to at - 2's): (nodes, per-node (args, kwargs), carried slot
+    positions, externals, at)."""
+    s0 = spans[at - 2] if at >= 2 else None
+    s1, s2, s3 = spans[at - 1:at + 2]
+    if not (len(s1) == len(s2) == len(s3)) or not s2:
+        raise _Mismatch("iterations of different lengths")
+    pos = {i: {n: j for j, n in enumerate(spans[i])} for i in range(len(spans))}
+    consts, prev_slots, externals = [], set(), []
+    seen_ext = set()
+    for j, (a, b, c) in enumerate(zip(s1, s2, s3)):
+        if not (a.op == b.op == c.op == "call_function") or not (a.target is b.target is c.target):
+            raise _Mismatch(f"node {j}: {b.op} {b.target}")
+        if is_higher_order(b.target) or b.target is operator.setitem:
+            raise _Mismatch(f"node {j}: {b.target}")
+
+        def match(x, y, z):
+            if isinstance(y, torch.fx.Node):
+                if not (isinstance(x, torch.fx.Node) and isinstance(z, torch.fx.Node)):
+                    raise _Mismatch("node vs constant")
+                refs = [_classify(n, i, pos) for n, i in ((x, at - 1), (y, at), (z, at + 1))]
+                kinds = {r[0] for r in refs}
+                if len(kinds) != 1:
+                    raise _Mismatch("a reference that changes kind")
+                kind = refs[1][0]
+                if kind == "ext":
+                    if not (refs[0][1] is refs[1][1] is refs[2][1]):
+                        raise _Mismatch("iterations read different values from before the loop")
+                    if refs[1][1] not in seen_ext:
+                        seen_ext.add(refs[1][1])
+                        externals.append(refs[1][1])
+                    return _Ref("ext", node=refs[1][1])
+                if not (refs[0][1] == refs[1][1] == refs[2][1]):
+                    raise _Mismatch("references to different positions")
+                if kind == "prev":
+                    prev_slots.add(refs[1][1])
+                    if s0 is not None and len(s0) != len(s1):
+                        raise _Mismatch("the iteration before the template's differs and the next reads it")
+                return _Ref(kind, pos=refs[1][1])
+            if isinstance(y, (list, tuple)):
+                if not (type(x) is type(y) is type(z) and len(x) == len(y) == len(z)):
+                    raise _Mismatch("lists differ")
+                return (list if isinstance(y, list) else tuple)(match(p, q, r) for p, q, r in zip(x, y, z))
+            if isinstance(y, dict):
+                if not (x.keys() == y.keys() == z.keys()):
+                    raise _Mismatch("keywords differ")
+                return {key: match(x[key], y[key], z[key]) for key in y}
+            if type(y) is int and type(x) is int and type(z) is int:
+                if x == y == z:
+                    return y
+                if z - y != y - x:
+                    raise _Mismatch("an integer that does not move by a fixed step")
+                return _Affine(y, y - x)
+            if type(x) is not type(y) or type(y) is not type(z) or not (x == y == z):
+                raise _Mismatch(f"constants differ: {x!r} {y!r} {z!r}")
+            return y
+
+        consts.append((match(a.args, b.args, c.args), match(a.kwargs, b.kwargs, c.kwargs)))
+    return s2, consts, prev_slots, externals, at
+
+
+def _classify(node, i: int, pos):
+    """What a node argument of iteration i's span is: ("local", position), ("prev", position in iteration
+    i - 1), or ("ext", the node before the loop it stands for)."""
+    node = _canon(node)
+    if node in pos[i]:
+        return "local", pos[i][node]
+    if i - 1 in pos and node in pos[i - 1]:
+        return "prev", pos[i - 1][node]
+    if any(node in p for p in pos.values()):
+        raise _Mismatch("a reference across more than one iteration")
+    return "ext", node
+
+
+def _canon(node):
+    """An in-place op's result stands for the tensor it wrote (make_fx hands later readers its node)."""
+    while node is not None and node.op == "call_function" and _writes_arg(node.target) is not None:
+        node = node.args[_writes_arg(node.target)]
+    return node
+
+
+def _mutated_externals(nodes, externals) -> list:
+    """The externals the template writes in place, directly or through views made in the template."""
+    local = set(nodes)
+    found = []
+    for node in nodes:
+        j = _writes_arg(node.target)
+        if j is None:
+            continue
+        x = node.args[j]
+        while isinstance(x, torch.fx.Node) and x in local and (is_view_op(x.target) or _writes_arg(x.target) is not None):
+            x = x.args[0] if is_view_op(x.target) else x.args[_writes_arg(x.target)]
+        x = _canon(x)
+        if x in local:
+            continue
+        if x not in externals:
+            raise RuntimeError(f"the body writes {x.name}, which it does not read")
+        if x not in found:
+            found.append(x)
+    return found
+
+
+def _base(node):
+    while node.op == "call_function" and (is_view_op(node.target) or _writes_arg(node.target) is not None):
+        node = node.args[0] if is_view_op(node.target) else node.args[_writes_arg(node.target)]
+    return node
+
+
+def _alias_among(externals, mutated) -> bool:
+    bases = {}
+    for e in externals:
+        bases.setdefault(_base(e), []).append(e)
+    return any(len(es) > 1 and any(e in mutated for e in es) for es in bases.values())
+
+
+def _last(graph):
+    return next(reversed(graph.nodes))
+
+
+def _after(graph, mark) -> list:
+    out, seen = [], False
+    for node in graph.nodes:
+        if seen:
+            out.append(node)
+        seen = seen or node is mark
+    return out
+
+
+# --- pass 1's instructions, flattened for comparison
+
+
+def _flat(ins, storages=None) -> tuple:
+    """An instruction as a flat tuple. With `storages` (trace.Trace.storages), a storage is named by where it
+    was allocated (two passes number storages differently); without, by its number (affine across iterations)."""
+    def region(r):
+        sid, lo, hi, view = r
+        if storages is None:
+            who = sid
+        else:  # a tile by its line; an HBM tensor by its name (arguments are made outside the kernel)
+            desc, memory, site, _, shape, _ = storages[sid]
+            who = (memory, site if memory in ("sbuf", "psum") else desc, shape)
+        return (who, lo, hi, view)
+    return (ins.name, ins.engine, ins.elements, ins.partitions, ins.flops, ins.line, str(ins.dtype), ins.inputs,
+            ins.loops, ins.core, ins.sync, ins.accumulates, ins.pairs, ins.immediates,
+            tuple(region(r) for r in ins.reads), tuple(region(r) for r in ins.writes))
+
+
+def _affine(a, b, got, k: int) -> bool:
+    """got == a + (b - a) * k, element by element (strings, None and floats equal)."""
+    if isinstance(b, (tuple, list)):
+        return (isinstance(a, (tuple, list)) and isinstance(got, (tuple, list)) and len(a) == len(b) == len(got)
+                and all(_affine(x, y, z, k) for x, y, z in zip(a, b, got)))
+    if type(b) is int and type(a) is int and type(got) is int:
+        return got == a + (b - a) * k
+    return a == b == got
