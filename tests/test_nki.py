@@ -461,6 +461,38 @@ def test_affine_select_select_reduce_scan_max8_find_index8(run, tmp_path, monkey
     assert torch.equal(idx.to(torch.int64), ref_top.indices)
 
 
+@nki.jit
+def _scan(a, b, init, op0, op1, reverse0, reverse1):
+    out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    r = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor_scan(dst=r, data0=nl.load(a), data1=nl.load(b), initial=nl.load(init), op0=op0, op1=op1,
+                            reverse0=reverse0, reverse1=reverse1)
+    nl.store(out, r)
+    return out
+
+
+@pytest.mark.parametrize("op1", [nl.add, nl.subtract, nl.multiply, nl.maximum])
+@pytest.mark.parametrize("op0", [nl.add, nl.subtract, nl.multiply, nl.maximum])
+def test_tensor_tensor_scan_is_the_recurrence_for_every_operator_pair(op0, op1):
+    """AWS's nki.isa.tensor_tensor_scan page: result[i] = (data0[i] <op0> result[i-1]) <op1> data1[i], each
+    operand order reversed by reverse0 / reverse1; checked against that recurrence run in order, in float64 (the
+    add / subtract / multiply pairs are composed in log2(n) steps, so their fp32 sums round in another order)."""
+    torch.manual_seed(0)
+    a, b = torch.rand(8, 300) * 0.5 + 0.5, torch.randn(8, 300) * 0.1
+    init = torch.randn(8, 1)
+    f = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "maximum": torch.maximum}
+    for reverse0 in (False, True):
+        for reverse1 in (False, True):
+            got = sim(_scan)(a, b, init, op0, op1, reverse0, reverse1)
+            prev, want = init[:, 0].double(), torch.empty(8, 300, dtype=torch.float64)
+            for i in range(300):
+                x = (prev, a[:, i].double()) if reverse0 else (a[:, i].double(), prev)
+                y = f[op0.name](*x)
+                prev = f[op1.name](*((b[:, i].double(), y) if reverse1 else (y, b[:, i].double())))
+                want[:, i] = prev
+            torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
 # --- limits: one error each, naming the instruction, the kernel's line, the value and the limit
 
 

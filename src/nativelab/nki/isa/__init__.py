@@ -668,15 +668,52 @@ def tensor_tensor_scan(dst, data0: NkiTensor, data1: NkiTensor, initial, op0, op
     b = read(data1, ins).float().reshape(p, -1)
     prev = _scalar_or_vector(ins, initial, data0, "initial")
     prev = prev.reshape(p, 1) if isinstance(prev, torch.Tensor) else torch.full((p, 1), prev, device=a.device)
-    cols = []
-    for i in range(a.shape[1]):  # a recurrence: one step per free element (unrolled in the trace)
-        prev = _binary(op1, _binary(op0, a[:, i:i + 1], prev, reverse0), b[:, i:i + 1], reverse1)
-        cols.append(prev)
+    steps = _affine_steps(op0, reverse0, op1, reverse1, a, b)
+    if steps is not None:  # r[i] = alpha[i] * r[i-1] + beta[i]: composed in log2(n) vector steps
+        result = _compose_affine(*steps, prev)
+    else:
+        cols = []
+        for i in range(a.shape[1]):  # a recurrence: one step per free element (unrolled in the trace)
+            prev = _binary(op1, _binary(op0, a[:, i:i + 1], prev, reverse0), b[:, i:i + 1], reverse1)
+            cols.append(prev)
+        result = torch.cat(cols, dim=1)
     dst = _out(dst, data0.shape, data0.dtype)
     _tile(ins, dst, "dst", "vector")
     record(ins, "vector", data0, inputs=2)
-    write(dst, torch.cat(cols, dim=1).reshape(dst.shape), ins)
+    write(dst, result.reshape(dst.shape), ins)
     return dst
+
+
+def _affine_steps(op0, reverse0, op1, reverse1, a, b):
+    """The scan's step r -> (a[i] <op0> r) <op1> b[i] as alpha[i] * r + beta[i], where op0 and op1 are add,
+    subtract or multiply (an affine map of r); None for any other operator (max, min, ...)."""
+    names = (as_op(op0).name, as_op(op1).name)
+    if not all(n in ("add", "subtract", "multiply") for n in names):
+        return None
+    one, zero = torch.ones_like(a), torch.zeros_like(a)
+    if names[0] == "add":
+        alpha, beta = one, a
+    elif names[0] == "multiply":
+        alpha, beta = a, zero
+    else:  # a - r, or r - a reversed
+        alpha, beta = (one, -a) if reverse0 else (-one, a)
+    if names[1] == "add":
+        return alpha, beta + b
+    if names[1] == "multiply":
+        return alpha * b, beta * b
+    return (-alpha, b - beta) if reverse1 else (alpha, beta - b)  # b - r reversed, else r - b
+
+
+def _compose_affine(alpha, beta, initial):
+    """r[i] for r[i] = alpha[i] * r[i-1] + beta[i], r[-1] = initial ([P, 1]): the prefix compositions of the
+    maps by doubling (Hillis-Steele), so a trace holds log2(n) steps, not n. The chip runs the recurrence in
+    order; the composed form rounds its fp32 products and sums in another order."""
+    n, d = alpha.shape[1], 1
+    while d < n:
+        alpha, beta = (torch.cat([alpha[:, :d], alpha[:, d:] * alpha[:, :-d]], dim=1),
+                       torch.cat([beta[:, :d], alpha[:, d:] * beta[:, :-d] + beta[:, d:]], dim=1))
+        d *= 2
+    return alpha * initial + beta
 
 
 def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask, name=None, **_kw):
