@@ -239,8 +239,12 @@ def first_call_child(args) -> None:
     result = run(*inputs)
     seconds = time.perf_counter() - t0
     torch.save(_tensors(result), args.out)
+    graphs = [t.source for t in getattr(kernel, "_traces", {}).values() if t.source is not None]
     print(MARK + json.dumps({"seconds": seconds, "trace": sum(t for t, _ in spans) if spans else None,
-                             "compile": sum(c for _, c in spans) if spans else None}), flush=True)
+                             "compile": sum(c for _, c in spans) if spans else None,
+                             "nodes": sum(len(g.graph.nodes) for g in graphs) if graphs else None,
+                             "loops": sum(str(n.target) == "while_loop" for g in graphs for n in g.graph.nodes)}),
+          flush=True)
 
 
 def _measure(name: str, how: str, args, out: Path) -> dict | str:
@@ -249,7 +253,8 @@ def _measure(name: str, how: str, args, out: Path) -> dict | str:
     inputs are built. Returns the child's figures, or a string saying why there are none."""
     with tempfile.TemporaryDirectory(prefix="nki-first-call-") as tmp, tempfile.TemporaryFile() as err:
         env = dict(os.environ, **{settings.CACHE_DIR.name: f"{tmp}/neff",
-                                  "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"})  # Inductor's: its own variable
+                                  "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",  # Inductor's: its own variable
+                                  settings.NKI_FIRST_CALL.name: "compile" if how == "compiled" else "interpret"})
         cmd = [sys.executable, __file__, "--first-call-child", name, "--how", how, "--out", str(out),
                "--dtype", args.dtype]
         cmd += ["--nki-samples", str(args.nki_samples)] if args.nki_samples else []
@@ -288,7 +293,7 @@ def _measure(name: str, how: str, args, out: Path) -> dict | str:
 
 
 def _agree(a: Path, b: Path) -> str:
-    """Whether the compiled first call's outputs and nki.simulate's agree (as the table above checks kernels)."""
+    """Whether a first call's outputs and nki.simulate's agree (as the table above checks kernels)."""
     got, want = torch.load(a), torch.load(b)
     try:
         for g, r in zip(got, want, strict=True):
@@ -300,28 +305,32 @@ def _agree(a: Path, b: Path) -> str:
 
 
 def first_call(args) -> None:
-    """The --first-call table: each kernel's first compiled call and its nki.simulate call, each in a fresh
-    process with empty caches."""
+    """The --first-call table: each kernel's first call as a user gets it (NATIVELAB_NKI_FIRST_CALL's default:
+    interpreted), its first call compiled (=compile: the trace and Inductor, and the compiled graph's size), and
+    its nki.simulate call, each in a fresh process with empty caches."""
     chosen = [n for n in first_call_cases(getattr(torch, args.dtype), args.nki_samples, args.neuron_sdk)
               if not args.only or any(o in n for o in args.only)]
+    hows = ("first", "compiled", "simulate")
     print(f"first calls: each in a fresh process with empty compile caches; limit {args.limit:g} s each")
-    print(f"{'kernel':38s} {'first call s':>12s} {'trace s':>8s} {'Inductor s':>10s} {'rest s':>7s} "
-          f"{'simulate s':>10s} {'ratio':>7s}  outputs")
+    print(f"{'kernel':34s} {'first s':>8s} {'ratio':>6s} {'compiled s':>10s} {'trace s':>8s} {'Inductor s':>10s} "
+          f"{'graph nodes':>12s} {'simulate s':>10s}  outputs")
     with tempfile.TemporaryDirectory(prefix="nki-first-call-out-") as outs:
         for name in chosen:
-            files = {how: Path(outs, f"{how}.pt") for how in ("compiled", "simulate")}
-            got = {how: _measure(name, how, args, files[how]) for how in ("compiled", "simulate")}
-            c, s = got["compiled"], got["simulate"]
+            files = {how: Path(outs, f"{how}.pt") for how in hows}
+            got = {how: _measure(name, how, args, files[how]) for how in hows}
+            f, c, s = (got[how] for how in hows)
             cell = lambda g: f"{g['seconds']:.2f}" if isinstance(g, dict) else g  # noqa: E731
             spans = isinstance(c, dict) and c["trace"] is not None
-            trace, inductor, rest = ((f"{c['trace']:.2f}", f"{c['compile']:.2f}",
-                                      f"{c['seconds'] - c['trace'] - c['compile']:.2f}") if spans else ("-",) * 3)
-            ratio = f"{c['seconds'] / s['seconds']:6.1f}x" if isinstance(c, dict) and isinstance(s, dict) else "-"
-            agree = _agree(files["compiled"], files["simulate"]) if ratio != "-" else "-"
-            print(f"{name:38s} {cell(c):>12s} {trace:>8s} {inductor:>10s} {rest:>7s} {cell(s):>10s} "
-                  f"{ratio:>7s}  {agree}", flush=True)
-            for f in files.values():
-                f.unlink(missing_ok=True)
+            trace, inductor = (f"{c['trace']:.2f}", f"{c['compile']:.2f}") if spans else ("-",) * 2
+            nodes = (f"{c['nodes']}{' (loop)' if c['loops'] else ''}" if isinstance(c, dict) and c["nodes"]
+                     else "-")
+            ratio = f"{f['seconds'] / s['seconds']:5.1f}x" if isinstance(f, dict) and isinstance(s, dict) else "-"
+            agree = ", ".join(f"{how} {_agree(files[how], files['simulate'])}" for how in ("first", "compiled")
+                              if isinstance(got[how], dict) and isinstance(s, dict))
+            print(f"{name:34s} {cell(f):>8s} {ratio:>6s} {cell(c):>10s} {trace:>8s} {inductor:>10s} {nodes:>12s} "
+                  f"{cell(s):>10s}  {agree or '-'}", flush=True)
+            for file in files.values():
+                file.unlink(missing_ok=True)
 
 
 def main() -> None:
@@ -333,7 +342,7 @@ def main() -> None:
     ap.add_argument("--skip-cpu", action="store_true", help="only the Trainium2 estimates (no compiles)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--first-call", action="store_true",
-                    help="only the first-call table: compiled first call with cold caches vs nki.simulate")
+                    help="only the first-call table: first call, compiled first call (cold caches) vs nki.simulate")
     ap.add_argument("--nki-samples", type=Path, default=None,
                     help="an nki-samples checkout: --first-call adds its matrix-multiplication tutorial's kernels")
     ap.add_argument("--neuron-sdk", type=Path, default=None,
@@ -341,7 +350,7 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=120.0, help="--first-call: seconds per measurement")
     ap.add_argument("--startup-limit", type=float, default=300.0, help=argparse.SUPPRESS)  # imports, inputs
     ap.add_argument("--first-call-child", default=None, help=argparse.SUPPRESS)  # one measurement, in a child
-    ap.add_argument("--how", choices=["compiled", "simulate"], help=argparse.SUPPRESS)
+    ap.add_argument("--how", choices=["first", "compiled", "simulate"], help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:

@@ -6,6 +6,9 @@ import sys
 import tempfile
 
 os.environ.setdefault("NATIVELAB_QUIET", "1")
+# A kernel's first launch compiles, as the tests of the compiled path expect (the default interprets it and
+# compiles at the second: tests/test_nki_first_call.py); subprocesses the tests start inherit it.
+os.environ.setdefault("NATIVELAB_NKI_FIRST_CALL", "compile")
 # The decode kernels' tuning measures at a plan's first step: what the tests measure, on a loaded machine and
 # odd shapes, stays out of the user's cache (kernels/cpu/tune.py).
 if "NATIVELAB_TUNE_CACHE_DIR" not in os.environ:  # made once by the first pytest process; xdist's workers inherit it

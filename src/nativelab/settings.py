@@ -206,6 +206,12 @@ NKI_HAZARDS = Variable(
     "at each NKI trace",
     "the hazard checker (races between nl.affine_range iterations and a grid's programs): a warning per race; "
     "`auto` stops at a budget of elements compared, `full` has none, `strict` raises instead")
+NKI_FIRST_CALL = Variable(
+    "NATIVELAB_NKI_FIRST_CALL", _one_of("interpret", "compile"), "interpret or compile", "interpret", "interpret",
+    "at each NKI launch",
+    "a new signature's first launch: `interpret` runs it instruction by instruction (nki.simulate's path: seconds, "
+    "not a compile's minutes) and compiles at its second launch, or at its first where it was compiled before "
+    "(the disk cache has it); `compile` compiles at the first launch")
 CACHE_DIR = _cache_var("NATIVELAB_CACHE_DIR", "neff", "compiled device graphs (the guide's NEFF cache)")
 CPP_CACHE_DIR = _cache_var("NATIVELAB_CPP_CACHE_DIR", "cpp", "nativelab's C++ extensions, built on first use")
 TUNE_CACHE_DIR = _cache_var("NATIVELAB_TUNE_CACHE_DIR", "tune", "the decode kernels' measured configurations")

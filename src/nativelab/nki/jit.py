@@ -27,7 +27,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .. import settings
-from ..compiler import metrics
+from ..compiler import cache, metrics
 from ..compiler.lowering import COMPILER_VERSION, compile_cached
 from ..device import memory, observe, queue, tracking
 from . import cost, fusion, hazards, limits, order, programs, rolling, trace
@@ -107,6 +107,7 @@ class _Traced:
         self.hazards: list | None = None  # the races found when traced (nki/hazards.py), None if not checked
         self.launch = None
         self.source = None
+        self.launched = False  # launched once already (interpreted: NATIVELAB_NKI_FIRST_CALL)
         self._estimates: dict = {}  # cost.Target -> its Estimate
     def estimate(self, name: str, target: cost.Target = cost.NEURONCORE_V3) -> cost.Estimate:
         """This signature's estimate on `target`, computed once per target."""
@@ -222,6 +223,9 @@ class JitKernel:
         self._launches = launches if launches is not None else {}
         self._grids: dict = {}  # kernel[grid] objects, made once per grid (`kernel[g](...)` at every launch)
         self._label = f"kernel:{self.name}"
+        if options.get("first_call") not in (None, "interpret", "compile"):
+            raise ValueError(f"nki: kernel {self.name}: first_call must be 'interpret' or 'compile', "
+                             f"got {options['first_call']!r}")
         self.last_estimate = None  # the latest launch's estimate, once computed (NATIVELAB_NKI_PROFILE=1, estimate())
         functools.update_wrapper(self, fn)
 
@@ -271,7 +275,7 @@ class JitKernel:
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         if self.options.get("order") is not None:
             return _result(traced, self._order_check(sig, tensors, traced), tensors, numpy_mode)
-        if self.options.get("simulate") or traced.interpreted is not None:
+        if self.options.get("simulate") or traced.interpreted is not None or self._interprets_first(sig, traced):
             outs, est = self._simulate(sig, tensors, traced)
             if est is not None:
                 self.last_estimate = est
@@ -288,6 +292,26 @@ class JitKernel:
         if places is not None:  # the next launch like this one goes straight in
             self._launches[(self.grid, limits.target_version(), key)] = (traced, places)
         return self._launch(traced, tensors, numpy_mode)
+
+    def _interprets_first(self, sig: _Signature, traced: _Traced) -> bool:
+        """Whether this launch of a signature not yet compiled runs interpreted: its first launch does
+        (NATIVELAB_NKI_FIRST_CALL=interpret, or jit(first_call="interpret")), unless the disk cache holds
+        its compiled graph from an earlier process; the second launch compiles."""
+        if traced.launch is not None or traced.launched:
+            return False
+        traced.launched = True
+        if (self.options.get("first_call") or settings.NKI_FIRST_CALL.get()) == "compile":
+            return False
+        graph_key = cache.read(self._index_key(sig))
+        return graph_key is None or not cache.entry_path(graph_key.decode()).exists()
+
+    def _index_key(self, sig: _Signature) -> str:
+        """Where the disk cache notes the graph this signature compiled to (read before tracing it again)."""
+        h = hashlib.sha256(b"nki launch index")
+        for part in (NKI_VERSION, COMPILER_VERSION, torch.__version__, self.name, repr(sig.key), _source_id(self.fn),
+                     repr(sorted((k, repr(v)) for k, v in self.options.items() if k != "first_call"))):
+            h.update(part.encode())
+        return h.hexdigest()
 
     def _launch(self, traced: _Traced, tensors, numpy_mode: bool):
         """Run the compiled kernel on these (contiguous, same-device) tensors into new outputs."""
@@ -471,7 +495,12 @@ class JitKernel:
                 unrolled.add(e.loop)
         t_trace = time.perf_counter() - t0
         lifted = _lift_constants(gm)
-        artifact, how = compile_cached(gm, examples + lifted, self._key(gm, examples, lifted))
+        key = self._key(gm, examples, lifted)
+        artifact, how = compile_cached(gm, examples + lifted, key)
+        if how == "compiled" or how == "cache hit":  # on disk: a later process compiles this signature at once
+            index = self._index_key(sig)
+            if cache.read(index) != key.encode():
+                cache.write(index, key.encode())
         metrics.log.info("nki kernel %s: traced in %.2fs, %s for %s in %.2fs", self.name, t_trace, how,
                          [tuple(t.shape) for t in examples], time.perf_counter() - t0 - t_trace)
         name = self.name
@@ -498,6 +527,18 @@ class JitKernel:
             h.update(repr((tuple(t.shape), t.dtype)).encode())
             h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _source_id(fn) -> str:
+    """The kernel's code as a hash: its file's bytes (its helpers there too), or its bytecode where it has
+    none (a kernel made by exec)."""
+    try:
+        with open(inspect.getsourcefile(fn), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except (OSError, TypeError):
+        code = fn.__code__
+        return hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()
 
 
 def _lift_constants(gm: torch.fx.GraphModule) -> list:
@@ -561,7 +602,8 @@ def jit(fn=None, **options):
     check="hazards" checks every access for races between affine_range iterations (no budget),
     "hazards-strict" raises on one, "off" skips it (default: NATIVELAB_NKI_HAZARDS; nki/hazards.py);
     roll=False compiles every loop unrolled (default: a large regular loop is compiled as a loop, nki/rolling.py;
-    an int: the instructions a loop must issue for that, rolling.MIN_INSTRUCTIONS by default)."""
+    an int: the instructions a loop must issue for that, rolling.MIN_INSTRUCTIONS by default); first_call=
+    "interpret" or "compile": what a new signature's first launch does (default: NATIVELAB_NKI_FIRST_CALL)."""
     if fn is None:
         return lambda f: jit(f, **options)
     return fn if isinstance(fn, JitKernel) else JitKernel(fn, **options)
