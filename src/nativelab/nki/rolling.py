@@ -268,53 +268,53 @@ def _template(spans, at: int):
     pos = {i: {n: j for j, n in enumerate(spans[i])} for i in range(len(spans))}
     consts, prev_slots, externals = [], set(), []
     seen_ext = set()
+
+    def match(x, y, z):  # one argument of the three iterations' node: a _Ref, an _Affine or the constant
+        if isinstance(y, torch.fx.Node):
+            if not (isinstance(x, torch.fx.Node) and isinstance(z, torch.fx.Node)):
+                raise _Mismatch("node vs constant")
+            refs = [_classify(n, i, pos) for n, i in ((x, at - 1), (y, at), (z, at + 1))]
+            kinds = {r[0] for r in refs}
+            if len(kinds) != 1:
+                raise _Mismatch("a reference that changes kind")
+            kind = refs[1][0]
+            if kind == "ext":
+                if not (refs[0][1] is refs[1][1] is refs[2][1]):
+                    raise _Mismatch("iterations read different values from before the loop")
+                if refs[1][1] not in seen_ext:
+                    seen_ext.add(refs[1][1])
+                    externals.append(refs[1][1])
+                return _Ref("ext", node=refs[1][1])
+            if not (refs[0][1] == refs[1][1] == refs[2][1]):
+                raise _Mismatch("references to different positions")
+            if kind == "prev":
+                prev_slots.add(refs[1][1])
+                if s0 is not None and len(s0) != len(s1):
+                    raise _Mismatch("the iteration before the template's differs and the next reads it")
+            return _Ref(kind, pos=refs[1][1])
+        if isinstance(y, (list, tuple)):
+            if not (type(x) is type(y) is type(z) and len(x) == len(y) == len(z)):
+                raise _Mismatch("lists differ")
+            return (list if isinstance(y, list) else tuple)(match(p, q, r) for p, q, r in zip(x, y, z))
+        if isinstance(y, dict):
+            if not (x.keys() == y.keys() == z.keys()):
+                raise _Mismatch("keywords differ")
+            return {key: match(x[key], y[key], z[key]) for key in y}
+        if type(y) is int and type(x) is int and type(z) is int:
+            if x == y == z:
+                return y
+            if z - y != y - x:
+                raise _Mismatch("an integer that does not move by a fixed step")
+            return _Affine(y, y - x)
+        if type(x) is not type(y) or type(y) is not type(z) or not (x == y == z):
+            raise _Mismatch(f"constants differ: {x!r} {y!r} {z!r}")
+        return y
+
     for j, (a, b, c) in enumerate(zip(s1, s2, s3)):
         if not (a.op == b.op == c.op == "call_function") or not (a.target is b.target is c.target):
             raise _Mismatch(f"node {j}: {b.op} {b.target}")
         if is_higher_order(b.target) or b.target is operator.setitem:
             raise _Mismatch(f"node {j}: {b.target}")
-
-        def match(x, y, z):
-            if isinstance(y, torch.fx.Node):
-                if not (isinstance(x, torch.fx.Node) and isinstance(z, torch.fx.Node)):
-                    raise _Mismatch("node vs constant")
-                refs = [_classify(n, i, pos) for n, i in ((x, at - 1), (y, at), (z, at + 1))]
-                kinds = {r[0] for r in refs}
-                if len(kinds) != 1:
-                    raise _Mismatch("a reference that changes kind")
-                kind = refs[1][0]
-                if kind == "ext":
-                    if not (refs[0][1] is refs[1][1] is refs[2][1]):
-                        raise _Mismatch("iterations read different values from before the loop")
-                    if refs[1][1] not in seen_ext:
-                        seen_ext.add(refs[1][1])
-                        externals.append(refs[1][1])
-                    return _Ref("ext", node=refs[1][1])
-                if not (refs[0][1] == refs[1][1] == refs[2][1]):
-                    raise _Mismatch("references to different positions")
-                if kind == "prev":
-                    prev_slots.add(refs[1][1])
-                    if s0 is not None and len(s0) != len(s1):
-                        raise _Mismatch("the iteration before the template's differs and the next reads it")
-                return _Ref(kind, pos=refs[1][1])
-            if isinstance(y, (list, tuple)):
-                if not (type(x) is type(y) is type(z) and len(x) == len(y) == len(z)):
-                    raise _Mismatch("lists differ")
-                return (list if isinstance(y, list) else tuple)(match(p, q, r) for p, q, r in zip(x, y, z))
-            if isinstance(y, dict):
-                if not (x.keys() == y.keys() == z.keys()):
-                    raise _Mismatch("keywords differ")
-                return {key: match(x[key], y[key], z[key]) for key in y}
-            if type(y) is int and type(x) is int and type(z) is int:
-                if x == y == z:
-                    return y
-                if z - y != y - x:
-                    raise _Mismatch("an integer that does not move by a fixed step")
-                return _Affine(y, y - x)
-            if type(x) is not type(y) or type(y) is not type(z) or not (x == y == z):
-                raise _Mismatch(f"constants differ: {x!r} {y!r} {z!r}")
-            return y
-
         consts.append((match(a.args, b.args, c.args), match(a.kwargs, b.kwargs, c.kwargs)))
     return s2, consts, prev_slots, externals, at
 
