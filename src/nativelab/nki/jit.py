@@ -481,10 +481,7 @@ class JitKernel:
 
         t0 = time.perf_counter()
         while True:
-            roll = self.options.get("roll", True)  # False: every loop unrolled; an int: Roller's min_instructions
-            roller = rolling.Roller(traced, unrolled, **({} if roll is True else {"min_instructions": roll})) \
-                if roll is not False and traced.loop_ends else None
-            roller = roller if roller is not None and roller.candidates - unrolled else None
+            roller = rolling.Roller.for_trace(traced, self.options.get("roll", True), unrolled)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", limits.NkiWarning)  # pass 1 warned already

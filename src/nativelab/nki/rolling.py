@@ -1,8 +1,8 @@
 """A loop kept a loop in the compiled graph (issue 47): the recording pass (make_fx) traces the first three
 iterations of a large nl.affine_range / nl.sequential_range loop (four, where iteration 0 differs), and, where
 their graphs are one template whose integer constants move by a fixed step per iteration, records the
-remaining iterations as one `while_loop` over that template instead of tracing them. What is compiled is then bounded by the kernel's size,
-not by its trip counts.
+remaining iterations as one `while_loop` over that template instead of tracing them. What is compiled then does
+not grow with that loop's trip count (loops inside its body are traced as written, in the template).
 
 Nothing is guessed. The checking pass (pass 1, on meta tensors) ran every iteration; the rolled ones must have
 issued the template's instructions at offsets that move by the same step (names, lines, engines, sizes, regions,
@@ -52,6 +52,15 @@ class _Mismatch(Exception):
 
 class Roller:
     """Pass 2's loop roller. `first`: pass 1's trace (its instructions, loops and iteration starts)."""
+
+    @classmethod
+    def for_trace(cls, first, roll, disabled) -> "Roller | None":
+        """A roller for the recording pass of `first`, or None where it would roll nothing. `roll`: nki.jit's
+        option (False: none; True: the default threshold; an int: MIN_INSTRUCTIONS instead)."""
+        if roll is False or not first.loop_ends:
+            return None
+        roller = cls(first, disabled, MIN_INSTRUCTIONS if roll is True else roll)
+        return roller if roller.candidates - roller.disabled else None
 
     def __init__(self, first, disabled=frozenset(), min_instructions: int = MIN_INSTRUCTIONS):
         self.first = first
@@ -332,10 +341,28 @@ def _classify(node, i: int, pos):
     return "ext", node
 
 
+def _aliased(node, views: bool):
+    """The node whose memory `node`'s result is: an in-place op's written argument, and with `views` a view op's
+    source; None for any other node (a new tensor, a placeholder, a node outside the graph's ops)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    j = _writes_arg(node.target)
+    if j is not None:
+        return node.args[j]
+    return node.args[0] if views and is_view_op(node.target) else None
+
+
 def _canon(node):
     """An in-place op's result stands for the tensor it wrote (make_fx hands later readers its node)."""
-    while node is not None and node.op == "call_function" and _writes_arg(node.target) is not None:
-        node = node.args[_writes_arg(node.target)]
+    while _aliased(node, views=False) is not None:
+        node = _aliased(node, views=False)
+    return node
+
+
+def _base(node, within=None):
+    """The tensor whose memory `node` is, through views and in-place ops (those in `within` only, if given)."""
+    while (within is None or node in within) and _aliased(node, views=True) is not None:
+        node = _aliased(node, views=True)
     return node
 
 
@@ -347,10 +374,7 @@ def _mutated_externals(nodes, externals) -> list:
         j = _writes_arg(node.target)
         if j is None:
             continue
-        x = node.args[j]
-        while isinstance(x, torch.fx.Node) and x in local and (is_view_op(x.target) or _writes_arg(x.target) is not None):
-            x = x.args[0] if is_view_op(x.target) else x.args[_writes_arg(x.target)]
-        x = _canon(x)
+        x = _canon(_base(node.args[j], within=local))
         if x in local:
             continue
         if x not in externals:
@@ -358,12 +382,6 @@ def _mutated_externals(nodes, externals) -> list:
         if x not in found:
             found.append(x)
     return found
-
-
-def _base(node):
-    while node.op == "call_function" and (is_view_op(node.target) or _writes_arg(node.target) is not None):
-        node = node.args[0] if is_view_op(node.target) else node.args[_writes_arg(node.target)]
-    return node
 
 
 def _alias_among(externals, mutated) -> bool:

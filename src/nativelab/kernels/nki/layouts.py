@@ -3,9 +3,9 @@
 nc_matmul contracts over the partition dimension, so a linear weight w [N, K] (PyTorch's [out, in]) is wanted
 with its contraction dimension K on P = min(K, 128) partitions: element [i, k, n] = w[n, k * P + i], K padded
 with zero rows to whole tiles. In that layout plain DMAs put the weight in SBUF (`load_tiled`, in the blocks the
-products use first); in PyTorch's, every launch would transpose it. The host lays a weight out once (`tiled`; `prepared` remembers it
-per weight tensor, as nkilib's ops take `module.weight` and handle the transpose themselves), and a kernel handed
-another layout refuses it by name (`expect_tiled`)."""
+products use first); in PyTorch's, every launch would transpose it. The host lays a weight out once (`tiled`;
+`prepared` remembers it per weight tensor, as nkilib's ops take `module.weight` and handle the transpose
+themselves), and a kernel handed another layout refuses it by name (`expect_tiled`)."""
 
 from __future__ import annotations
 
