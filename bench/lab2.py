@@ -4,6 +4,8 @@ memory roofline measured in the same process.
     python bench/lab2.py [--size small|smollm2-135m] [--tokens 50] [--repeats 3] [--skip-eager] [--skip-top-p]
                           [--traced-too]      # also experimental on its traced kernel (hand-written one off)
     python bench/lab2.py --device cuda      # on a GPU: Triton kernels, Inductor, a CUDA-graph decode
+                          [--cpu-too]         # also core and experimental on --kernels cpu (the NKI default's
+                                              # lowering called directly: what the NKI layer costs)
 
 Per tier: decode throughput (tok/s, median of interleaved repeats) and the ratio to base; compiled greedy also
 the est. trn2 tok/s, the porting check's first-order estimate of the same generation (`trn2_estimate` in
@@ -27,6 +29,7 @@ import time
 import torch
 
 import nativelab  # noqa: F401
+from nativelab.models.llama.model import lab2_on_path
 from nativelab.apps.run import GUIDE_TOK_S, trn2_estimate
 from nativelab.device import threads
 from nativelab.kernels.cpu.build import host_kernels
@@ -108,20 +111,41 @@ def measure(args, compiled: bool, greedy: bool, source: Llama, dtype, prompt) ->
     gens = {t: build(source, t, dtype, sampling, compiled, args.device) for t in TIERS}
     if args.traced_too and args.device == "neuron":  # the experimental tier with its hand-written host kernel off
         gens[TRACED] = build(source, "experimental", dtype, sampling, compiled, args.device)
+    if args.cpu_too:  # the same tiers with nki_ops.py's ops calling the library's CPU kernels directly
+        gens.update({CPU_PATH[t]: build(source, t, dtype, sampling, compiled, args.device) for t in CPU_PATH})
     with torch.inference_mode():
         for t, g in gens.items():  # warm-up (and compile)
-            with host_kernels(False) if t == TRACED else contextlib.nullcontext():
+            with running(t):
                 for _ in range(2):
                     g.generate(prompt, args.tokens)
         results = {t: [] for t in gens}
         for _ in range(args.repeats):
             for t, g in gens.items():
-                with host_kernels(False) if t == TRACED else contextlib.nullcontext():
+                with running(t):
                     results[t].append(tok_per_s(g, prompt, args.tokens))
     return results, gens
 
 
 TRACED = "exp. (traced)"
+CPU_PATH = {"core": "core (cpu)", "experimental": "exp. (cpu)"}  # tier -> its row on --kernels cpu
+
+
+@contextlib.contextmanager
+def running(row: str):
+    """What the row's tier runs: the hand-written host kernels off for TRACED; --kernels cpu for a CPU_PATH row."""
+    if row == TRACED:
+        with host_kernels(False):
+            yield
+    elif row in CPU_PATH.values():
+        lab2_on_path()
+        import nki_ops  # the lab's module, as the tiers import it
+        nki_ops.use("cpu")
+        try:
+            yield
+        finally:
+            nki_ops.use("nki")
+    else:
+        yield
 
 
 def report(title: str, results: dict[str, list[float]], roof_tok_s: float | None = None,
@@ -152,6 +176,9 @@ def main() -> None:
     ap.add_argument("--traced-too", action="store_true",
                     help="add the experimental tier on its traced kernel (NATIVELAB_CPU_KERNELS=0), beside the "
                          "hand-written one it runs by default")
+    ap.add_argument("--cpu-too", action="store_true",
+                    help="add core and experimental on --kernels cpu, the CPU kernels the NKI kernels lower to "
+                         "called directly, with each tier's ratio to it (issue 49's >= 0.9x)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available to this PyTorch")
@@ -187,6 +214,10 @@ def main() -> None:
     ratio = statistics.median(greedy["experimental"]) / statistics.median(greedy["base"])
     target = "on a GPU: >= 3x" if args.device == "cuda" else "on the device: >= 1.5x"
     print(f"  experimental / base (compiled): {ratio:.2f}x (target {target})")
+    for t, row in CPU_PATH.items():
+        if row in greedy:
+            print(f"  {t} on the NKI kernels / on --kernels cpu: "
+                  f"{statistics.median(greedy[t]) / statistics.median(greedy[row]):.2f}x")
     if sampled is not None:
         report("compiled, top-p 0.9", sampled, roof)
         for t in TIERS:

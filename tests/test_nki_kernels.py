@@ -31,6 +31,7 @@ TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NATIVELAB_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("NATIVELAB_NKI_LOWER", "0")  # the kernels' own code, compiled (their lowerings: test_nki_lowering)
 
 
 def _weight(out_features, in_features, dtype):

@@ -36,6 +36,7 @@ BAD = {
     "NATIVELAB_NKI_PROFILE": ("loud", "0 or 1"),
     "NATIVELAB_NKI_HAZARDS": ("warn", "off, auto, full or strict"),
     "NATIVELAB_NKI_FIRST_CALL": ("later", "interpret or compile"),
+    "NATIVELAB_NKI_LOWER": ("host", "0 or 1"),
 }
 OPEN = {"NATIVELAB_DECODE_CONFIG",  # its fields are the tuner's (tests/test_decode_tuning.py checks them)
         "NATIVELAB_CACHE_DIR", "NATIVELAB_CPP_CACHE_DIR", "NATIVELAB_TUNE_CACHE_DIR"}  # any directory

@@ -3,7 +3,13 @@
 Each kernel is an NKI kernel from the library (nativelab.kernels.nki, the guide's nkilib: nki.language /
 nki.isa code, traced once per shape and compiled): wrap_nki makes it launchable on the device, @nki_op makes
 the function that launches it a custom op (one opaque node in a torch.compile graph). The tiers call the ops:
-llama_nki_core/ and llama_nki_experimental/. `python run.py --kernels nki|cpu` chooses what the ops run.
+llama_nki_core/ and llama_nki_experimental/.
+
+On this CPU each launch is checked against Trainium2's limits and estimated from the kernel's trace, then computed
+by what the kernel lowers to here (nativelab/kernels/nki/host.py: the library's C++ and Inductor-compiled PyTorch,
+tested equal to the kernel's own code). `python run.py --kernels cpu` calls those CPU kernels directly instead,
+without the NKI layer: the baseline that shows what the checks and estimate cost. NATIVELAB_NKI_LOWER=0 runs the
+kernels' own traced code, compiled (what you edit in an NKI kernel runs then; much slower here).
 """
 
 import torch
@@ -11,7 +17,7 @@ import torch
 from nativelab.kernels import nki as nkilib
 from nativelab.kernels import nki_op, wrap_nki
 
-KERNELS = "cpu"  # "nki": the NKI kernels; "cpu": the library's CPU kernels, faster here (see use() below)
+KERNELS = "nki"  # "nki": the NKI kernels; "cpu": the library's CPU kernels called directly (see use() below)
 
 mlp_kernel = wrap_nki(nkilib.mlp_kernel)
 
@@ -78,6 +84,7 @@ def nki_layers(tokens: torch.Tensor, pos: torch.Tensor, weights: list[torch.Tens
     if KERNELS == "cpu":
         return cpu_layers(tokens, pos, weights, stack, caches, n_heads, n_kv_heads, eps)
     s = nkilib.DecodeStack.unflatten(stack, caches)
+    tokens = tokens.to(torch.int64)  # the kernel reads int64 ids (a prompt may come as int32): one signature
     scratch = torch.empty(2, dtype=torch.int64, device=tokens.device)  # no draw counted
     _, logits = step_kernel(tokens, pos, scratch, *s, n_heads, n_kv_heads, eps)
     return logits.reshape(tokens.shape[0], 1, -1)
@@ -94,6 +101,7 @@ def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.
         return cpu_layers_token(tokens, pos, seed_state, weights, stack, caches, n_heads, n_kv_heads, eps,
                                 temperature, top_k, top_p)
     s = nkilib.DecodeStack.unflatten(stack, caches)
+    tokens = tokens.to(torch.int64)  # the kernel reads int64 ids (a prompt may come as int32): one signature
     scratch = torch.empty(2, dtype=torch.int64, device=tokens.device)  # for launches whose draw is not counted
     t_len = tokens.shape[1]
     for t in range(t_len):  # a prompt: one launch a token, each a decode step over the cache before it
@@ -108,9 +116,10 @@ def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.
 
 
 def use(kernels: str) -> None:
-    """What the ops run (`python run.py --kernels`): "nki", the NKI kernels above, traced and compiled, the code
-    that would run on Trainium; or "cpu", the library's CPU kernels (PyTorch compiled by Inductor, hand-written
-    C++ for the one-token decode step), which compute the same and run several times faster on this CPU."""
+    """What the ops run (`python run.py --kernels`): "nki", the NKI kernels above, the code that would run on
+    Trainium, checked and estimated at each new shape and computed by what they lower to on this CPU; or "cpu",
+    the library's CPU kernels (PyTorch compiled by Inductor, hand-written C++ for the one-token decode step)
+    called directly, the same values without the NKI layer."""
     global KERNELS
     if kernels not in ("nki", "cpu"):
         raise ValueError(f"kernels: expected 'nki' or 'cpu', got {kernels!r}")

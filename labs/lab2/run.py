@@ -4,7 +4,8 @@
    set of weights (the `small` model's, from a fixed seed; --size / --model-path for others).
 2. Applies torch.compile(backend="neuron") to the prefill and decode steps if --compile is given.
 3. Decodes greedily if --greedy is given (else top-p sampling).
-   --kernels nki|cpu: what nki_ops.py's kernels run, the NKI kernels or the library's faster CPU kernels (default).
+   --kernels nki|cpu: what nki_ops.py's kernels run, the NKI kernels (default) or the library's CPU kernels they
+   lower to, called directly.
 4. Warms up 3 times, times 50 tokens (median of --repeat runs) and prints the throughput.
 
 `nativelab run ...` runs this file with the same flags.

@@ -212,6 +212,9 @@ NKI_FIRST_CALL = Variable(
     "a new signature's first launch: `interpret` runs it instruction by instruction (nki.simulate's path: seconds, "
     "not a compile's minutes) and compiles at its second launch, or at its first where it was compiled before "
     "(the disk cache has it); `compile` compiles at the first launch")
+NKI_LOWER = _flag_var("NATIVELAB_NKI_LOWER", True, "at each NKI launch",
+                      "an NKI kernel with a declared lowering (the library's: `kernel.lowering`) runs it on the host, "
+                      "after its checks, at the speed of the C++ it lowers to; 0: its own traced code, compiled")
 CACHE_DIR = _cache_var("NATIVELAB_CACHE_DIR", "neff", "compiled device graphs (the guide's NEFF cache)")
 CPP_CACHE_DIR = _cache_var("NATIVELAB_CPP_CACHE_DIR", "cpp", "nativelab's C++ extensions, built on first use")
 TUNE_CACHE_DIR = _cache_var("NATIVELAB_TUNE_CACHE_DIR", "tune", "the decode kernels' measured configurations")

@@ -87,6 +87,10 @@ graph = None
 # Python stack only shows the call of the compiled function.
 compiled_source: str | None = None
 
+# > 0 while an NKI kernel's declared lowering runs (nki/jit.py): the library kernels it calls are that NKI kernel's
+# work, which its own estimate prices, so they are not told as `kernel_run`s.
+lowering = [0]
+
 _stack: list = []
 _listeners: list = []  # called after the stack changes (dispatch.py: the C++ fast path stays off while anyone watches)
 

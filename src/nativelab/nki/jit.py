@@ -213,14 +213,16 @@ def _tensor_places(sig: _Signature, n_args: int, kwargs) -> list | None:
 class JitKernel:
     """An @nki.jit kernel; `kernel[grid]` launches it over an SPMD grid (`nl.program_id(axis)`)."""
 
-    def __init__(self, fn, grid=(), traces=None, launches=None, **options):
+    def __init__(self, fn, grid=(), traces=None, launches=None, lowerings=None, **options):
         self.fn = fn
         self.grid = grid
         self.options = options
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._traces = traces if traces is not None else {}
-        # (grid, target core, _launch_key) -> (traced, where its tensors are): a known launch skips the rest
+        # (grid, target core, lowering on, _launch_key) -> (traced, where its tensors are, its lowering or None):
+        # a known launch skips the rest
         self._launches = launches if launches is not None else {}
+        self._lowerings = lowerings if lowerings is not None else {}  # "host" -> (fn, accepts): see lowering()
         self._grids: dict = {}  # kernel[grid] objects, made once per grid (`kernel[g](...)` at every launch)
         self._label = f"kernel:{self.name}"
         if options.get("first_call") not in (None, "interpret", "compile"):
@@ -238,7 +240,7 @@ class JitKernel:
         for g in grid:
             if g < 1:
                 raise ValueError(f"nki: kernel {self.name}: grid sizes must be >= 1, got {grid}")
-        k = JitKernel(self.fn, grid, self._traces, self._launches, **self.options)
+        k = JitKernel(self.fn, grid, self._traces, self._launches, self._lowerings, **self.options)
         if isinstance(key, (int, tuple)):
             self._grids[key] = k
         return k
@@ -248,9 +250,14 @@ class JitKernel:
         if trace.active() is not None:  # called from inside a kernel: its body runs inline, as on the chip
             return self.fn(*args, **kwargs)
         key = _launch_key(args, kwargs)
-        known = self._launches.get((self.grid, limits.target_version(), key)) if key is not None else None
+        lowering_on = settings.NKI_LOWER.get()
+        known = self._launches.get((self.grid, limits.target_version(), lowering_on, key)) if key is not None else None
         if known is not None:
-            return self._launch(known[0], [kwargs[i] if type(i) is str else args[i] for i in known[1]], False)
+            traced, places, lower = known
+            tensors = [kwargs[i] if type(i) is str else args[i] for i in places]
+            if lower is not None:
+                return self._launch_lowered(traced, lower, _host_call(args, kwargs, places), tensors, False)
+            return self._launch(traced, tensors, False)
         numpy_mode, args, kwargs = _from_numpy(args, kwargs)
         sig = _Signature(self.fn, self.grid, args, kwargs)
         tensors = sig.tensors
@@ -275,6 +282,12 @@ class JitKernel:
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         if self.options.get("order") is not None:
             return _result(traced, self._order_check(sig, tensors, traced), tensors, numpy_mode)
+        places = _tensor_places(sig, len(args), kwargs) if key is not None and contiguous and not numpy_mode else None
+        lower = self._lowering_for(traced, args, kwargs) if lowering_on else None
+        if lower is not None:
+            if places is not None:  # the next launch like this one goes straight in
+                self._launches[(self.grid, limits.target_version(), lowering_on, key)] = (traced, places, lower)
+            return self._launch_lowered(traced, lower, sig.call, tensors, numpy_mode)
         if self.options.get("simulate") or traced.interpreted is not None or self._interprets_first(sig, traced):
             outs, est = self._simulate(sig, tensors, traced)
             if est is not None:
@@ -288,10 +301,62 @@ class JitKernel:
             self._compile(sig, traced)
             if settings.NKI_PROFILE.get():
                 print(traced.estimate(self.name).summary(), file=sys.stderr)
-        places = _tensor_places(sig, len(args), kwargs) if key is not None and contiguous and not numpy_mode else None
         if places is not None:  # the next launch like this one goes straight in
-            self._launches[(self.grid, limits.target_version(), key)] = (traced, places)
+            self._launches[(self.grid, limits.target_version(), lowering_on, key)] = (traced, places, None)
         return self._launch(traced, tensors, numpy_mode)
+
+    def lowering(self, fn=None, *, accepts=None):
+        """Declare what this kernel runs on the host: `@kernel.lowering` over a function taking the kernel's own
+        arguments and returning what the kernel returns (the same structure, shapes and dtypes), writing the
+        arguments the kernel writes and no others. A launch on `neuron` or CPU tensors then checks the kernel
+        as always (its trace: limits, hazards, the estimate every tool reads) and runs `fn` instead of the
+        trace's compiled graph, on CPU tensors (host views of the device's memory, queued like any launch).
+        It is how a library kernel runs at the speed of the tuned C++ it lowers to; its equality with the
+        kernel is a test (tests/test_nki_lowering.py), and NATIVELAB_NKI_LOWER=0, nki.simulate, or
+        nki.jit(lower=False) run the kernel's own code. `accepts(*args, **kwargs)`: whether `fn` takes this
+        launch, decided on shapes, dtypes and plain values only (a launch like an accepted one is accepted);
+        one it refuses runs the traced code."""
+        if fn is None:
+            return lambda f: self.lowering(f, accepts=accepts)
+        self._lowerings["host"] = (fn, accepts)
+        return fn
+
+    def _lowering_for(self, traced: _Traced, args, kwargs):
+        """The declared host lowering that runs this launch, or None (none declared, refused, or the kernel's
+        own code asked for)."""
+        entry = self._lowerings.get("host")
+        if entry is None or traced.interpreted is not None or self.options.get("simulate"):
+            return None
+        if self.options.get("lower", True) is False:
+            return None
+        fn, accepts = entry
+        return fn if accepts is None or accepts(*args, **kwargs) else None
+
+    def _launch_lowered(self, traced: _Traced, lower, call, tensors, numpy_mode: bool):
+        """Run the lowering into new outputs: `call(lower, host_tensors)` calls it with the launch's arguments,
+        its tensors replaced by `host_tensors`; its result is copied into the outputs the kernel's result names."""
+        self.last_estimate = traced._estimates.get(cost.NEURONCORE_V3)
+        device = tensors[0].device if tensors else _CPU
+        outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
+        n, name = len(tensors), self.name
+
+        def run(*ts):
+            if observe.nki_launch is not None:  # the estimate is the kernel's, whatever computes its values
+                observe.nki_launch(name, traced.estimate(name))
+            ins = ts[:n]
+            observe.lowering[0] += 1
+            try:
+                result = call(lower, ins)
+            finally:
+                observe.lowering[0] -= 1
+            _copy_result(name, _build_result(traced.result_spec, ts[n:], ins), result)
+
+        if device.type == DEVICE:
+            queue.launch("kernel", self._label, run, *tensors, *outs)
+            tracking.count_executed(self._label)
+        else:
+            run(*tensors, *outs)
+        return _result(traced, outs, tensors, numpy_mode)
 
     def _interprets_first(self, sig: _Signature, traced: _Traced) -> bool:
         """Whether this launch of a signature not yet compiled runs interpreted: its first launch does
@@ -575,6 +640,40 @@ def _from_numpy(args, kwargs):
     return numpy_mode, args, kwargs
 
 
+def _host_call(args, kwargs, places):
+    """call(fn, host): fn(*args, **kwargs) with the tensors at `places` (positions or keywords) replaced."""
+    def call(fn, host):
+        a, kw = list(args), dict(kwargs)
+        for p, t in zip(places, host):
+            if type(p) is str:
+                kw[p] = t
+            else:
+                a[p] = t
+        return fn(*a, **kw)
+    return call
+
+
+def _copy_result(name: str, dst, src) -> None:
+    """A lowering's result `src` into the kernel's outputs `dst` (the same structure), each checked to be
+    what the kernel returns there."""
+    if isinstance(dst, torch.Tensor):
+        if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+            got = f"{tuple(src.shape)} {src.dtype}" if isinstance(src, torch.Tensor) else repr(src)
+            raise limits.NkiError(f"nki: kernel {name}'s lowering returned {got} where the kernel returns "
+                                  f"{tuple(dst.shape)} {dst.dtype}")
+        if src.data_ptr() != dst.data_ptr():
+            dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        if not isinstance(src, (tuple, list)) or len(src) != len(dst):
+            raise limits.NkiError(f"nki: kernel {name}'s lowering returned {type(src).__name__} where the kernel "
+                                  f"returns {len(dst)} values")
+        for d, s_ in zip(dst, src):
+            _copy_result(name, d, s_)
+    elif isinstance(dst, dict):
+        for k, d in dst.items():
+            _copy_result(name, d, src[k])
+
+
 def _result(traced: _Traced, outs, tensors, numpy_mode: bool):
     r = _build_result(traced.result_spec, outs, tensors)
     if numpy_mode:
@@ -600,7 +699,8 @@ def jit(fn=None, **options):
     "hazards-strict" raises on one, "off" skips it (default: NATIVELAB_NKI_HAZARDS; nki/hazards.py);
     roll=False compiles every loop unrolled (default: a large regular loop is compiled as a loop, nki/rolling.py;
     an int: the instructions a loop must issue for that, rolling.MIN_INSTRUCTIONS by default); first_call=
-    "interpret" or "compile": what a new signature's first launch does (default: NATIVELAB_NKI_FIRST_CALL)."""
+    "interpret" or "compile": what a new signature's first launch does (default: NATIVELAB_NKI_FIRST_CALL);
+    lower=False runs the kernel's own code where a lowering is declared (`kernel.lowering`)."""
     if fn is None:
         return lambda f: jit(f, **options)
     return fn if isinstance(fn, JitKernel) else JitKernel(fn, **options)

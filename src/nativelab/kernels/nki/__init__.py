@@ -1,7 +1,8 @@
 """The library's kernels written in NKI (nki.language / nki.isa), each registered as a custom op with
 wrap_nki + @nki_op, as Lab 2's nki_ops.py registers nkilib's, and equal to its PyTorch reference in
-kernels/ops. The PyTorch kernels there stay the fast CPU path; these are the ones to read, check against the
-hardware's limits, and estimate on Trainium2 (`kernel.estimate(*args)`)."""
+kernels/ops. These are the ones to read, check against the hardware's limits, and estimate on Trainium2
+(`kernel.estimate(*args)`); on a CPU host a launch computes through what each lowers to (host.py: the PyTorch
+kernels of kernels/ops and the C++ behind them), after its checks."""
 
 from .add import add, add_kernel
 from .attention import attention_cte, attention_cte_kernel, attention_tkg, attention_tkg_kernel
@@ -14,6 +15,7 @@ from .rope import rope, rope_kernel
 from .transformer import DecodeStack, transformer_step_kernel
 from .sample import argmax, argmax_kernel, sample_top_p, top_p_kernel
 from .softmax import reference_softmax, softmax, softmax_kernel
+from . import host  # noqa: E402,F401  (each kernel's lowering on a CPU host, declared on import)
 
 __all__ = ["add", "add_kernel", "argmax", "argmax_kernel", "attention_cte", "attention_cte_kernel", "attention_tkg",
            "attention_tkg_kernel", "DecodeStack", "transformer_step_kernel", "matmul",

@@ -77,3 +77,10 @@ def load_tiled(*ws, n_block: int | None = None, k_block: int | None = None):
             for t, w in zip(tiles, ws):
                 nisa.dma_copy(dst=t[:, k0:k1, c0:c1], src=w[:, k0:k1, c0:c1])
     return tiles if len(tiles) > 1 else tiles[0]
+
+
+def untiled(t: Tensor, k: int) -> Tensor:
+    """The inverse of `tiled`: t [P, K / P, N] -> w [N, K] (PyTorch's [out, in]), the padding rows dropped,
+    contiguous (a new tensor)."""
+    p, kt, n = t.shape
+    return t.permute(1, 0, 2).reshape(kt * p, n)[:k].t().contiguous()
