@@ -201,8 +201,8 @@ def main() -> None:
     prompt = [t % probe.cfg.vocab_size for t in PROMPT]  # the fixed prompt, within any size's vocabulary
     greedy, greedy_gens = measure(args, True, True, source, dtype, prompt)
     # est. trn2 tok/s: one more (untimed) generation per tier under the porting check (nativelab.apps.run)
-    trn2 = {t: trn2_estimate(g, prompt, args.tokens) for t, g in greedy_gens.items() if t in TIERS} \
-        if args.device == "neuron" else None
+    trn2 = {t: (trn2_estimate(g, prompt, args.tokens) or {}).get("tok_per_s") for t, g in greedy_gens.items()
+            if t in TIERS} if args.device == "neuron" else None
     sampled = None if args.skip_top_p else measure(args, True, False, source, dtype, prompt)[0]
     eager = None if args.skip_eager else measure(args, False, True, source, dtype, prompt)[0]
     after = read_bandwidth()

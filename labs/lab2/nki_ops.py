@@ -64,13 +64,11 @@ def nki_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.T
     step (T == 1) attends over the cache's positions before it and itself (TKG)."""
     if KERNELS == "cpu":
         return cpu_attn(q, k, v, k_cache, v_cache, pos)
+    k_cache.index_copy_(2, pos, k)  # the kernels read the cache (the decode kernel: before pos, and k / v at pos);
+    v_cache.index_copy_(2, pos, v)  # the write at pos is the op's
     if q.shape[2] > 1:
-        out = attention_prefill_kernel(q, k, v)
-    else:
-        out = attention_decode_kernel(q, k, v, k_cache, v_cache, pos.to(torch.float32))
-    k_cache.index_copy_(2, pos, k)  # the kernels read the cache; the write at pos is the op's
-    v_cache.index_copy_(2, pos, v)
-    return out
+        return attention_prefill_kernel(q, k, v)
+    return attention_decode_kernel(q, k, v, k_cache, v_cache, pos.to(torch.float32))
 
 
 @nki_op("nki_lab::layers", mutates_args=("caches",))

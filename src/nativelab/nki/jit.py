@@ -108,6 +108,7 @@ class _Traced:
         self.launch = None
         self.source = None
         self.launched = False  # launched once already (interpreted: NATIVELAB_NKI_FIRST_CALL)
+        self.lowering_checked = False  # a lowering's result matched the kernel's once (then only copied)
         self._estimates: dict = {}  # cost.Target -> its Estimate
     def estimate(self, name: str, target: cost.Target = cost.NEURONCORE_V3) -> cost.Estimate:
         """This signature's estimate on `target`, computed once per target."""
@@ -174,40 +175,63 @@ _PLAIN = (int, float, bool, str, type(None))
 
 def _launch_key(args, kwargs) -> tuple | None:
     """A launch's arguments as a key (each tensor's shape, dtype, device and contiguity; each plain value
-    with its type; keywords by name, in the order given): what the full signature (`_Signature`, ~10 us)
-    depends on, for real tensors; None when the arguments need the full one (NumPy arrays, fake tensors,
-    other objects)."""
+    with its type; a list or tuple of them item by item; keywords by name, in the order given): what the full
+    signature (`_Signature`, ~10 us plus ~1 us a tensor) depends on, for real tensors; None when the arguments
+    need the full one (NumPy arrays, fake tensors, other objects)."""
     key = []
     for a in itertools.chain(args, kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            if is_fake(a):
+        k = _value_key(a)
+        if k is None:
+            if type(a) not in (list, tuple):
                 return None
-            key.append((a.shape, a.dtype, a.device, a.is_contiguous()))
-        elif type(a) in _PLAIN:
-            key.append((type(a), a))
-        else:
-            return None
+            items = []
+            for e in a:  # the step kernel's lists: ~70 tensors at every launch, so written out, not mapped
+                if type(e) is _TENSOR and not is_fake(e):
+                    items.append((e.shape, e.dtype, e.device, e.is_contiguous()))
+                else:
+                    ek = _value_key(e)
+                    if ek is None:
+                        return None
+                    items.append(ek)
+            k = (type(a), tuple(items))
+        key.append(k)
     return (tuple(key), tuple(kwargs)) if kwargs else tuple(key)
 
 
+_TENSOR = torch.Tensor
+
+
+def _value_key(a) -> tuple | None:
+    if isinstance(a, torch.Tensor):
+        return None if is_fake(a) else (a.shape, a.dtype, a.device, a.is_contiguous())
+    if type(a) in _PLAIN:
+        return (type(a), a)
+    return None
+
+
 def _tensor_places(sig: _Signature, n_args: int, kwargs) -> list | None:
-    """Where each of the signature's tensors is in a launch's (args, kwargs): a position, or a keyword's
-    name; None if one is inside *args / **kwargs (the full signature then)."""
+    """Where each of the signature's tensors is in a launch's (args, kwargs): (a position, or a keyword's
+    name; None, or its index in that list argument); None if one is inside *args / **kwargs (the full
+    signature then)."""
     params = list(_parameters(sig.fn).parameters.values())
     places = []
-    for i, j in sig.tensor_pos:
-        if j is not None:  # an element of a list argument
-            return None
+    for i, item in sig.tensor_pos:
         name = sig.names[i]
         if name in kwargs:
-            places.append(name)
+            places.append((name, item))
             continue
         j = next((j for j, q in enumerate(params) if q.name == name), None)
         if j is None or j >= n_args or params[j].kind not in (inspect.Parameter.POSITIONAL_ONLY,
                                                                inspect.Parameter.POSITIONAL_OR_KEYWORD):
             return None
-        places.append(j)
+        places.append((j, item))
     return places
+
+
+def _placed(args, kwargs, places) -> list:
+    """The tensors at `places` (_tensor_places) in a launch's (args, kwargs)."""
+    return [(kwargs[w] if type(w) is str else args[w]) if j is None else (kwargs[w] if type(w) is str else args[w])[j]
+            for w, j in places]
 
 
 class JitKernel:
@@ -254,7 +278,7 @@ class JitKernel:
         known = self._launches.get((self.grid, limits.target_version(), lowering_on, key)) if key is not None else None
         if known is not None:
             traced, places, lower = known
-            tensors = [kwargs[i] if type(i) is str else args[i] for i in places]
+            tensors = _placed(args, kwargs, places)
             if lower is not None:
                 return self._launch_lowered(traced, lower, _host_call(args, kwargs, places), tensors, False)
             return self._launch(traced, tensors, False)
@@ -349,7 +373,12 @@ class JitKernel:
                 result = call(lower, ins)
             finally:
                 observe.lowering[0] -= 1
-            _copy_result(name, _build_result(traced.result_spec, ts[n:], ins), result)
+            dst = _build_result(traced.result_spec, ts[n:], ins)
+            if traced.lowering_checked:
+                _copy_leaves(dst, result)
+            else:  # its result's structure, shapes and dtypes, checked once per signature
+                _copy_result(name, dst, result)
+                traced.lowering_checked = True
 
         if device.type == DEVICE:
             queue.launch("kernel", self._label, run, *tensors, *outs)
@@ -641,14 +670,23 @@ def _from_numpy(args, kwargs):
 
 
 def _host_call(args, kwargs, places):
-    """call(fn, host): fn(*args, **kwargs) with the tensors at `places` (positions or keywords) replaced."""
+    """call(fn, host): fn(*args, **kwargs) with the tensors at `places` (_tensor_places) replaced, a list
+    argument's in a copy of the list."""
     def call(fn, host):
         a, kw = list(args), dict(kwargs)
-        for p, t in zip(places, host):
-            if type(p) is str:
-                kw[p] = t
-            else:
-                a[p] = t
+        copied = {}  # list arguments copied -> their type (a tuple stays a tuple)
+        for (w, j), t in zip(places, host):
+            where = kw if type(w) is str else a
+            if j is None:
+                where[w] = t
+                continue
+            if w not in copied:
+                copied[w] = type(where[w])
+                where[w] = list(where[w])
+            where[w][j] = t
+        for w, kind in copied.items():
+            where = kw if type(w) is str else a
+            where[w] = kind(where[w]) if kind is not list else where[w]
         return fn(*a, **kw)
     return call
 
@@ -672,6 +710,18 @@ def _copy_result(name: str, dst, src) -> None:
     elif isinstance(dst, dict):
         for k, d in dst.items():
             _copy_result(name, d, src[k])
+
+
+def _copy_leaves(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        if src.data_ptr() != dst.data_ptr():
+            dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        for d, s_ in zip(dst, src):
+            _copy_leaves(d, s_)
+    elif isinstance(dst, dict):
+        for k, d in dst.items():
+            _copy_leaves(d, src[k])
 
 
 def _result(traced: _Traced, outs, tensors, numpy_mode: bool):

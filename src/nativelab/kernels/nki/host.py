@@ -26,15 +26,18 @@ from .transformer import transformer_step_kernel
 
 # the modules (the ops package exports functions of the same names)
 ops_attention, ops_mlp, ops_rope = (importlib.import_module(f"nativelab.kernels.ops.{m}") for m in ("attention", "mlp", "rope"))
-_kept: dict = {}  # (data pointer, shape, dtype) of each tiled weight -> (the layout made, those tensors)
+_kept: dict = {}  # the data pointers of the tiled weights -> (the layout made, those tensors)
+_data_ptr = torch.Tensor.data_ptr
 
 
 def _host_weights(tiled: list[torch.Tensor], make):
-    """make() for these tiled weights, made once per memory (their data pointers, shapes and dtypes). The entry
+    """make() for these tiled weights, made once per memory (their data pointers, then shapes and dtypes). The entry
     holds the tensors (a device tensor's host view holds its memory), so no other tensor can come to have those
     pointers while it is kept; an entry whose tensors nobody else holds any more is dropped at the next miss."""
-    key = tuple((t.data_ptr(), t.shape, t.dtype) for t in tiled)
+    key = tuple(map(_data_ptr, tiled))
     entry = _kept.get(key)
+    if entry is not None and any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(tiled, entry[1])):
+        entry = None  # the same memory seen as other shapes
     if entry is None:
         for k in [k for k, (_, ts) in _kept.items() if all(sys.getrefcount(t) <= 3 for t in ts)]:
             del _kept[k]  # only this cache (and getrefcount's argument, the loop's name) still refers to them
@@ -100,12 +103,14 @@ def attention_cte_on_host(q, k, v):
 @attention_tkg_kernel.lowering
 def attention_tkg_on_host(q, k_new, v_new, k_cache, v_cache, pos):
     """ops/attention.py's decode attention (the C++ one, for one sequence). It writes k_new / v_new into the
-    caches at pos before attending; the NKI kernel only reads the caches, so the rows it overwrote are put
-    back after."""
+    caches at pos before attending, where the NKI kernel only reads the caches: rows that held other values are
+    put back after (a caller that writes the new rows first, as nki_ops.py's nki_attn does, has none)."""
     at = pos.to(torch.int64)
-    kept = k_cache.index_select(2, at), v_cache.index_select(2, at)
+    k_was, v_was = k_cache.index_select(2, at), v_cache.index_select(2, at)
+    keep = not (torch.equal(k_was, k_new) and torch.equal(v_was, v_new))
     out = torch.empty(q.shape, dtype=q.dtype)
     ops_attention.attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, at, out)
-    k_cache.index_copy_(2, at, kept[0])
-    v_cache.index_copy_(2, at, kept[1])
+    if keep:
+        k_cache.index_copy_(2, at, k_was)
+        v_cache.index_copy_(2, at, v_was)
     return out
