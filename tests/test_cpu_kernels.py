@@ -513,6 +513,8 @@ def test_the_one_kernel_step_counts_its_device_traffic(monkeypatch):
 
     monkeypatch.setenv("NATIVELAB_CPU_KERNELS", "1")
     model = Llama.random("tiny").copy_as("experimental", torch.float32, "neuron")
+    import nki_ops  # on the path once the tier is loaded
+    monkeypatch.setattr(nki_ops, "KERNELS", "cpu")  # the C++ step called directly (the NKI step takes a token a launch)
     gen = Generator(model, Sampling(greedy=True))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # the tied LM head once
     caches = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "cache" in n)

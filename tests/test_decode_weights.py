@@ -110,6 +110,10 @@ from nativelab.kernels.ops import transformer as T
 from nativelab.models.llama import Generator, Llama, Sampling
 
 assert nativelab.__file__.startswith(sys.argv[1]), nativelab.__file__  # the edited copy
+from nativelab.models.llama.model import lab2_on_path
+lab2_on_path()
+import nki_ops
+nki_ops.use("cpu")  # the library's CPU kernels, which read DecodeWeights (the NKI step reads DecodeStack)
 src = Llama.random("tiny", seed=0)
 seen = []  # (tokens per step, dummies) as the traced kernel's reference reads them, by name
 real = T.reference_transformer_tkg
@@ -146,7 +150,7 @@ print(json.dumps(dict(seen=seen, names=names, refused=refused, traced=tokens[Fal
 @pytest.mark.slow  # a fresh interpreter on a copy of the package; two traced compiles of a tiny model
 def test_one_more_field_is_the_only_edit_every_path_needs(tmp_path):
     """One line added to DecodeWeights (a per-layer dummy weight, the input norms again) and nothing else changed:
-    the model hands it over (`decode_weights()`), the traced kernel's reference reads it by name in the prompt's
+    on the experimental tier's CPU kernels (--kernels cpu), the model hands it over (`decode_weights()`), the traced kernel's reference reads it by name in the prompt's
     prefill and in a decode step, the C++ plan that runs both binds it (and refuses it in the wrong dtype, by
     name), and the tokens stay the base tier's, with the hand-written kernel and with the traced one."""
     if build.extension() is None:

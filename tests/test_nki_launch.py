@@ -37,7 +37,7 @@ def test_repeated_launches_match_and_the_key_tells_arguments_apart():
     strided = wide.t()  # (16, 8), not contiguous: made contiguous, never launched through the fast key
     for _ in range(2):
         torch.testing.assert_close(_scale_rows(strided, 2.0), strided * 2.0)
-    assert all(k[2][0][3] for k in _scale_rows._launches)  # only contiguous launches are kept (grid, target, key)
+    assert all(k[3][0][3] for k in _scale_rows._launches)  # only contiguous launches kept (grid, target, lowering, key)
     # kernel[grid] each time: one object per grid, the last program's id added
     for _ in range(2):
         torch.testing.assert_close(_scale_rows[2](x, 2.0), x * 2.0 + 1.0)

@@ -188,3 +188,26 @@ def test_transformer_step_lowering_equals_the_kernel(dtype, batch):
     assert lowered_args[2].cpu().tolist() == own_args[2].tolist() == [7, 42]
     for got, want in zip(lowered_args[-5] + lowered_args[-4], own_args[-5] + own_args[-4]):  # k, v caches
         _close(got, want, dtype, **tol)
+
+
+@pytest.mark.parametrize("rows", [1, 5])  # the C++ MLP's launch, the PyTorch reference's compiled graph
+def test_a_device_lowering_is_the_nki_kernels_one_launch(rows):
+    """mlp_kernel lowers on="device": the library kernel it launches is queued and counted as mlp_kernel's
+    launch (no kernel:mlp_kernel_no_norm, no library kernel_run for the estimate to count twice), and a profile
+    session prices it with the NKI kernel's estimate."""
+    import nativelab
+    from nativelab import profile
+    from nativelab.device import tracking
+    dt = torch.bfloat16
+    x = torch.randn(rows, 256, dtype=dt, device="neuron")
+    g, u, d = (nkilib.tiled(_weight(o, i, dt)).to("neuron") for o, i in ((384, 256), (384, 256), (256, 384)))
+    nkilib.mlp_kernel(x, g, u, d)  # the weights laid out for the CPU kernels (once), the kernel checked
+    torch.neuron.synchronize()
+    nativelab.clear_op_tracking()
+    with profile.Session() as s:
+        nkilib.mlp_kernel(x, g, u, d)
+        torch.neuron.synchronize()
+    executed = tracking.executed_counts()
+    assert executed.get("kernel:mlp_kernel") == 1 and "kernel:mlp_kernel_no_norm" not in executed, executed
+    assert s.nki[nkilib.mlp_kernel.name].calls == 1 and not s.kernel_runs
+    assert s.ops["kernel:mlp_kernel"].calls == 1

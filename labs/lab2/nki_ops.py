@@ -81,7 +81,7 @@ def nki_layers(tokens: torch.Tensor, pos: torch.Tensor, weights: list[torch.Tens
     kernels (`model.decode_weights()`); `caches`: the KV caches both write."""
     if KERNELS == "cpu":
         return cpu_layers(tokens, pos, weights, stack, caches, n_heads, n_kv_heads, eps)
-    s = nkilib.DecodeStack.unflatten(stack, caches)
+    s = _stack(weights, stack, caches, n_heads)
     tokens = tokens.to(torch.int64)  # the kernel reads int64 ids (a prompt may come as int32): one signature
     scratch = torch.empty(2, dtype=torch.int64, device=tokens.device)  # no draw counted
     _, logits = step_kernel(tokens, pos, scratch, *s, n_heads, n_kv_heads, eps)
@@ -98,7 +98,7 @@ def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.
     if KERNELS == "cpu":
         return cpu_layers_token(tokens, pos, seed_state, weights, stack, caches, n_heads, n_kv_heads, eps,
                                 temperature, top_k, top_p)
-    s = nkilib.DecodeStack.unflatten(stack, caches)
+    s = _stack(weights, stack, caches, n_heads)
     tokens = tokens.to(torch.int64)  # the kernel reads int64 ids (a prompt may come as int32): one signature
     scratch = torch.empty(2, dtype=torch.int64, device=tokens.device)  # for launches whose draw is not counted
     t_len = tokens.shape[1]
@@ -111,6 +111,13 @@ def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.
     if temperature > 0.0:  # top-k: the library's sampler (no NKI version yet)
         return sample(logits, seed_state, temperature, top_k, top_p)
     return token.reshape(-1)
+
+
+def _stack(weights, stack, caches, n_heads):
+    """The step kernel's weights: the model's, in the kernel's layouts (laid out at setup_cache, looked up here, laid
+    out again for a weight changed or replaced since), and the stack's RoPE tables."""
+    st = nkilib.DecodeStack.unflatten(stack, caches)
+    return nkilib.DecodeStack.prepare(DecodeWeights.unflatten(weights, caches), st.rope_cos, st.rope_sin, n_heads)
 
 
 def use(kernels: str) -> None:

@@ -20,6 +20,7 @@ stack is the user's.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Protocol
 
 
@@ -87,9 +88,26 @@ graph = None
 # Python stack only shows the call of the compiled function.
 compiled_source: str | None = None
 
-# > 0 while an NKI kernel's declared lowering runs (nki/jit.py): the library kernels it calls are that NKI kernel's
-# work, which its own estimate prices, so they are not told as `kernel_run`s.
-lowering = [0]
+# The NKI kernel whose declared lowering runs on this thread now (nki/jit.py), else None: the library kernels it
+# launches are that kernel's work, which the kernel's own estimate prices, so they are queued and counted under
+# its name and are not told as `kernel_run`s. Per thread: the device's queue runs on its own.
+_lowering = threading.local()
+
+
+def lowering_as() -> str | None:
+    """The label (`kernel:<name>`) of the NKI kernel whose lowering runs on this thread, or None."""
+    return getattr(_lowering, "label", None)
+
+
+@contextlib.contextmanager
+def launching_as(label: str):
+    """Inside the block, this thread's library-kernel launches are the NKI kernel `label`'s lowering."""
+    before = lowering_as()
+    _lowering.label = label
+    try:
+        yield
+    finally:
+        _lowering.label = before
 
 _stack: list = []
 _listeners: list = []  # called after the stack changes (dispatch.py: the C++ fast path stays off while anyone watches)

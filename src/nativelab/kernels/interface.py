@@ -108,8 +108,9 @@ class Kernel:
         host = self._target("host")
         if host is not None and host.accepts(*args):  # hand-written host code for this signature
             if kind == DEVICE:
-                queue.launch("kernel", self._label, host, *args)
-                tracking.count_executed(self._label)
+                label, fn = _labelled(self._label, host)
+                queue.launch("kernel", label, fn, *args)
+                tracking.count_executed(label)
             else:
                 host(*args)
             return None
@@ -126,11 +127,12 @@ class Kernel:
             compiled = self._compiled[key] = self._compile(tensors, spec, frozen)
         live = [t for i, t in enumerate(tensors) if i not in frozen] if frozen else tensors
         if tensors and tensors[0].device.type == DEVICE:
+            label, fn = _labelled(self._label, compiled)
             if compiled.random:  # drawn at the call, from the device's generator, as eager random ops
-                run_at_call("kernel", self._label, compiled, live, tensors[0].device.index or 0)
+                run_at_call("kernel", label, fn, live, tensors[0].device.index or 0)
             else:
-                queue.launch("kernel", self._label, compiled, *live)
-            tracking.count_executed(self._label)
+                queue.launch("kernel", label, fn, *live)
+            tracking.count_executed(label)
         else:
             compiled(*live)
         return None
@@ -173,8 +175,9 @@ class Kernel:
             if entry is None:
                 return False
         if device.type == DEVICE:
-            queue.launch("kernel", self._label, entry[0], *rest)  # runs on host views of `rest`
-            tracking.count_executed(self._label)
+            label, fn = _labelled(self._label, entry[0])
+            queue.launch("kernel", label, fn, *rest)  # runs on host views of `rest`
+            tracking.count_executed(label)
         else:
             entry[0](*rest)
         return True
@@ -235,7 +238,7 @@ class Kernel:
                          time.perf_counter() - t0)
 
         def launch(*ts):
-            if observe.kernel_run is not None and not observe.lowering[0]:
+            if observe.kernel_run is not None and observe.lowering_as() is None:
                 observe.kernel_run(self.name, gm)
             for t, r in zip(ts, artifact(*ts)):  # write back what the kernel wrote
                 if r.data_ptr() != t.data_ptr():
@@ -255,6 +258,24 @@ class Kernel:
 
 
 _data_ptr = torch.Tensor.data_ptr
+
+
+def _labelled(label: str, fn):
+    """(the label a device launch of `fn` goes under, what to queue): the kernel's own, or, inside an NKI kernel's
+    lowering (observe.launching_as), that NKI kernel's, with `fn` wrapped to run as part of it (its own
+    attributes, which profilers read, kept)."""
+    outer = observe.lowering_as()
+    if outer is None:
+        return label, fn
+
+    def part(*args):
+        with observe.launching_as(outer):
+            return fn(*args)
+
+    for attr in ("source", "random", "traffic", "plan"):
+        if hasattr(fn, attr):
+            setattr(part, attr, getattr(fn, attr))
+    return outer, part
 
 
 def _bake_constants(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor]) -> torch.fx.GraphModule:

@@ -329,19 +329,28 @@ class JitKernel:
             self._launches[(self.grid, limits.target_version(), lowering_on, key)] = (traced, places, None)
         return self._launch(traced, tensors, numpy_mode)
 
-    def lowering(self, fn=None, *, accepts=None):
+    def lowering(self, fn=None, *, accepts=None, on: str = "host"):
         """Declare what this kernel runs on the host: `@kernel.lowering` over a function taking the kernel's own
         arguments and returning what the kernel returns (the same structure, shapes and dtypes), writing the
         arguments the kernel writes and no others. A launch on `neuron` or CPU tensors then checks the kernel
         as always (its trace: limits, hazards, the estimate every tool reads) and runs `fn` instead of the
-        trace's compiled graph, on CPU tensors (host views of the device's memory, queued like any launch).
-        It is how a library kernel runs at the speed of the tuned C++ it lowers to; its equality with the
-        kernel is a test (tests/test_nki_lowering.py), and NATIVELAB_NKI_LOWER=0, nki.simulate, or
-        nki.jit(lower=False) run the kernel's own code. `accepts(*args, **kwargs)`: whether `fn` takes this
-        launch, decided on shapes, dtypes and plain values only (a launch like an accepted one is accepted);
-        one it refuses runs the traced code."""
+        trace's compiled graph. It is how a library kernel runs at the speed of the tuned C++ it lowers to; its
+        equality with the kernel is a test (tests/test_nki_lowering.py), and NATIVELAB_NKI_LOWER=0,
+        nki.simulate, or nki.jit(lower=False) run the kernel's own code.
+
+        `on="host"`: `fn` runs as one unit of the device's queue, on CPU tensors (host views of the device's
+        memory), its result copied into the kernel's outputs. `on="device"`: `fn` runs at the launch, on the
+        launch's own tensors, and returns tensors on their device; it may only launch library kernels
+        (nativelab.kernels' wrap_kernel: each queues its own work, under this kernel's name) and take views, no
+        other device op, so that what runs is this kernel's launch alone, and the Python of the next launch
+        overlaps the work of this one. `accepts(*args, **kwargs)`: whether `fn` takes this launch, decided on
+        shapes, dtypes and plain values only (a launch like an accepted one is accepted); one it refuses runs
+        the traced code."""
+        if on not in ("host", "device"):
+            raise ValueError(f"nki: kernel {self.name}: a lowering runs on 'host' or 'device', got {on!r}")
         if fn is None:
-            return lambda f: self.lowering(f, accepts=accepts)
+            return lambda f: self.lowering(f, accepts=accepts, on=on)
+        fn.nki_lowering_on = on
         self._lowerings["host"] = (fn, accepts)
         return fn
 
@@ -358,9 +367,20 @@ class JitKernel:
 
     def _launch_lowered(self, traced: _Traced, lower, call, tensors, numpy_mode: bool):
         """Run the lowering into new outputs: `call(lower, host_tensors)` calls it with the launch's arguments,
-        its tensors replaced by `host_tensors`; its result is copied into the outputs the kernel's result names."""
+        its tensors replaced by `host_tensors`; its result is copied into the outputs the kernel's result names
+        (on="device": called with the launch's own tensors, its result is the launch's)."""
         self.last_estimate = traced._estimates.get(cost.NEURONCORE_V3)
         device = tensors[0].device if tensors else _CPU
+        if lower.nki_lowering_on == "device":
+            if observe.nki_launch is not None:  # the estimate is the kernel's, whatever computes its values
+                observe.nki_launch(self.name, traced.estimate(self.name))
+            with observe.launching_as(self._label):
+                result = call(lower, tensors)
+            if not traced.lowering_checked:  # its result's structure, shapes and dtypes, checked once
+                metas = [torch.empty(s, dtype=d, device="meta") for s, d in traced.out_specs]
+                _copy_result(self.name, _build_result(traced.result_spec, metas, tensors), result, copy=False)
+                traced.lowering_checked = True
+            return _to_numpy(result) if numpy_mode else result
         outs = [torch.empty(s, dtype=d, device=device) for s, d in traced.out_specs]
         n, name = len(tensors), self.name
 
@@ -368,11 +388,8 @@ class JitKernel:
             if observe.nki_launch is not None:  # the estimate is the kernel's, whatever computes its values
                 observe.nki_launch(name, traced.estimate(name))
             ins = ts[:n]
-            observe.lowering[0] += 1
-            try:
+            with observe.launching_as(self._label):
                 result = call(lower, ins)
-            finally:
-                observe.lowering[0] -= 1
             dst = _build_result(traced.result_spec, ts[n:], ins)
             if traced.lowering_checked:
                 _copy_leaves(dst, result)
@@ -691,25 +708,25 @@ def _host_call(args, kwargs, places):
     return call
 
 
-def _copy_result(name: str, dst, src) -> None:
+def _copy_result(name: str, dst, src, copy: bool = True) -> None:
     """A lowering's result `src` into the kernel's outputs `dst` (the same structure), each checked to be
-    what the kernel returns there."""
+    what the kernel returns there (`copy` False: checked only)."""
     if isinstance(dst, torch.Tensor):
         if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
             got = f"{tuple(src.shape)} {src.dtype}" if isinstance(src, torch.Tensor) else repr(src)
             raise limits.NkiError(f"nki: kernel {name}'s lowering returned {got} where the kernel returns "
                                   f"{tuple(dst.shape)} {dst.dtype}")
-        if src.data_ptr() != dst.data_ptr():
+        if copy and src.data_ptr() != dst.data_ptr():
             dst.copy_(src)
     elif isinstance(dst, (tuple, list)):
         if not isinstance(src, (tuple, list)) or len(src) != len(dst):
             raise limits.NkiError(f"nki: kernel {name}'s lowering returned {type(src).__name__} where the kernel "
                                   f"returns {len(dst)} values")
         for d, s_ in zip(dst, src):
-            _copy_result(name, d, s_)
+            _copy_result(name, d, s_, copy)
     elif isinstance(dst, dict):
         for k, d in dst.items():
-            _copy_result(name, d, src[k])
+            _copy_result(name, d, src[k], copy)
 
 
 def _copy_leaves(dst, src) -> None:

@@ -1,9 +1,11 @@
 """What the library's NKI kernels lower to on a CPU host (`kernel.lowering`, nki/jit.py): each kernel's
 launch on `neuron` (or CPU) tensors is checked and estimated from its NKI trace, then computed by the library's
 kernels for the CPU: the PyTorch ones in kernels/ops (compiled by Inductor) and, for one decode token, the
-hand-written C++ behind them (kernels/cpu). They compute what the NKI kernel computes, up to the rounding of
-another fp32 accumulation order: tests/test_nki_lowering.py runs each against its kernel's own code, so an
-edited kernel whose lowering no longer matches fails there (NATIVELAB_NKI_LOWER=0 runs the edited code).
+hand-written C++ behind them (kernels/cpu). Most run `on="device"`: at the launch, launching those kernels as
+the NKI kernel's work (one queued unit under its name), so the Python of the next launch overlaps this one's
+work. They compute what the NKI kernel computes, up to the rounding of another fp32 accumulation order:
+tests/test_nki_lowering.py runs each against its kernel's own code, so an edited kernel whose lowering no longer
+matches fails there (NATIVELAB_NKI_LOWER=0 runs the edited code).
 
 The NKI kernels take weights in the Tensor Engine's layout [P, K / P, N] (prepared once, layouts.py); the CPU
 kernels read PyTorch's [out, in]. Each weight is laid back out once here (`_host_weights`) and kept with the
@@ -46,7 +48,7 @@ def _host_weights(tiled: list[torch.Tensor], make):
     return entry[0]
 
 
-@transformer_step_kernel.lowering
+@transformer_step_kernel.lowering(on="device")
 def transformer_step_on_host(tokens, pos, seed_state, embed, rope_cos, rope_sin, input_norms, wqkvs, wos, post_norms,
                              gates, ups, downs, final_norm, lm_head, k_caches, v_caches, n_heads, n_kv_heads, eps):
     """The library's whole-step kernel (ops/transformer.py: the C++ DecodePlan for one sequence, else its
@@ -69,38 +71,38 @@ def transformer_step_on_host(tokens, pos, seed_state, embed, rope_cos, rope_sin,
                       layout)
     weights, _ = w.flat()
     b = tokens.shape[0]
-    logits = torch.empty(b, 1, embed.shape[0], dtype=embed.dtype)
-    token = torch.empty(b, dtype=torch.int64)
+    logits = torch.empty(b, 1, embed.shape[0], dtype=embed.dtype, device=embed.device)
+    token = torch.empty(b, dtype=torch.int64, device=embed.device)
     transformer_tkg_token_kernel(tokens, pos, seed_state, weights, [*k_caches, *v_caches], rope_cos, rope_sin,
                                  n_heads, n_kv_heads, eps, 0.0, 0, 1.0, logits, token)
     return token.reshape(b, 1), logits.reshape(b, -1)
 
 
-@mlp_kernel.lowering
+@mlp_kernel.lowering(on="device")
 def mlp_on_host(x, gate, up, down):
     """ops/mlp.py's SwiGLU (the C++ one-token MLP, else its PyTorch reference compiled)."""
     dim, inter = x.shape[1], gate.shape[-1]
     g, u, dn = _host_weights([gate, up, down], lambda: (untiled(gate, dim), untiled(up, dim), untiled(down, inter)))
-    out = torch.empty((1, *x.shape), dtype=x.dtype)
+    out = torch.empty((1, *x.shape), dtype=x.dtype, device=x.device)
     ops_mlp.mlp_kernel_no_norm(x.reshape(1, *x.shape), g, u, dn, False, out)
     return out.reshape(x.shape)
 
 
-@rope_kernel.lowering
+@rope_kernel.lowering(on="device")
 def rope_on_host(x, cos, sin):
-    out = torch.empty(x.shape, dtype=x.dtype)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     ops_rope.rope_kernel(x, cos, sin, out)
     return out
 
 
-@attention_cte_kernel.lowering
+@attention_cte_kernel.lowering(on="device")
 def attention_cte_on_host(q, k, v):
-    out = torch.empty(q.shape, dtype=q.dtype)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ops_attention.attention_cte_kernel(q, k, v, out)
     return out
 
 
-@attention_tkg_kernel.lowering
+@attention_tkg_kernel.lowering  # on the host: it reads and puts back cache rows, which the C++ overwrites
 def attention_tkg_on_host(q, k_new, v_new, k_cache, v_cache, pos):
     """ops/attention.py's decode attention (the C++ one, for one sequence). It writes k_new / v_new into the
     caches at pos before attending, where the NKI kernel only reads the caches: rows that held other values are

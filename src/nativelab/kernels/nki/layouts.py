@@ -35,20 +35,23 @@ def tiled(w: Tensor) -> Tensor:
     return w_t.reshape(kt, p, n).permute(1, 0, 2).contiguous()
 
 
-_prepared = WeakIdKeyDictionary()  # weight tensor -> (its version when laid out, the tiled copy); dies with it
+_prepared = WeakIdKeyDictionary()  # first weight tensor -> (what it was laid out from, the tiled copy); dies with it
 
 
-def prepared(w: Tensor) -> Tensor:
-    """`tiled(w)`, made on the first call for this weight tensor and again only after it is written in place
-    (a load_state_dict, an optimizer step): later launches reuse the copy, so no launch transposes a weight."""
-    if is_fake(w):  # tracing (a custom op's fake implementation): the layout's metadata, nothing kept
-        return tiled(w)
-    seen = _prepared.get(w)
-    if seen is not None and seen[0] == version(w):
+def prepared(*ws: Tensor) -> Tensor:
+    """`tiled(w)`, or for several weights `tiled(torch.cat(ws))` (a fused projection's [out, in] rows), made on the
+    first call for these weight tensors and again only after one of them is written in place or replaced (a
+    load_state_dict, an optimizer step, a new Parameter): later launches reuse the copy, so no launch transposes
+    a weight."""
+    if any(is_fake(w) for w in ws):  # tracing (a custom op's fake implementation): the layout's metadata, nothing kept
+        return tiled(torch.cat(ws) if len(ws) > 1 else ws[0])
+    made_from = tuple((id(w), w.data_ptr(), version(w)) for w in ws)
+    seen = _prepared.get(ws[0])
+    if seen is not None and seen[0] == made_from:
         return seen[1]
     with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor, usable inside and outside inference
-        t = tiled(w.detach())
-    _prepared[w] = (version(w), t)
+        t = tiled(torch.cat([w.detach() for w in ws]) if len(ws) > 1 else ws[0].detach())
+    _prepared[ws[0]] = (made_from, t)
     return t
 
 

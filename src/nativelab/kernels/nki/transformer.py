@@ -46,7 +46,7 @@ from .qkv import project
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
 from .sample import MAX8_FMAX, argmax_step, running_argmax
-from .layouts import expect_tiled, load_tiled, tiled
+from .layouts import expect_tiled, load_tiled, prepared
 from .tiles import tiles, transpose_rows
 
 class DecodeStack(NamedTuple):
@@ -70,15 +70,16 @@ class DecodeStack(NamedTuple):
 
     @classmethod
     def prepare(cls, w, rope_cos: Tensor, rope_sin: Tensor, n_heads: int) -> DecodeStack:
-        """From a model's DecodeWeights (PyTorch's layouts) and RoPE tables: copies in the kernel's layouts.
-        The caches are the model's own (the kernel writes them)."""
+        """From a model's DecodeWeights (PyTorch's layouts) and RoPE tables: the matrices in the kernel's layouts,
+        each made once per weight tensor (`prepared`: preparing again is a lookup, and only a weight written in
+        place or replaced since is laid out again). The caches are the model's own (the kernel writes them)."""
         with torch.no_grad():
             return cls(embed=w.embed, rope_cos=rope_cos.to(w.embed.dtype), rope_sin=rope_sin.to(w.embed.dtype),
                        input_norms=list(w.input_norms),
-                       wqkvs=[tiled(torch.cat([q, k, v])) for q, k, v in zip(w.wqs, w.wks, w.wvs)],
-                       wos=[tiled(wo) for wo in w.wos],
-                       post_norms=list(w.post_norms), gates=[tiled(g) for g in w.gates], ups=[tiled(u) for u in w.ups],
-                       downs=[tiled(d_) for d_ in w.downs], final_norm=w.final_norm, lm_head=tiled(w.lm_head),
+                       wqkvs=[prepared(q, k, v) for q, k, v in zip(w.wqs, w.wks, w.wvs)],
+                       wos=[prepared(wo) for wo in w.wos], post_norms=list(w.post_norms),
+                       gates=[prepared(g) for g in w.gates], ups=[prepared(u) for u in w.ups],
+                       downs=[prepared(d_) for d_ in w.downs], final_norm=w.final_norm, lm_head=prepared(w.lm_head),
                        k_caches=list(w.k_caches), v_caches=list(w.v_caches))
 
     def flat(self) -> tuple[list[Tensor], list[Tensor]]:
