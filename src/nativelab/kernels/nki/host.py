@@ -27,7 +27,8 @@ from .rope import rope_kernel
 from .transformer import transformer_step_kernel
 
 # the modules (the ops package exports functions of the same names)
-ops_attention, ops_mlp, ops_rope = (importlib.import_module(f"nativelab.kernels.ops.{m}") for m in ("attention", "mlp", "rope"))
+ops_attention, ops_mlp, ops_rope = (importlib.import_module(f"nativelab.kernels.ops.{m}")
+                                    for m in ("attention", "mlp", "rope"))
 _kept: dict = {}  # the data pointers of the tiled weights -> (the layout made, those tensors)
 _data_ptr = torch.Tensor.data_ptr
 
@@ -58,8 +59,8 @@ def transformer_step_on_host(tokens, pos, seed_state, embed, rope_cos, rope_sin,
 
     def layout():
         qkv = [untiled(w, dim) for w in wqkvs]
-        # copies of the rest too: a queued launch's host views are inference tensors, which a compiled kernel that
-        # bakes its weights (the reference path) cannot key on
+        # copies of the rest too: the reference path bakes its weights and keys on their versions, which a
+        # tensor made in inference mode (a host view, a model set up under torch.inference_mode) does not have
         return DecodeWeights(
             embed=embed.clone(), input_norms=[w.clone() for w in input_norms], wqs=[w[:hd] for w in qkv],
             wks=[w[hd:hd + kvd] for w in qkv], wvs=[w[hd + kvd:] for w in qkv], wos=[untiled(w, hd) for w in wos],
