@@ -33,7 +33,8 @@ def _close(got, want, dtype, **tol):
 
 # --- the mechanism, on a kernel of our own -------------------------------------------------------------------
 
-def _doubling_kernel():
+def _double():
+    """A kernel of our own, made afresh (no lowering declared yet): out = 2 x."""
     @nki.jit
     def double(x):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
@@ -43,7 +44,12 @@ def _doubling_kernel():
         nisa.dma_copy(dst=out, src=t)
         return out
 
-    calls = []
+    return double
+
+
+def _doubling_kernel():
+    """_double() with a host lowering that records the shapes it ran on, taking launches of <= 64 rows."""
+    double, calls = _double(), []
 
     @double.lowering(accepts=lambda x: x.shape[0] <= 64)
     def double_on_host(x):
@@ -89,18 +95,13 @@ def test_a_kernel_over_the_chips_limits_fails_with_a_lowering_too():
 
 
 def test_a_lowering_returning_another_shape_is_an_error_naming_it():
-    @nki.jit
-    def copy(x):
-        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=x)
-        nisa.dma_copy(dst=out, src=t)
-        return out
-
-    copy.lowering(lambda x: x[:1])
+    double = _double()
+    double.lowering(lambda x: x[:1] * 2)
     with pytest.raises(nki.NkiError, match=r"lowering returned \(1, 8\) torch.float32 where the kernel returns "
                                            r"\(4, 8\) torch.float32"):
-        copy(torch.randn(4, 8))
+        double(torch.randn(4, 8))
+    with pytest.raises(ValueError, match=r"a lowering runs on 'host' or 'device', got 'gpu'"):
+        double.lowering(lambda x: x * 2, on="gpu")
 
 
 def test_a_lowered_launch_is_estimated_as_the_kernel():

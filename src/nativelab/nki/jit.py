@@ -21,6 +21,8 @@ import itertools
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -230,8 +232,18 @@ def _tensor_places(sig: _Signature, n_args: int, kwargs) -> list | None:
 
 def _placed(args, kwargs, places) -> list:
     """The tensors at `places` (_tensor_places) in a launch's (args, kwargs)."""
-    return [(kwargs[w] if type(w) is str else args[w]) if j is None else (kwargs[w] if type(w) is str else args[w])[j]
-            for w, j in places]
+    out = []
+    for w, j in places:
+        a = kwargs[w] if type(w) is str else args[w]
+        out.append(a if j is None else a[j])
+    return out
+
+
+class Lowering(NamedTuple):
+    """A kernel's declared lowering (JitKernel.lowering): what runs, which launches it takes, where it runs."""
+    fn: Callable
+    accepts: Callable | None
+    on: str  # "host" or "device"
 
 
 class JitKernel:
@@ -246,7 +258,7 @@ class JitKernel:
         # (grid, target core, lowering on, _launch_key) -> (traced, where its tensors are, its lowering or None):
         # a known launch skips the rest
         self._launches = launches if launches is not None else {}
-        self._lowerings = lowerings if lowerings is not None else {}  # "host" -> (fn, accepts): see lowering()
+        self._lowerings = lowerings if lowerings is not None else {}  # "host" -> its Lowering: see lowering()
         self._grids: dict = {}  # kernel[grid] objects, made once per grid (`kernel[g](...)` at every launch)
         self._label = f"kernel:{self.name}"
         if options.get("first_call") not in (None, "interpret", "compile"):
@@ -277,10 +289,10 @@ class JitKernel:
         lowering_on = settings.NKI_LOWER.get()
         known = self._launches.get((self.grid, limits.target_version(), lowering_on, key)) if key is not None else None
         if known is not None:
-            traced, places, lower = known
+            traced, places, lowering = known
             tensors = _placed(args, kwargs, places)
-            if lower is not None:
-                return self._launch_lowered(traced, lower, _host_call(args, kwargs, places), tensors, False)
+            if lowering is not None:
+                return self._launch_lowered(traced, lowering, _host_call(args, kwargs, places), tensors, False)
             return self._launch(traced, tensors, False)
         numpy_mode, args, kwargs = _from_numpy(args, kwargs)
         sig = _Signature(self.fn, self.grid, args, kwargs)
@@ -307,11 +319,11 @@ class JitKernel:
         if self.options.get("order") is not None:
             return _result(traced, self._order_check(sig, tensors, traced), tensors, numpy_mode)
         places = _tensor_places(sig, len(args), kwargs) if key is not None and contiguous and not numpy_mode else None
-        lower = self._lowering_for(traced, args, kwargs) if lowering_on else None
-        if lower is not None:
+        lowering = self._lowering_for(traced, args, kwargs) if lowering_on else None
+        if lowering is not None:
             if places is not None:  # the next launch like this one goes straight in
-                self._launches[(self.grid, limits.target_version(), lowering_on, key)] = (traced, places, lower)
-            return self._launch_lowered(traced, lower, sig.call, tensors, numpy_mode)
+                self._launches[(self.grid, limits.target_version(), lowering_on, key)] = (traced, places, lowering)
+            return self._launch_lowered(traced, lowering, sig.call, tensors, numpy_mode)
         if self.options.get("simulate") or traced.interpreted is not None or self._interprets_first(sig, traced):
             outs, est = self._simulate(sig, tensors, traced)
             if est is not None:
@@ -350,32 +362,30 @@ class JitKernel:
             raise ValueError(f"nki: kernel {self.name}: a lowering runs on 'host' or 'device', got {on!r}")
         if fn is None:
             return lambda f: self.lowering(f, accepts=accepts, on=on)
-        fn.nki_lowering_on = on
-        self._lowerings["host"] = (fn, accepts)
+        self._lowerings["host"] = Lowering(fn, accepts, on)
         return fn
 
-    def _lowering_for(self, traced: _Traced, args, kwargs):
+    def _lowering_for(self, traced: _Traced, args, kwargs) -> Lowering | None:
         """The declared host lowering that runs this launch, or None (none declared, refused, or the kernel's
         own code asked for)."""
-        entry = self._lowerings.get("host")
-        if entry is None or traced.interpreted is not None or self.options.get("simulate"):
+        lowering = self._lowerings.get("host")
+        if lowering is None or traced.interpreted is not None or self.options.get("simulate"):
             return None
         if self.options.get("lower", True) is False:
             return None
-        fn, accepts = entry
-        return fn if accepts is None or accepts(*args, **kwargs) else None
+        return lowering if lowering.accepts is None or lowering.accepts(*args, **kwargs) else None
 
-    def _launch_lowered(self, traced: _Traced, lower, call, tensors, numpy_mode: bool):
-        """Run the lowering into new outputs: `call(lower, host_tensors)` calls it with the launch's arguments,
+    def _launch_lowered(self, traced: _Traced, lowering: Lowering, call, tensors, numpy_mode: bool):
+        """Run the lowering into new outputs: `call(fn, host_tensors)` calls it with the launch's arguments,
         its tensors replaced by `host_tensors`; its result is copied into the outputs the kernel's result names
         (on="device": called with the launch's own tensors, its result is the launch's)."""
         self.last_estimate = traced._estimates.get(cost.NEURONCORE_V3)
         device = tensors[0].device if tensors else _CPU
-        if lower.nki_lowering_on == "device":
+        if lowering.on == "device":
             if observe.nki_launch is not None:  # the estimate is the kernel's, whatever computes its values
                 observe.nki_launch(self.name, traced.estimate(self.name))
             with observe.launching_as(self._label):
-                result = call(lower, tensors)
+                result = call(lowering.fn, tensors)
             if not traced.lowering_checked:  # its result's structure, shapes and dtypes, checked once
                 metas = [torch.empty(s, dtype=d, device="meta") for s, d in traced.out_specs]
                 _copy_result(self.name, _build_result(traced.result_spec, metas, tensors), result, copy=False)
@@ -389,13 +399,11 @@ class JitKernel:
                 observe.nki_launch(name, traced.estimate(name))
             ins = ts[:n]
             with observe.launching_as(self._label):
-                result = call(lower, ins)
-            dst = _build_result(traced.result_spec, ts[n:], ins)
-            if traced.lowering_checked:
-                _copy_leaves(dst, result)
-            else:  # its result's structure, shapes and dtypes, checked once per signature
-                _copy_result(name, dst, result)
-                traced.lowering_checked = True
+                result = call(lowering.fn, ins)
+            # its result's structure, shapes and dtypes checked once per signature, then only copied
+            _copy_result(name, _build_result(traced.result_spec, ts[n:], ins), result,
+                         check=not traced.lowering_checked)
+            traced.lowering_checked = True
 
         if device.type == DEVICE:
             queue.launch("kernel", self._label, run, *tensors, *outs)
@@ -702,43 +710,32 @@ def _host_call(args, kwargs, places):
                 where[w] = list(where[w])
             where[w][j] = t
         for w, kind in copied.items():
-            where = kw if type(w) is str else a
-            where[w] = kind(where[w]) if kind is not list else where[w]
+            if kind is not list:
+                where = kw if type(w) is str else a
+                where[w] = kind(where[w])
         return fn(*a, **kw)
     return call
 
 
-def _copy_result(name: str, dst, src, copy: bool = True) -> None:
-    """A lowering's result `src` into the kernel's outputs `dst` (the same structure), each checked to be
+def _copy_result(name: str, dst, src, copy: bool = True, check: bool = True) -> None:
+    """A lowering's result `src` into the kernel's outputs `dst` (the same structure), each `check`ed to be
     what the kernel returns there (`copy` False: checked only)."""
     if isinstance(dst, torch.Tensor):
-        if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+        if check and (not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype):
             got = f"{tuple(src.shape)} {src.dtype}" if isinstance(src, torch.Tensor) else repr(src)
             raise limits.NkiError(f"nki: kernel {name}'s lowering returned {got} where the kernel returns "
                                   f"{tuple(dst.shape)} {dst.dtype}")
         if copy and src.data_ptr() != dst.data_ptr():
             dst.copy_(src)
     elif isinstance(dst, (tuple, list)):
-        if not isinstance(src, (tuple, list)) or len(src) != len(dst):
+        if check and (not isinstance(src, (tuple, list)) or len(src) != len(dst)):
             raise limits.NkiError(f"nki: kernel {name}'s lowering returned {type(src).__name__} where the kernel "
                                   f"returns {len(dst)} values")
         for d, s_ in zip(dst, src):
-            _copy_result(name, d, s_, copy)
+            _copy_result(name, d, s_, copy, check)
     elif isinstance(dst, dict):
         for k, d in dst.items():
-            _copy_result(name, d, src[k], copy)
-
-
-def _copy_leaves(dst, src) -> None:
-    if isinstance(dst, torch.Tensor):
-        if src.data_ptr() != dst.data_ptr():
-            dst.copy_(src)
-    elif isinstance(dst, (tuple, list)):
-        for d, s_ in zip(dst, src):
-            _copy_leaves(d, s_)
-    elif isinstance(dst, dict):
-        for k, d in dst.items():
-            _copy_leaves(d, src[k])
+            _copy_result(name, d, src[k], copy, check)
 
 
 def _result(traced: _Traced, outs, tensors, numpy_mode: bool):
