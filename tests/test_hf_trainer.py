@@ -13,11 +13,17 @@ import torch
 WORKER = pathlib.Path(__file__).parent / "hf_trainer_worker.py"
 
 
+def _crash_part(stderr: str) -> str:
+    """What a failed run printed: its last lines, and the lines before the runtime's crash note if it has one."""
+    at = stderr.find("nativelab: fatal signal")
+    return (stderr[max(0, at - 2000):at + 1000] + "\n...\n" if at >= 0 else "") + stderr[-3000:]
+
+
 def _run(device: str, tmp_path: pathlib.Path) -> dict:
     result = tmp_path / f"{device}.pt"
     r = subprocess.run([sys.executable, str(WORKER), device, str(result), str(tmp_path / device), "bf16"],
                        capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, f"the {device} run failed:\n{_crash_part(r.stderr)}"
     return torch.load(result)
 
 
@@ -69,7 +75,7 @@ def test_data_parallel_trainer_under_torchrun_equals_the_cpus(tmp_path):
         result = tmp_path / f"{device}.pt"
         r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(WORKER),
                             device, str(result), str(tmp_path / device)], capture_output=True, text=True, timeout=500)
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, f"the {device} run failed:\n{_crash_part(r.stderr)}"
         got[device] = torch.load(result)
     neuron, cpu = got["neuron"], got["cpu"]
     assert neuron["fp32"]["param_device"] == "neuron:0" and cpu["fp32"]["param_device"] == "cpu"
