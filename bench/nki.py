@@ -155,7 +155,7 @@ def cases(dt):
         ("qkv 128x512", nk.qkv_kernel, (rows[None], qkv_w[0], *map(nk.tiled, qkv_w[1:4]), cos, sin, 8, 8, 1e-5),
          reference_qkv, (rows[None], *qkv_w, cos, sin, 8, 8, 1e-5)),
         ("attention_cte 8x128x64", nk.attention_cte_kernel, (q, k, v), reference_attention_cte, None),
-        ("attention_tkg 8x512x64", nk.attention_tkg_kernel, (q1, k1, v1, k_cache, v_cache, pos.float()), tkg_ref,
+        ("attention_tkg 8x512x64", nk.attention_tkg_kernel, (q1, k1, v1, k_cache, v_cache, pos), tkg_ref,
          (q1, k1, v1, k_cache, v_cache, pos)),
         ("decode step, 1 layer", nk.transformer_step_kernel,
          (torch.tensor([[5]]), pos, state.clone(), *stack, 8, 8, 1e-5), step_ref,

@@ -142,13 +142,17 @@ def _decode(dtype, pos, cache_len=600):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pos", [0, 300, 599])
 def test_decode_attention_interpreted_equals_reference(dtype, pos):
-    """The kernel reads the cache's positions < pos (whatever is at pos and after is masked) and the new token."""
+    """The kernel reads the cache's positions < pos (whatever is at pos and after is masked) and the new token,
+    then writes the new token's key and value at pos, as the reference does."""
     q, k_new, v_new, k_cache, v_cache, p = _decode(dtype, pos)
-    expected = reference_attention_tkg(q, k_new, v_new, k_cache.clone(), v_cache.clone(), p)
+    ref_caches = k_cache.clone(), v_cache.clone()
+    expected = reference_attention_tkg(q, k_new, v_new, *ref_caches, p)
     k_cache[:, :, pos:] = float("nan")  # never read: the mask is a select, not a multiply
     v_cache[:, :, pos:] = 1e4
-    got = nki.simulate(nki_kernels.attention_tkg_kernel)(q, k_new, v_new, k_cache, v_cache, p.float())
+    got = nki.simulate(nki_kernels.attention_tkg_kernel)(q, k_new, v_new, k_cache, v_cache, p)
     torch.testing.assert_close(got, expected, **TOL[dtype])
+    for got_cache, want in zip((k_cache, v_cache), ref_caches):
+        assert torch.equal(got_cache[:, :, :pos + 1], want[:, :, :pos + 1])
 
 
 @pytest.mark.slow

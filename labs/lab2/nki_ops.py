@@ -64,11 +64,11 @@ def nki_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.T
     step (T == 1) attends over the cache's positions before it and itself (TKG)."""
     if KERNELS == "cpu":
         return cpu_attn(q, k, v, k_cache, v_cache, pos)
-    k_cache.index_copy_(2, pos, k)  # the kernels read the cache (the decode kernel: before pos, and k / v at pos);
-    v_cache.index_copy_(2, pos, v)  # the write at pos is the op's
-    if q.shape[2] > 1:
+    if q.shape[2] > 1:  # the prompt attends over its own k, v; its rows go into the caches for the steps after
+        k_cache.index_copy_(2, pos, k)
+        v_cache.index_copy_(2, pos, v)
         return attention_prefill_kernel(q, k, v)
-    return attention_decode_kernel(q, k, v, k_cache, v_cache, pos.to(torch.float32))
+    return attention_decode_kernel(q, k, v, k_cache, v_cache, pos)  # it writes k, v into the caches at pos
 
 
 @nki_op("nki_lab::layers", mutates_args=("caches",))
@@ -106,11 +106,18 @@ def nki_layers_token(tokens: torch.Tensor, pos: torch.Tensor, seed_state: torch.
         counted = t == t_len - 1 and temperature <= 0.0  # greedy: the kernel's argmax is the draw
         token, logits = step_kernel(tokens[:, t:t + 1], pos[t:t + 1], seed_state if counted else scratch, *s,
                                     n_heads, n_kv_heads, eps)
-    if temperature > 0.0 and top_k == 0:  # top-p: the NKI sampler (the library's noise), advancing seed_state
-        return nkilib.sample_top_p(logits, seed_state, temperature, top_p)
-    if temperature > 0.0:  # top-k: the library's sampler (no NKI version yet)
-        return sample(logits, seed_state, temperature, top_k, top_p)
+    if temperature > 0.0:
+        return draw(logits, seed_state, temperature, top_k, top_p)
     return token.reshape(-1)
+
+
+def draw(logits, seed_state, temperature, top_k, top_p):
+    """The token (B,) drawn from logits (B, vocab) as the mega-kernel's step draws it, advancing seed_state: top-p
+    by the NKI sampler (the library's noise), else the library's sampler (argmax at temperature 0; top-k has no
+    NKI version yet)."""
+    if temperature > 0.0 and top_k == 0:
+        return nkilib.sample_top_p(logits, seed_state, temperature, top_p)
+    return sample(logits, seed_state, temperature, top_k, top_p)
 
 
 def _stack(weights, stack, caches, n_heads):

@@ -8,9 +8,10 @@ GpSimd affine_select, softmax along the free dimension, then probs @ V with the 
 
 Decode (`attention_tkg`, one query token against the static KV cache): the cache holds positions < pos and
 the kernel reads all of it (static shapes: the length is data, not a shape), masked by iota < pos, plus the
-new token's key and value as one more column; it never writes the cache (the op does, after), so the same
-code serves a layer that computes k_new in SBUF (`decode_heads`). Every query head has a partition of one
-[H, S] score tile, so the softmax runs once for all heads.
+new token's key and value as one more column, then writes the new key and value into the cache at pos. The
+attention itself (`decode_heads`) writes nothing, so the same code serves a layer that computes k_new in SBUF
+(transformer.py). Every query head has a partition of one [H, S] score tile, so the softmax runs once for all
+heads.
 
 Both round where the PyTorch reference rounds: the scores to q's dtype, softmax in fp32, probs to q's dtype,
 the output once from the PSUM accumulation."""
@@ -26,7 +27,7 @@ from ..interface import nki_op, wrap_nki
 from ..ops._checks import check_dim, check_rank, check_same
 from ..ops.attention import _check_cte as check_cte  # the same argument checks as the PyTorch kernels'
 from ..ops.attention import _check_qkv as check_qkv
-from .tiles import store_spread, tiles, transpose_into
+from .tiles import low_words, row_at, store_spread, tiles, transpose_into
 
 
 def softmax_rows(scores, neg_max, extra=None):
@@ -201,9 +202,11 @@ def masked_softmax(probs, scores, new_ps, before_pos, scale):
 
 
 def positions_before(pos, g, s):
-    """[g, S] fp32: 1.0 where the cache position (the free index) < pos (a [1] fp32 HBM tensor), else 0."""
+    """[g, S] fp32: 1.0 where the cache position (the free index) < pos (a [1] int64 HBM tensor), else 0."""
+    pos_h = nl.ndarray((g, 1), dtype=nl.int32, buffer=nl.sbuf)  # the position's low word on every partition
+    nisa.dma_copy(dst=pos_h, src=pos.ap(pattern=[[0, g], [1, 1]], offset=0, dtype=nl.int32))
     pos_t = nl.ndarray((g, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=pos_t, src=pos.ap(pattern=[[0, g], [1, 1]]))  # the position on every partition
+    nisa.tensor_copy(dst=pos_t, src=pos_h)
     before = nl.ndarray((g, s), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=before, pattern=[[1, s]])
     nisa.tensor_scalar(dst=before, data=before, op0=nl.less, operand0=pos_t)
@@ -212,11 +215,18 @@ def positions_before(pos, g, s):
 
 @jit
 def attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos):
+    """One decode token per sequence: q [B, H, 1, D], k_new / v_new [B, KV, 1, D], the caches [B, KV, S, D] and
+    pos [1] int64 (HBM) -> out [B, H, 1, D]: attention over the cache's positions < pos and the new token, then
+    k_new / v_new written into the caches at pos (after the read, which masks pos)."""
     b_size, heads, _, d = q.shape
     kv_heads, s = k_cache.shape[1], k_cache.shape[2]
+    if pos.dtype != nl.int64:
+        raise ValueError(f"attention_tkg_kernel: pos is the position as int64, got {pos.dtype}")
     p = nl.tile_size.pmax
     out = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     before = positions_before(pos, heads, s)
+    pos_i = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=pos_i, src=low_words(pos, 1))
     for b in nl.affine_range(b_size):
         q_t = nl.ndarray((d, heads), dtype=q.dtype, buffer=nl.sbuf)
         nisa.dma_transpose(dst=q_t, src=q[b, :, 0, :])
@@ -227,6 +237,9 @@ def attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos):
         att = nl.ndarray((min(heads * d, p), -(-heads * d // p)), dtype=q.dtype, buffer=nl.sbuf)
         decode_heads(att, q_t, k_new_t, v_row, k_cache[b, :, :, :], v_cache[b, :, :, :], before, d ** -0.5, q.dtype, p)
         store_spread(out[b, :, :, :].reshape((heads * d,)), att, heads * d, p)
+        for j in nl.affine_range(kv_heads):  # the new rows into the caches at pos
+            nisa.dma_copy(dst=row_at(k_cache[b, j, :, :], pos_i), src=k_new[b, j, :, :])
+            nisa.dma_copy(dst=row_at(v_cache[b, j, :, :], pos_i), src=v_new[b, j, :, :])
     return out
 
 
@@ -257,8 +270,5 @@ def attention_tkg(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_c
     if pos.shape != (1,):
         raise ValueError(f"pos: expected shape (1,) (the new token's position), got {tuple(pos.shape)}")
     check_same("q, k_new, v_new, k_cache, v_cache", q, k_new, v_new, k_cache, v_cache)
-    out = _attention_tkg(q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
-                         pos.to(torch.float32))
-    k_cache.index_copy_(2, pos, k_new)
-    v_cache.index_copy_(2, pos, v_new)
-    return out
+    return _attention_tkg(q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache,
+                          pos.to(torch.int64))

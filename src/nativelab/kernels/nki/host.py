@@ -1,7 +1,7 @@
 """What the library's NKI kernels lower to on a CPU host (`kernel.lowering`, nki/jit.py): each kernel's
 launch on `neuron` (or CPU) tensors is checked and estimated from its NKI trace, then computed by the library's
 kernels for the CPU: the PyTorch ones in kernels/ops (compiled by Inductor) and, for one decode token, the
-hand-written C++ behind them (kernels/cpu). Most run `on="device"`: at the launch, launching those kernels as
+hand-written C++ behind them (kernels/cpu). They run `on="device"`: at the launch, launching those kernels as
 the NKI kernel's work (one queued unit under its name), so the Python of the next launch overlaps this one's
 work. They compute what the NKI kernel computes, up to the rounding of another fp32 accumulation order:
 tests/test_nki_lowering.py runs each against its kernel's own code, so an edited kernel whose lowering no longer
@@ -103,17 +103,10 @@ def attention_cte_on_host(q, k, v):
     return out
 
 
-@attention_tkg_kernel.lowering  # on the host: it reads and puts back cache rows, which the C++ overwrites
+@attention_tkg_kernel.lowering(on="device")
 def attention_tkg_on_host(q, k_new, v_new, k_cache, v_cache, pos):
-    """ops/attention.py's decode attention (the C++ one, for one sequence). It writes k_new / v_new into the
-    caches at pos before attending, where the NKI kernel only reads the caches: rows that held other values are
-    put back after (a caller that writes the new rows first, as nki_ops.py's nki_attn does, has none)."""
-    at = pos.to(torch.int64)
-    k_was, v_was = k_cache.index_select(2, at), v_cache.index_select(2, at)
-    keep = not (torch.equal(k_was, k_new) and torch.equal(v_was, v_new))
-    out = torch.empty(q.shape, dtype=q.dtype)
-    ops_attention.attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, at, out)
-    if keep:
-        k_cache.index_copy_(2, at, k_was)
-        v_cache.index_copy_(2, at, v_was)
+    """ops/attention.py's decode attention (the C++ one for one sequence, else its PyTorch reference compiled):
+    the output, and k_new / v_new written into the caches at pos, as the kernel writes them."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ops_attention.attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos, out)
     return out

@@ -1,5 +1,6 @@
-"""What the library's NKI kernels share: tiling a size into the hardware's tile sizes, and moving rows of
-activations onto the partitions (where the Tensor Engine contracts). Weights come laid out already: layouts.py."""
+"""What the library's NKI kernels share: tiling a size into the hardware's tile sizes, moving rows of activations
+onto the partitions (where the Tensor Engine contracts), and addressing a row by a position read at run time.
+Weights come laid out already: layouts.py."""
 
 from __future__ import annotations
 
@@ -43,3 +44,15 @@ def store_spread(row, spread, n, p):
         nisa.dma_copy(dst=row.ap(pattern=[[1, p], [p, full]], offset=0), src=spread[:, 0:full])
     if n % p:
         nisa.dma_copy(dst=row.ap(pattern=[[1, n % p], [1, 1]], offset=full * p), src=spread[0:n % p, full:full + 1])
+
+
+def low_words(t, n: int, offset: int = 0):
+    """The low 32-bit words of n int64 values of t from element `offset`: a [n, 1] int32 view (little-endian)."""
+    return t.ap(pattern=[[2, n], [1, 1]], offset=2 * offset, dtype=nl.int32)
+
+
+def row_at(table, at):
+    """table [rows, cols] (HBM): the row at the (1, 1) int32 SBUF value `at`, as a [1, cols] view (a DMA whose
+    address moves by a value read at run time)."""
+    cols = table.shape[1]
+    return table.ap(pattern=[[cols, 1], [1, cols]], offset=0, scalar_offset=at, indirect_dim=0)

@@ -40,14 +40,14 @@ from torch import Tensor
 from ...nki import isa as nisa
 from ...nki import jit
 from ...nki import language as nl
-from .attention import decode_heads
+from .attention import decode_heads, positions_before
 from .mlp import swiglu_transposed
 from .qkv import project
 from .rmsnorm import load_broadcast, rmsnorm_rows
 from .rope import rotate_into
 from .sample import MAX8_FMAX, argmax_step, running_argmax
 from .layouts import expect_tiled, load_tiled, prepared
-from .tiles import tiles, transpose_rows
+from .tiles import low_words, row_at, tiles, transpose_rows
 
 class DecodeStack(NamedTuple):
     """A Llama's tensors for `transformer_step_kernel`, prepared once (`prepare`): the matrices tiled for the
@@ -107,18 +107,6 @@ class DecodeStack(NamedTuple):
 
 
 _PER_LAYER = {f: typing.get_origin(t) is list for f, t in typing.get_type_hints(DecodeStack).items()}  # a tensor per layer
-
-
-def low_words(t, n: int, offset: int = 0):
-    """The low 32-bit words of n int64 values of t from element `offset`: a [n, 1] int32 view (little-endian)."""
-    return t.ap(pattern=[[2, n], [1, 1]], offset=2 * offset, dtype=nl.int32)
-
-
-def row_at(table, at):
-    """table [rows, cols] (HBM): the row at the (1, 1) int32 SBUF value `at`, as a [1, cols] view (a DMA whose
-    address moves by a value read at run time)."""
-    cols = table.shape[1]
-    return table.ap(pattern=[[cols, 1], [1, cols]], offset=0, scalar_offset=at, indirect_dim=0)
 
 
 def _rope_heads(y, heads, d, c, s):
@@ -222,13 +210,7 @@ def transformer_step_kernel(tokens, pos, seed_state, embed, rope_cos, rope_sin, 
     logits = nl.ndarray((b_size, vocab), dtype=dt, buffer=nl.shared_hbm)
     pos_i = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=pos_i, src=low_words(pos, 1))
-    pos_h = nl.ndarray((n_heads, 1), dtype=nl.int32, buffer=nl.sbuf)  # on every head's partition
-    nisa.dma_copy(dst=pos_h, src=pos.ap(pattern=[[0, n_heads], [1, 1]], offset=0, dtype=nl.int32))
-    pos_f = nl.ndarray((n_heads, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=pos_f, src=pos_h)
-    before = nl.ndarray((n_heads, s_len), dtype=nl.float32, buffer=nl.sbuf)  # 1.0 where position < pos
-    nisa.iota(dst=before, pattern=[[1, s_len]])
-    nisa.tensor_scalar(dst=before, data=before, op0=nl.less, operand0=pos_f)
+    before = positions_before(pos, n_heads, s_len)  # 1.0 where position < pos
     c = nl.ndarray((1, n_heads, d), dtype=dt, buffer=nl.sbuf)  # the position's rows, once per head
     s = nl.ndarray((1, n_heads, d), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=c, src=rope_cos.ap(pattern=[[d, 1], [0, n_heads], [1, d]], offset=0, scalar_offset=pos_i,

@@ -71,9 +71,9 @@ class Generator:
             raise ValueError(f"cuda_graph: the model is on {device}, CUDA graphs need a CUDA device")
         self.cuda_graph = cuda_graph
         self._graph = None
-        # The experimental tier off CUDA prefills and decodes with one kernel from the token ids to the draw
-        # (model.next_token); on CUDA its step is captured as a CUDA graph of the layer kernel and the sampler
-        # instead, and its prompt runs through core's kernels.
+        # The experimental tier off CUDA goes from the token ids to the draw in the model (model.next_token: a
+        # decode step is one kernel, a prompt core's layers then the draw); on CUDA its step is captured as a
+        # CUDA graph of the layer kernel and the sampler instead, and its prompt runs through core's kernels.
         self.one_kernel = model.tier == "experimental" and device.type != "cuda"
 
     def _sample(self, logits: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ class Generator:
         return K.sample(logits.float(), self.seed_state, 0.0 if s.greedy else s.temperature, s.top_k, s.top_p)
 
     def _prefill_step(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        if self.one_kernel:  # the whole prompt to the first token in one launch, as a decode step
+        if self.one_kernel:  # the prompt to the first token, drawn as the decode steps draw
             s = self.sampling
             return self.model.next_token(tokens, input_pos, self.seed_state, 0.0 if s.greedy else s.temperature,
                                          s.top_k, s.top_p)
