@@ -13,7 +13,7 @@ from nativelab.kernels.ops.attention import reference_attention_tkg
 from nativelab.kernels.ops.decode_weights import DecodeWeights
 from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
-from nativelab.kernels.ops.sample import _sample, reference_sample_mask
+from nativelab.kernels.ops.sample import _race, _sample, _uniform, reference_sample_mask
 from nativelab.kernels.ops.transformer import reference_transformer_tkg
 
 pytestmark = pytest.mark.slow  # builds the C++ extension once per ISA (cached on disk afterwards)
@@ -390,6 +390,21 @@ def test_the_draw_is_the_traced_sample_kernel(ext):
             ext.sample_out(logits, mine, temperature, top_k, top_p, out)
             assert out.item() == K.sample(logits, theirs, temperature, top_k, top_p).item()
         assert mine.tolist() == theirs.tolist() == [5, 40]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_race_given_its_noise_is_the_samplers(ext, dtype):
+    """race_out (the NKI top-p kernel's lowering) = `_race` in plain PyTorch on the same logits and noise, row by
+    row, every sampling setting, a vocabulary that is no multiple of the vector width."""
+    torch.manual_seed(1)
+    logits = (torch.randn(3, 1001) * 2).to(dtype)
+    for temperature, top_k, top_p in [s for s in _SETTINGS if s[0] > 0]:
+        for counter in range(3):
+            noise = -torch.log(_uniform(torch.tensor([9, counter]), logits.shape)).float()
+            out = torch.empty(3, 1, dtype=torch.int32)
+            ext.race_out(logits, noise, temperature, top_k, top_p, out)
+            want = _race(logits, noise, temperature, top_k, top_p)
+            assert out.reshape(-1).tolist() == want.tolist(), (temperature, top_k, top_p, counter)
 
 
 def test_the_draw_rejects_bad_settings(ext):

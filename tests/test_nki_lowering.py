@@ -16,7 +16,7 @@ from nativelab import nki
 from nativelab.kernels import nki as nkilib
 from nativelab.nki import isa as nisa
 from nativelab.nki import language as nl
-from test_nki_kernels import TOL, _decode_weights, _weight, _with_cache_copies
+from test_nki_kernels import TOL, _decode_weights, _weight, _with_cache_copies, sample_ops
 
 host = importlib.import_module("nativelab.kernels.nki.host")
 
@@ -121,7 +121,7 @@ def test_a_lowered_launch_is_estimated_as_the_kernel():
 def test_every_kernel_lab2_runs_has_a_host_lowering():
     """Lab 2's kernels (labs/lab2/nki_ops.py) each declare what they run on a CPU host."""
     for kernel in (nkilib.transformer_step_kernel, nkilib.mlp_kernel, nkilib.rope_kernel, nkilib.attention_cte_kernel,
-                   nkilib.attention_tkg_kernel):
+                   nkilib.attention_tkg_kernel, nkilib.top_p_kernel):
         assert "host" in kernel._lowerings, kernel.name
 
 
@@ -171,6 +171,21 @@ def test_decode_attention_lowering_equals_the_kernel_and_writes_the_same_rows(dt
     _close(lowered, own, dtype)
     for i in (3, 4):
         assert torch.equal(lowered_args[i].cpu(), own_args[i]) and not torch.equal(own_args[i], [k_cache, v_cache][i - 3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("top_p", [0.9, 1.0])  # the bisection, and every token kept
+def test_top_p_lowering_draws_the_kernels_tokens(dtype, top_p):
+    """Given the same noise, the library's race draws the token the NKI kernel draws, row by row: its C++ (no grad,
+    as in generation) and its compiled PyTorch (ops/sample.py, where the C++ declines)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 1500) * 3).to(dtype)
+    for counter in range(3):
+        exp_noise = -torch.log(sample_ops._uniform(torch.tensor([7, counter]), logits.shape)).float()
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad):
+                lowered, own, _, _ = _both(nkilib.top_p_kernel, [logits, exp_noise, 0.8, top_p])
+            assert lowered.dtype == own.dtype == torch.int32 and lowered.cpu().tolist() == own.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -99,15 +99,21 @@ def lowering_as() -> str | None:
     return getattr(_lowering, "label", None)
 
 
-@contextlib.contextmanager
-def launching_as(label: str):
-    """Inside the block, this thread's library-kernel launches are the NKI kernel `label`'s lowering."""
-    before = lowering_as()
-    _lowering.label = label
-    try:
-        yield
-    finally:
-        _lowering.label = before
+class launching_as:
+    """`with launching_as(label):` inside the block, this thread's library-kernel launches are the NKI kernel
+    `label`'s lowering. (A class, not a generator: it is entered at every lowered launch and every unit it queues.)"""
+
+    __slots__ = ("label", "before")
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __enter__(self):
+        self.before = getattr(_lowering, "label", None)
+        _lowering.label = self.label
+
+    def __exit__(self, *exc):
+        _lowering.label = self.before
 
 _stack: list = []
 _listeners: list = []  # called after the stack changes (dispatch.py: the C++ fast path stays off while anyone watches)

@@ -291,8 +291,9 @@ class JitKernel:
         if known is not None:
             traced, places, lowering = known
             tensors = _placed(args, kwargs, places)
-            if lowering is not None:
-                return self._launch_lowered(traced, lowering, _host_call(args, kwargs, places), tensors, False)
+            if lowering is not None:  # on the device: its tensors are the arguments themselves (all contiguous)
+                call = _direct_call(args, kwargs) if lowering.on == "device" else _host_call(args, kwargs, places)
+                return self._launch_lowered(traced, lowering, call, tensors, False)
             return self._launch(traced, tensors, False)
         numpy_mode, args, kwargs = _from_numpy(args, kwargs)
         sig = _Signature(self.fn, self.grid, args, kwargs)
@@ -692,6 +693,11 @@ def _from_numpy(args, kwargs):
         args = [to_tensor(a) if isinstance(a, np.ndarray) else a for a in args]
         kwargs = {k: to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
     return numpy_mode, args, kwargs
+
+
+def _direct_call(args, kwargs):
+    """call(fn, _): fn(*args, **kwargs) as they are."""
+    return lambda fn, _: fn(*args, **kwargs)
 
 
 def _host_call(args, kwargs, places):

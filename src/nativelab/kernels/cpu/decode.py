@@ -1,7 +1,7 @@
 """The hand-written batch-1 decode kernels (csrc/decode.cpp) as host implementations of the kernel interface:
 `transformer_tkg` (the whole decode step: per layer RMSNorm + fused QKV + RoPE + cache write, attention over
 the filled cache, output projection, RMSNorm + SwiGLU; then the LM head), the core tier's one-token `qkv`,
-`attention_tkg` and `mlp`, and `matvec`.
+`attention_tkg` and `mlp`, the sampler's race given its noise (`race`, the NKI top-p kernel's), and `matvec`.
 
 Each host implementation has an `accepts(*args)` that the kernel interface asks at launch (on shapes and
 dtypes only, no values): anything else (a prompt, a batch, a non-contiguous weight) takes the traced path."""
@@ -100,6 +100,20 @@ def _accepts_mlp_no_norm(x, gate_w, up_w, down_w, residual, out) -> bool:
 
 
 mlp_no_norm.accepts = _accepts_mlp_no_norm
+
+
+def race(logits, exp_noise, temperature, top_k, top_p, out):
+    build.extension().race_out(logits, exp_noise, temperature, top_k, top_p, out)
+
+
+def _accepts_race(logits, exp_noise, temperature, top_k, top_p, out) -> bool:
+    if logits.dim() != 2 or logits.dtype not in _DTYPES or exp_noise.dtype != torch.float32 or temperature <= 0.0:
+        return False
+    return (exp_noise.shape == logits.shape and out.dtype == torch.int32 and out.numel() == logits.shape[0]
+            and logits.is_contiguous() and out.is_contiguous() and _ready(exp_noise))
+
+
+race.accepts = _accepts_race
 
 
 # The experimental tier's whole step from token ids (`transformer_tkg_token`): a DecodePlan binds the weights,

@@ -24,11 +24,12 @@ from .attention import attention_cte_kernel, attention_tkg_kernel
 from .layouts import untiled
 from .mlp import mlp_kernel
 from .rope import rope_kernel
+from .sample import top_p_kernel
 from .transformer import transformer_step_kernel
 
 # the modules (the ops package exports functions of the same names)
-ops_attention, ops_mlp, ops_rope = (importlib.import_module(f"nativelab.kernels.ops.{m}")
-                                    for m in ("attention", "mlp", "rope"))
+ops_attention, ops_mlp, ops_rope, ops_sample = (importlib.import_module(f"nativelab.kernels.ops.{m}")
+                                                for m in ("attention", "mlp", "rope", "sample"))
 _kept: dict = {}  # the data pointers of the tiled weights -> (the layout made, those tensors)
 _data_ptr = torch.Tensor.data_ptr
 
@@ -109,4 +110,12 @@ def attention_tkg_on_host(q, k_new, v_new, k_cache, v_cache, pos):
     the output, and k_new / v_new written into the caches at pos, as the kernel writes them."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ops_attention.attention_tkg_kernel(q, k_new, v_new, k_cache, v_cache, pos, out)
+    return out
+
+
+@top_p_kernel.lowering(on="device")
+def top_p_on_host(logits, exp_noise, temperature, top_p):
+    """ops/sample.py's race given the noise (Inductor-compiled): the token the library's sampler draws."""
+    out = torch.empty((logits.shape[0], 1), dtype=torch.int32, device=logits.device)
+    ops_sample.race_kernel(logits, exp_noise, float(temperature), 0, float(top_p), out)
     return out

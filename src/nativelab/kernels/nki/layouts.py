@@ -9,9 +9,10 @@ themselves), and a kernel handed another layout refuses it by name (`expect_tile
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ...nki import isa as nisa
 from ...nki import language as nl
@@ -35,7 +36,10 @@ def tiled(w: Tensor) -> Tensor:
     return w_t.reshape(kt, p, n).permute(1, 0, 2).contiguous()
 
 
-_prepared = WeakIdKeyDictionary()  # first weight tensor -> (what it was laid out from, the tiled copy); dies with it
+# id(first weight tensor) -> (a weak reference to it, what it was laid out from, the tiled copy); the entry goes
+# when the tensor dies. A plain dict: prepared() is looked up at every launch (core's MLP, each of experimental's
+# 31 weights a step), where a WeakIdKeyDictionary lookup costs several times more.
+_prepared: dict = {}
 
 
 def prepared(*ws: Tensor) -> Tensor:
@@ -46,13 +50,21 @@ def prepared(*ws: Tensor) -> Tensor:
     if any(is_fake(w) for w in ws):  # tracing (a custom op's fake implementation): the layout's metadata, nothing kept
         return tiled(torch.cat(ws) if len(ws) > 1 else ws[0])
     made_from = tuple((id(w), w.data_ptr(), version(w)) for w in ws)
-    seen = _prepared.get(ws[0])
-    if seen is not None and seen[0] == made_from:
-        return seen[1]
+    first = id(ws[0])
+    seen = _prepared.get(first)
+    if seen is not None and seen[0]() is ws[0] and seen[1] == made_from:
+        return seen[2]
     with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor, usable inside and outside inference
         t = tiled(torch.cat([w.detach() for w in ws]) if len(ws) > 1 else ws[0].detach())
-    _prepared[ws[0]] = (made_from, t)
+    _prepared[first] = (weakref.ref(ws[0], lambda _, k=first: _forget(k)), made_from, t)
     return t
+
+
+def _forget(key: int) -> None:
+    """A prepared weight's tensor died: drop its copy (unless the id was already reused for a newer entry)."""
+    entry = _prepared.get(key)
+    if entry is not None and entry[0]() is None:
+        del _prepared[key]
 
 
 def expect_tiled(kernel: str, name: str, w, k: int, n: int, meaning: str) -> None:

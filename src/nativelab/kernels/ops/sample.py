@@ -54,6 +54,11 @@ def _uniform(seed_state: torch.Tensor, shape) -> torch.Tensor:
 def _sample(logits, seed_state, temperature, top_k, top_p):
     if temperature <= 0.0:
         return logits.argmax(-1)
+    return _race(logits, -torch.log(_uniform(seed_state, logits.shape)).float(), temperature, top_k, top_p)
+
+
+def _race(logits, exp_noise, temperature, top_k, top_p):
+    """The token of each row drawn by the race argmax(p / E) over the kept tokens, given the noise E."""
     # Logits far below the maximum would give denormal probabilities, and every bisection pass over denormals
     # runs many times slower on x86; exp(-70) is still a normal float after dividing by the sum, and a token
     # that far below the maximum (p < 1e-30) can never enter the nucleus.
@@ -71,9 +76,15 @@ def _sample(logits, seed_state, temperature, top_k, top_p):
             lo = torch.where(enough, mid, lo)
             hi = torch.where(enough, hi, mid)
         threshold = torch.maximum(threshold, lo)
-    exp_noise = -torch.log(_uniform(seed_state, probs.shape)).float()
     race = torch.where(probs >= threshold, probs / exp_noise, torch.zeros_like(probs))
     return race.argmax(-1)
+
+
+@wrap_kernel(targets={"host": "nativelab.kernels.cpu.decode:race"})
+def race_kernel(logits, exp_noise, temperature, top_k, top_p, out):
+    """out (rows, 1) int32: the token `sample` draws from logits given its noise exp_noise = -log(u) (what the NKI
+    top-p kernel computes; nki/host.py lowers it here); on the host, the C++ sampler's race (cpu/csrc/sample.h)."""
+    out.copy_(_race(logits, exp_noise, temperature, top_k, top_p).view(out.shape))
 
 
 @wrap_kernel(targets={"cuda": "nativelab.kernels.triton.sample:sample"})

@@ -1004,6 +1004,27 @@ void sample_out(const at::Tensor& logits, at::Tensor& seed_state, double tempera
   seed_state.data_ptr<int64_t>()[1] += 1;
 }
 
+// `_race`'s draw given the noise, per row: logits (rows, vocab), exp_noise (rows, vocab) fp32, out (rows, 1) int32
+// (the NKI top-p kernel's result, which it lowers to here).
+void race_out(const at::Tensor& logits, const at::Tensor& exp_noise, double temperature, int64_t top_k, double top_p,
+              at::Tensor& out) {
+  check(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0, "logits: contiguous (rows, vocab)");
+  check(exp_noise.scalar_type() == at::kFloat && exp_noise.is_contiguous() && exp_noise.sizes() == logits.sizes(),
+        "exp_noise: contiguous fp32, the shape of logits");
+  check(out.scalar_type() == at::kInt && out.is_contiguous() && out.numel() == logits.size(0), "out: (rows, 1) int32");
+  check(temperature > 0.0 && top_k >= 0 && top_p > 0.0 && top_p <= 1.0, "temperature > 0, top_k >= 0, 0 < top_p <= 1");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  thread_local SampleScratch scratch;
+  dispatch(logits.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    for (int64_t r = 0; r < rows; r++) {
+      out.data_ptr<int32_t>()[r] = static_cast<int32_t>(race_draw(
+          logits.data_ptr<T>() + r * vocab, exp_noise.data_ptr<float>() + r * vocab, vocab, temperature, top_k, top_p,
+          scratch));
+    }
+  });
+}
+
 std::string isa() {
 #if defined(CPU_CAPABILITY_AVX512)
   return "AVX512";
@@ -1021,6 +1042,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_decode", &attention_decode, "one token: cache write + attention over positions 0..pos");
   m.def("mlp_decode", &mlp_decode, "one token: [RMSNorm +] SwiGLU MLP (+ residual)");
   m.def("sample_out", &sample_out, "the sampler's draw (temperature, top-k, top-p) from the last row of logits");
+  m.def("race_out", &race_out, "the sampler's race given its noise, per row (the NKI top-p kernel's lowering)");
   m.def("isa", &isa, "the vector ISA this build was compiled for");
   m.def("fields_read", []() { return kFieldsRead; }, "the DecodeWeights fields this code reads, by name");
   m.def("max_tile_tokens", []() { return TILE_T; }, "the prefill tile's most tokens in this build");

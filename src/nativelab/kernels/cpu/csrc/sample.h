@@ -251,23 +251,14 @@ struct SampleScratch {
   std::vector<float> p, band, tmp;
 };
 
-// The token `_sample` draws from one row of logits (n values), with the sampler state (seed, counter); the
-// caller advances the counter. temperature <= 0: the first index of the largest logit (NaN counts as largest).
+// `_race`'s probabilities of one row of logits (n values, temperature > 0) into s.p, and the threshold a token's
+// probability must reach to be kept (top-k, top-p; 0 when neither).
 template <typename T>
-int64_t sample_draw(const T* logits, int64_t n, int64_t seed, int64_t counter, double temperature, int64_t top_k,
-                    double top_p, SampleScratch& s) {
+float kept_probabilities(const T* logits, int64_t n, double temperature, int64_t top_k, double top_p,
+                         SampleScratch& s) {
   namespace sd = sample_detail;
   using V = sd::fVec;
   constexpr int64_t L = V::size();
-  if (temperature <= 0.0) {
-    int64_t best = 0;
-    float bv = static_cast<float>(logits[0]);
-    for (int64_t i = 1; i < n && !std::isnan(bv); i++) {
-      const float x = static_cast<float>(logits[i]);
-      if (x > bv || std::isnan(x)) bv = x, best = i;
-    }
-    return best;
-  }
   s.p.resize(n);
   float* p = s.p.data();
   // z = logits / T and its max; e = exp(max(z, max - 70) - max) and its sum; p = e / sum
@@ -302,6 +293,28 @@ int64_t sample_draw(const T* logits, int64_t n, int64_t seed, int64_t counter, d
   float threshold = 0.f;
   if (top_k > 0 && top_k < n) threshold = sd::kth_largest(p, n, top_k, s.band, s.tmp);
   if (top_p < 1.0) threshold = std::max(threshold, sd::top_p_floor(p, n, pmax, static_cast<float>(top_p), s.band));
+  return threshold;
+}
+
+// The token `_sample` draws from one row of logits (n values), with the sampler state (seed, counter); the
+// caller advances the counter. temperature <= 0: the first index of the largest logit (NaN counts as largest).
+template <typename T>
+int64_t sample_draw(const T* logits, int64_t n, int64_t seed, int64_t counter, double temperature, int64_t top_k,
+                    double top_p, SampleScratch& s) {
+  namespace sd = sample_detail;
+  using V = sd::fVec;
+  constexpr int64_t L = V::size();
+  if (temperature <= 0.0) {
+    int64_t best = 0;
+    float bv = static_cast<float>(logits[0]);
+    for (int64_t i = 1; i < n && !std::isnan(bv); i++) {
+      const float x = static_cast<float>(logits[i]);
+      if (x > bv || std::isnan(x)) bv = x, best = i;
+    }
+    return best;
+  }
+  const float threshold = kept_probabilities(logits, n, temperature, top_k, top_p, s);
+  const float* p = s.p.data();
 
   // The race: the first index of max(p / E) over p >= threshold, E = -float(log(u)) with u = (h + 0.5) / 2^32
   // in double. That double log per kept token is most of the draw's time, so a first pass bounds each kept
@@ -350,6 +363,23 @@ int64_t sample_draw(const T* logits, int64_t n, int64_t seed, int64_t counter, d
       const float r = p[t] / -static_cast<float>(lu[0]);
       if (r > best_r) best_r = r, best = t;
     }
+  }
+  return best;
+}
+
+// The token `_race` draws from one row of logits (n values, temperature > 0) given its noise e (n fp32 values,
+// E = -log(u)): the first index of the largest p / E in fp32 over the kept tokens (0 elsewhere), as argmax of
+// Inductor's `where(p >= threshold, p / E, 0)`.
+template <typename T>
+int64_t race_draw(const T* logits, const float* e, int64_t n, double temperature, int64_t top_k, double top_p,
+                  SampleScratch& s) {
+  const float threshold = kept_probabilities(logits, n, temperature, top_k, top_p, s);
+  const float* p = s.p.data();
+  int64_t best = 0;
+  float best_r = p[0] >= threshold ? p[0] / e[0] : 0.f;
+  for (int64_t i = 1; i < n; i++) {
+    const float r = p[i] >= threshold ? p[i] / e[i] : 0.f;
+    if (r > best_r) best_r = r, best = i;
   }
   return best;
 }
