@@ -115,6 +115,7 @@ class launching_as:
     def __exit__(self, *exc):
         _lowering.label = self.before
 
+
 _stack: list = []
 _listeners: list = []  # called after the stack changes (dispatch.py: the C++ fast path stays off while anyone watches)
 

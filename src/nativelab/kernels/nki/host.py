@@ -115,7 +115,8 @@ def attention_tkg_on_host(q, k_new, v_new, k_cache, v_cache, pos):
 
 @top_p_kernel.lowering(on="device")
 def top_p_on_host(logits, exp_noise, temperature, top_p):
-    """ops/sample.py's race given the noise (Inductor-compiled): the token the library's sampler draws."""
+    """ops/sample.py's race given the noise (on the host the C++ sampler's, cpu/csrc/sample.h; else compiled by
+    Inductor): the token the library's sampler draws from the same noise."""
     out = torch.empty((logits.shape[0], 1), dtype=torch.int32, device=logits.device)
     ops_sample.race_kernel(logits, exp_noise, float(temperature), 0, float(top_p), out)
     return out
