@@ -163,8 +163,14 @@ def test_exit_without_destroy_stops_gloo_threads_before_python_finalizes():
         "import torch.distributed.nn  # keeps the world group in its defaults\n"
         "t = torch.ones(3, device='neuron')\n"
         "dist.all_reduce(t)\n"
-        "print('running:', sum(open(f'/proc/self/task/{t}/comm').read().strip() == 'pt_gloo_runloop'\n"
-        "                      for t in os.listdir('/proc/self/task')), flush=True)\n"
+        "import time\n"
+        "def running():\n"
+        "    return sum(open(f'/proc/self/task/{t}/comm').read().strip() == 'pt_gloo_runloop'\n"
+        "               for t in os.listdir('/proc/self/task'))\n"
+        "deadline = time.monotonic() + 10  # a worker names itself once it runs: wait for both names\n"
+        "while running() < 2 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "print('running:', running(), flush=True)\n"
     )
     r = run_python(code, env={"NATIVELAB_QUIET": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
