@@ -9,8 +9,10 @@ flat read with them), so a `DecodePlan` chooses them at its first step on a thre
 1. `NATIVELAB_DECODE_CONFIG` forces one (`default`, or fields such as `rows=8,ahead=2,hint=l2,split=block,
    tile=2x3`; unnamed fields keep their defaults): nothing is measured.
 2. Else the choice cached for this CPU model, kernel build (ISA and source), thread count, dtype and shapes.
-3. Else it measures (`search`): the fastest of each field's values in turn, starting from the defaults, each
-   candidate timed on the plan's own weights in interleaved rounds (`choose`), ~0.2-0.5 s in all, and
+3. Else it measures (`search`): the fastest of each field's values in turn, starting from the defaults, the
+   fields again until a pass changes nothing (a field's best value can depend on another's: how far ahead to
+   prefetch on the cache it prefetches into), each candidate timed on the plan's own weights in interleaved
+   rounds (`choose`), ~0.2-0.6 s in all, and
    writes the choice to the cache (atomically, as the build cache does), unless other processes kept the
    machine busy meanwhile or the search was cut short (its 2 s limit): then this process uses it, the next
    one measures again. A choice is read only from a directory this user alone can write (`private_dir.py`).
@@ -150,8 +152,13 @@ def choose(candidates: list, measure: Callable[[object], float], rounds: int = 5
     return next(c for c in candidates if best[c] <= fastest * (1 + noise)), best
 
 
-DECODE_FIELDS = (("rows", (4, 2, 8)), ("ahead", (1, 0, 2)), ("hint", ("l1", "l2", "nta")),
+# Each field's values, the default first. The prefetch distance reaches 8 blocks: on a 2-core AMD EPYC (Zen 4,
+# AVX-512) the `small` bf16 step at 2 threads took 2.47 ms with rows=2,ahead=1,hint=l2 (the best of (1, 0, 2)
+# there) and 1.86 ms with ahead=4 (115% of a flat torch.sum read of its bytes; bench/decode_isa.py).
+DECODE_FIELDS = (("rows", (4, 2, 8)), ("ahead", (1, 0, 2, 4, 8)), ("hint", ("l1", "l2", "nta")),
                  ("split", ("block", "interleave")))
+PASSES = 3  # passes over DECODE_FIELDS at most: a field's best value depends on the others' (ahead on hint)
+SPACE = [[f, list(v)] for f, v in DECODE_FIELDS] + [["passes", PASSES]]  # in the cache key: a wider search redoes it
 
 
 def search(measure: Callable[[DecodeConfig, int], float], max_tile_tokens: int, rounds: int = 5,
@@ -160,7 +167,8 @@ def search(measure: Callable[[DecodeConfig, int], float], max_tile_tokens: int, 
     """The configuration to use, the best time of every one tried, and whether the search ran to its end (not
     stopped at `limit` seconds, the rest untried): `measure(config, n_tok)` times a decode
     step (n_tok 1) or a prefill of n_tok tokens. Each field in turn: the best so far with that field's values
-    (the decode step's fields on the step, the tile on a prefill of PREFILL_TOKENS). `exclude`: field sets
+    (the decode step's fields on the step, again until a pass changes nothing, at most PASSES; then the tile on
+    a prefill of PREFILL_TOKENS). `exclude`: field sets
     no candidate may match (to see what is chosen without the winner). Past `budget` seconds each field
     gets two rounds (~0.2-0.3 s in all on a quiet 2-core Xeon), past `limit` it stops (a loaded machine, where a
     step with a descheduled thread took 0.1-0.4 s instead of 2 ms)."""
@@ -175,21 +183,25 @@ def search(measure: Callable[[DecodeConfig, int], float], max_tile_tokens: int, 
         return dataclasses.replace(c, hint="l1") if c.ahead == 0 else c
 
     if not allowed(start):
-        grid = [norm(DecodeConfig(rows=r, ahead=a, hint=h, split=s)) for a in (1, 2, 0) for r in (4, 2, 8)
+        grid = [norm(DecodeConfig(rows=r, ahead=a, hint=h, split=s)) for a in (1, 2, 4, 8, 0) for r in (4, 2, 8)
                 for h in HINTS for s in ("block", "interleave")]
         start = next((c for c in grid if allowed(c)), None)
         if start is None:
             raise ValueError(f"decode tuning: every configuration is excluded ({exclude})")
     best, tried = start, {}
-    for field, values in DECODE_FIELDS:
-        if time.perf_counter() > stop:
-            return best, tried, False
-        cands = list(dict.fromkeys(c for c in (norm(dataclasses.replace(best, **{field: v})) for v in values)
-                                   if allowed(c)))
-        cands = [best] + [c for c in cands if c != best]
-        if len(cands) > 1:
-            best, times = choose(cands, lambda c: measure(c, 1), rounds, deadline=deadline, limit=stop)
-            tried.update({(c, 1): t for c, t in times.items()})
+    for _ in range(PASSES):  # until a whole pass keeps the incumbent
+        before = best
+        for field, values in DECODE_FIELDS:
+            if time.perf_counter() > stop:
+                return best, tried, False
+            cands = list(dict.fromkeys(c for c in (norm(dataclasses.replace(best, **{field: v})) for v in values)
+                                       if allowed(c)))
+            cands = [best] + [c for c in cands if c != best]
+            if len(cands) > 1:
+                best, times = choose(cands, lambda c: measure(c, 1), rounds, deadline=deadline, limit=stop)
+                tried.update({(c, 1): t for c, t in times.items()})
+        if best == before:
+            break
     most = max_tile_tokens
     tiles = [(4, 0), (2, 0), (4, (most + 1) // 2), (2, (most + 1) // 2)]
     cands = list(dict.fromkeys(dataclasses.replace(best, tile_rows=r, tile_tokens=t) for r, t in tiles))
@@ -223,9 +235,9 @@ def cache_dir() -> Path:
 
 def cache_key(build: str, threads: int, dtype: str, shape: tuple) -> dict:
     """What a choice holds for: this CPU (its model string and ISA), the kernel build (its ISA and source:
-    the extension's cache name), the thread count, the dtype and the model's shapes."""
+    the extension's cache name), the thread count, the dtype, the model's shapes and the search's space."""
     return {"cpu": cpu_info.model(), "cpu_isa": cpu_info.isa(), "build": build, "threads": int(threads),
-            "dtype": dtype, "shape": list(shape)}
+            "dtype": dtype, "shape": list(shape), "space": SPACE}
 
 
 def _path(key: dict) -> Path:
