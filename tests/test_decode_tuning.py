@@ -87,11 +87,11 @@ def test_search_passes_again_where_one_fields_best_value_depends_on_another():
 
 
 def test_search_without_the_best_configuration_finds_another():
-    measure, _ = _fake_machine(best_rows=4, best_ahead=1, best_hint="l1", best_split="block", best_tile=(4, 0))
+    measure, _ = _fake_machine(best_rows=4, best_ahead=2, best_hint="l2", best_split="block", best_tile=(4, 0))
     chosen, _, _ = tune.search(measure, max_tile_tokens=6, rounds=2)
     assert chosen == DecodeConfig()  # the defaults are this fake machine's best
-    chosen, tried, _ = tune.search(measure, max_tile_tokens=6, rounds=2, exclude=[{"ahead": 1}])
-    assert chosen.ahead != 1 and all(c.ahead != 1 for c, _ in tried)
+    chosen, tried, _ = tune.search(measure, max_tile_tokens=6, rounds=2, exclude=[{"ahead": 2}])
+    assert chosen.ahead != 2 and all(c.ahead != 2 for c, _ in tried)
     assert chosen.rows == 4 and chosen.split == "block"  # the other fields' best values still found
     with pytest.raises(ValueError, match="every configuration is excluded"):
         tune.search(measure, 6, exclude=[{}])

@@ -50,8 +50,8 @@ log = logging.getLogger("nativelab.kernels.tune")
 @dataclass(frozen=True)
 class DecodeConfig:
     rows: int = 4  # weight rows per call, streamed together: 2, 4, 8
-    ahead: int = 1  # software prefetch of the rows this many blocks of `rows` on; 0: none
-    hint: str = "l1"  # where the prefetch puts them: l1, l2, nta (non-temporal)
+    ahead: int = 2  # software prefetch of the rows this many blocks of `rows` on; 0: none
+    hint: str = "l2"  # where the prefetch puts them: l1, l2, nta (non-temporal)
     split: str = "block"  # rows between the threads: one contiguous block each, or blocks dealt round-robin
     tile_rows: int = 4  # the prefill's tile: weight rows (2, 4) ...
     tile_tokens: int = 0  # ... by at most this many tokens (0: the build's most)
@@ -155,7 +155,7 @@ def choose(candidates: list, measure: Callable[[object], float], rounds: int = 5
 # Each field's values, the default first. The prefetch distance reaches 8 blocks: on a 2-core AMD EPYC (Zen 4,
 # AVX-512) the `small` bf16 step at 2 threads took 2.47 ms with rows=2,ahead=1,hint=l2 (the best of (1, 0, 2)
 # there) and 1.86 ms with ahead=4 (115% of a flat torch.sum read of its bytes; bench/decode_isa.py).
-DECODE_FIELDS = (("rows", (4, 2, 8)), ("ahead", (1, 0, 2, 4, 8)), ("hint", ("l1", "l2", "nta")),
+DECODE_FIELDS = (("rows", (4, 2, 8)), ("ahead", (2, 0, 1, 4, 8)), ("hint", ("l2", "l1", "nta")),
                  ("split", ("block", "interleave")))
 PASSES = 3  # passes over DECODE_FIELDS at most: a field's best value depends on the others' (ahead on hint)
 SPACE = [[f, list(v)] for f, v in DECODE_FIELDS] + [["passes", PASSES]]  # in the cache key: a wider search redoes it
@@ -183,7 +183,7 @@ def search(measure: Callable[[DecodeConfig, int], float], max_tile_tokens: int, 
         return dataclasses.replace(c, hint="l1") if c.ahead == 0 else c
 
     if not allowed(start):
-        grid = [norm(DecodeConfig(rows=r, ahead=a, hint=h, split=s)) for a in (1, 2, 4, 8, 0) for r in (4, 2, 8)
+        grid = [norm(DecodeConfig(rows=r, ahead=a, hint=h, split=s)) for a in (2, 1, 4, 8, 0) for r in (4, 2, 8)
                 for h in HINTS for s in ("block", "interleave")]
         start = next((c for c in grid if allowed(c)), None)
         if start is None:

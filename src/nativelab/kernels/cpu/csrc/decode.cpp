@@ -248,13 +248,15 @@ inline void dot_rows(const at::BFloat16* const* rows, const at::BFloat16* const*
 // (nativelab.kernels.cpu.tune), forced with NATIVELAB_DECODE_CONFIG. None of these changes a value: every
 // output is one row's dot product, accumulated in the same order whatever the rows per call, the prefetching,
 // the thread that computes it or the prefill's tile (tests/test_decode_tuning.py checks the tokens).
-// The defaults were the constants tuned on a 2-core Xeon VM (AVX-512): 4 rows per call, the next block of rows
-// prefetched into L1; measured there on the whole `small` bf16 step, 2 threads (ms, AVX-512 / AVX2): rows 2:
-// 1.69 / 2.07, 4: 1.66 / 1.68, 6: 1.69 / 1.72, 8: 1.72 / 1.79.
+// The defaults are what the kernels without a plan (core's one-token products) run with. On a 2-core Xeon VM
+// (AVX-512) 4 rows per call with the next block prefetched into L1 was best (the whole `small` bf16 step, 2
+// threads, ms, AVX-512 / AVX2: rows 2: 1.69 / 2.07, 4: 1.66 / 1.68, 6: 1.69 / 1.72, 8: 1.72 / 1.79); on a 2-core
+// AMD EPYC Zen 4 that read 50-56% of a flat read of the step's bytes, and two blocks ahead into L2 94-102% (1 / 2
+// threads; bench/decode_isa.py, /tmp sweep of every rows x ahead x hint), so the defaults are now those.
 struct Tuning {
   int rows = 4;             // rows per dot_rows call (independent streams in flight): 2, 4 or 8
-  int ahead = 1;            // software prefetch distance, in blocks of `rows` rows; 0: none
-  int hint = 3;             // prefetch locality: 3 into L1 (prefetcht0), 2 into L2 (prefetcht1), 0 non-temporal
+  int ahead = 2;            // software prefetch distance, in blocks of `rows` rows; 0: none
+  int hint = 2;             // prefetch locality: 3 into L1 (prefetcht0), 2 into L2 (prefetcht1), 0 non-temporal
   bool interleave = false;  // row blocks dealt to the threads round-robin (else one contiguous share each)
   int tile_rows = 4;        // the prefill's tiles: weight rows (2 or 4) ...
   int tile_tokens = 0;      // ... by at most this many tokens (0: the build's most, TILE_T in prefill.h)
