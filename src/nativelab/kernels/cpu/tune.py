@@ -3,8 +3,9 @@
 A decode step streams every weight once, so its speed is how many memory reads one core keeps in flight: the
 rows read at once (independent streams), how far ahead software prefetch asks for the next rows and into
 which cache, how the rows are split between the threads; a prompt's prefill adds its tile shape. The best
-values differ between CPUs (they were tuned on one Intel Xeon; on an AMD Zen 4 VM the step reached 63% of a
-flat read with them), so a `DecodePlan` chooses them at its first step on a thread count:
+values differ between CPUs (the first defaults, tuned on an Intel Xeon, read 50-56% of a flat read on an AMD Zen 4
+VM, where two blocks ahead into L2, today's defaults, read 94-102%), so a `DecodePlan` chooses them at its first
+step on a thread count:
 
 1. `NATIVELAB_DECODE_CONFIG` forces one (`default`, or fields such as `rows=8,ahead=2,hint=l2,split=block,
    tile=2x3`; unnamed fields keep their defaults): nothing is measured.
