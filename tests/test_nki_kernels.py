@@ -269,6 +269,36 @@ def test_prepared_lays_a_weight_out_once_and_again_after_a_write():
     assert again is not first and torch.equal(again, nki_kernels.tiled(w))
 
 
+def test_made_once_is_made_again_only_after_a_weight_changes():
+    """made_once (the step kernel's prepared stack, asked for at every decode step) returns the last value while the
+    weights are the same tensors, unwritten, and the held caches the same objects, whatever was written into them;
+    a weight written in place, given new memory (.data), or replaced, and a cache replaced, make it again; the entry
+    goes with its tensors."""
+    import gc
+
+    from nativelab.kernels.nki import layouts
+
+    w, cache, made = torch.nn.Parameter(torch.randn(4, 4)), torch.zeros(2, 4), []
+
+    def get(weight=None, held=None):
+        weight, held = weight if weight is not None else w, held if held is not None else cache
+        return nki_kernels.made_once("test", [weight], [held], lambda: made.append(weight.sum().item()) or len(made))
+
+    first = get()
+    cache.add_(1.0)  # the kernel writes its caches every step: not a reason to prepare again
+    assert get() == first == 1 and made == [w.sum().item()]
+    with torch.no_grad():
+        w.mul_(2)  # an optimizer step
+    assert get() == 2 and made[-1] == w.sum().item()
+    w.data = torch.ones(4, 4)  # new memory, same tensor object
+    assert get() == 3 and made[-1] == 16.0
+    assert get(weight=torch.nn.Parameter(torch.ones(4, 4))) == 4  # another tensor: a new model's weight
+    assert get(held=torch.zeros(2, 4)) == 5  # new caches (setup_cache again)
+    gc.collect()
+    assert "test" not in layouts._made  # the last call's tensors died with it
+    assert get() == 6 and get() == 6
+
+
 def test_mlp_op_launches_no_weight_transpose():
     """The MLP op with nn.Linear weights: its launches' instructions move each weight with one plain DMA (no
     dma_transpose of a weight), equal to the reference."""

@@ -122,9 +122,12 @@ def draw(logits, seed_state, temperature, top_k, top_p):
 
 def _stack(weights, stack, caches, n_heads):
     """The step kernel's weights: the model's, in the kernel's layouts (laid out at setup_cache, looked up here, laid
-    out again for a weight changed or replaced since), and the stack's RoPE tables."""
-    st = nkilib.DecodeStack.unflatten(stack, caches)
-    return nkilib.DecodeStack.prepare(DecodeWeights.unflatten(weights, caches), st.rope_cos, st.rope_sin, n_heads)
+    out again for a weight changed or replaced since), and the stack's RoPE tables; the last step's, unless one of
+    these tensors was replaced or written since."""
+    def prepare():
+        st = nkilib.DecodeStack.unflatten(stack, caches)
+        return nkilib.DecodeStack.prepare(DecodeWeights.unflatten(weights, caches), st.rope_cos, st.rope_sin, n_heads)
+    return nkilib.made_once(f"nki_ops.stack/{n_heads}", weights, [*stack, *caches], prepare)
 
 
 def use(kernels: str) -> None:

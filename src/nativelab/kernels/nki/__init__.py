@@ -6,7 +6,7 @@ kernels of kernels/ops and the C++ behind them), after its checks."""
 
 from .add import add, add_kernel
 from .attention import attention_cte, attention_cte_kernel, attention_tkg, attention_tkg_kernel
-from .layouts import prepared, tiled
+from .layouts import made_once, prepared, tiled
 from .matmul import matmul, matmul_kernel
 from .mlp import mlp, mlp_kernel
 from .qkv import qkv, qkv_kernel
@@ -19,5 +19,5 @@ from . import host  # noqa: E402,F401  (each kernel's lowering on a CPU host, de
 
 __all__ = ["add", "add_kernel", "argmax", "argmax_kernel", "attention_cte", "attention_cte_kernel", "attention_tkg",
            "attention_tkg_kernel", "DecodeStack", "transformer_step_kernel", "matmul",
-           "matmul_kernel", "mlp", "mlp_kernel", "prepared", "tiled", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel", "rope",
+           "made_once", "matmul_kernel", "mlp", "mlp_kernel", "prepared", "tiled", "qkv", "qkv_kernel", "rmsnorm", "rmsnorm_kernel", "rope",
            "rope_kernel", "sample_top_p", "top_p_kernel", "softmax", "softmax_kernel", "reference_softmax"]

@@ -60,6 +60,28 @@ def prepared(*ws: Tensor) -> Tensor:
     return t
 
 
+# a caller's name -> (weak references to the tensors it was made from, their data pointers and versions, what was
+# made); the entry goes when one of those tensors dies
+_made: dict = {}
+
+
+def made_once(site: str, read: list[Tensor], held: list[Tensor], make):
+    """make(), or what it gave at `site`'s last call if the tensors are the same ones, `read`'s at the same memory
+    and version (unwritten since), `held`'s (the caches a kernel writes) the same objects: a decode loop asks for the
+    same prepared weights at every step, and remaking them (each weight's `prepared` looked up) cost the experimental
+    tier ~0.3 ms of its ~3 ms token. One entry per site."""
+    if any(is_fake(t) for t in read) or any(is_fake(t) for t in held):
+        return make()
+    tensors, state = [*read, *held], [(t.data_ptr(), version(t)) for t in read]
+    last = _made.get(site)
+    if (last is not None and last[1] == state and len(last[0]) == len(tensors)
+            and all(r() is t for r, t in zip(last[0], tensors))):
+        return last[2]
+    made = make()
+    _made[site] = ([weakref.ref(t, lambda _, s=site: _made.pop(s, None)) for t in tensors], state, made)
+    return made
+
+
 def _forget(key: int) -> None:
     """A prepared weight's tensor died: drop its copy (unless the id was already reused for a newer entry)."""
     entry = _prepared.get(key)
