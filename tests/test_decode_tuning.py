@@ -73,7 +73,8 @@ def test_search_finds_each_fields_best_value():
 
 def test_search_passes_again_where_one_fields_best_value_depends_on_another():
     """A fake Zen 4: prefetching far ahead pays only into L2 (into L1 it evicts what the step still reads), so
-    the first pass, timing the distance while the hint is still l1, keeps ahead=1; the second finds ahead=4."""
+    from the Xeon's defaults (one block ahead into L1) the first pass, timing the distance while the hint is still
+    l1, keeps ahead=1; the second finds ahead=4."""
     def measure(c: DecodeConfig, n_tok: int) -> float:
         if n_tok > 1:
             return 5e-3
@@ -81,7 +82,8 @@ def test_search_passes_again_where_one_fields_best_value_depends_on_another():
                "nta": {1: 1.1, 0: 1.3, 2: 1.2, 4: 1.3, 8: 1.4}}[c.hint][c.ahead]
         return 2e-3 * (far - 0.05 * (c.hint == "l2") + 0.1 * (c.rows != 2))
 
-    chosen, tried, complete = tune.search(measure, max_tile_tokens=6, rounds=2)
+    xeon = DecodeConfig(ahead=1, hint="l1")
+    chosen, tried, complete = tune.search(measure, max_tile_tokens=6, rounds=2, start=xeon)
     assert complete and (chosen.rows, chosen.ahead, chosen.hint) == (2, 4, "l2"), str(chosen)
     assert len(tried) <= 30  # coordinate passes, not the 90-configuration grid
 
