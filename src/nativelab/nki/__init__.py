@@ -17,11 +17,12 @@ from .jit import JitKernel, jit
 from .hazards import HazardError, HazardWarning
 from .limits import NkiError, NkiWarning
 from .order import OrderError
+from .ranks import multi_rank_simulate
 from .standalone import EstimateWarning, baremetal, benchmark, profile, simulate
 
 __version__ = "0.5.0+nativelab"
 __all__ = ["jit", "language", "isa", "collectives", "compiler", "typing", "JitKernel", "NkiError", "NkiWarning", "HazardWarning",
-           "HazardError", "OrderError", "simulate", "dtype", "baremetal", "benchmark", "profile",
+           "HazardError", "OrderError", "simulate", "multi_rank_simulate", "dtype", "baremetal", "benchmark", "profile",
            "EstimateWarning"]
 
 dtype = KernelDtype  # NKI's dtype type, nl.bfloat16's (kernels annotate `dtype: nki.dtype = nl.bfloat16`)

@@ -3,10 +3,13 @@
 collective_permute, the ring forms collective_permute_implicit[_reduce] with
 collective_permute_implicit_current_processing_rank_id, and rank_id, over a ReplicaGroup.
 
-A kernel here runs on one rank, rank 0 (the emulated device has no interconnect between kernels): a
-collective whose replica group gives rank 0 a rank-list of one (`[[0]]`, or no group) is exact (each
-collective of one rank is a copy, the reductions over one operand), and one that needs other ranks is an
-NkiError naming the group. The copies are DMA work in the cost model.
+Ranks: nki.multi_rank_simulate runs a kernel on several ranks, and there each collective gathers its rank-list's
+sources (nki/ranks.py) and every rank computes its own destinations from them. Elsewhere a kernel runs on one
+rank, rank 0: a collective whose rank-list is that rank alone (`[[0]]`, or no group) is exact (a copy, the
+reductions over one operand), one that needs other ranks is an NkiError naming the group and
+nki.multi_rank_simulate. The checking pass (meta tensors) computes each collective as if every rank of the
+rank-list had sent this rank's sources: shapes are checked there, values exchanged only when the kernel runs.
+The data moved is DMA work in the cost model (the destinations' bytes).
 
 (The LNC-2 exchange between the two cores of a logical core is nki.isa.sendrecv / core_barrier:
 nki/isa/collectives.py.)"""
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import limits
+import torch
+
+from . import limits, ranks, trace
 from .core import compute, instruction, on_chip, record
 from .ops import Op
 from .tensor import NkiTensor, VirtualRegister, read, write
@@ -25,14 +30,12 @@ __all__ = ["ReplicaGroup", "all_reduce", "all_gather", "reduce_scatter", "all_to
            "collective_permute_implicit", "collective_permute_implicit_reduce",
            "collective_permute_implicit_current_processing_rank_id", "rank_id"]
 
-RANK = 0  # the rank a kernel runs on here
-
 
 @dataclass
 class ReplicaGroup(NKIObject):
     """The ranks a collective runs over, as rank-lists (each runs the collective independently; no rank in
     two lists)."""
-    replica_groups: list = field(default_factory=lambda: [[RANK]])
+    replica_groups: list = field(default_factory=lambda: [[0]])
 
     def __post_init__(self):
         groups = [list(g) for g in self.replica_groups]
@@ -46,16 +49,39 @@ class ReplicaGroup(NKIObject):
         return next((g for g in self.replica_groups if rank in g), [rank])
 
 
-def _one_rank(instruction: str, replica_group) -> None:
-    """The collective's rank-list for this rank must be this rank alone (the only rank there is)."""
-    group = replica_group.ranks_with(RANK) if isinstance(replica_group, ReplicaGroup) else [RANK]
-    limits.check(group == [RANK], instruction,
-                 f"replica group {getattr(replica_group, 'replica_groups', replica_group)} puts rank {RANK} with "
-                 f"ranks {group}: a kernel here runs on one rank (rank {RANK}), so a collective across {len(group)} "
-                 f"ranks cannot run (use rank-lists of one, [[0]], to run the kernel's single-rank path)")
+def _rank_list(instruction: str, replica_group) -> list:
+    """The running rank's rank-list in `replica_group` (no group: the rank alone), checked against the world."""
+    me = ranks.rank()
+    group = replica_group.ranks_with(me) if isinstance(replica_group, ReplicaGroup) else [me]
+    world = ranks.current()
+    size = world.size if world is not None else 1
+    if group != [me] and world is None:
+        raise limits.NkiError(
+            f"{instruction}: replica group {getattr(replica_group, 'replica_groups', replica_group)} puts rank {me} "
+            f"with ranks {group}, but this kernel runs on one rank (rank {me}): run it on {len(group)} or more ranks "
+            f"with nki.multi_rank_simulate(kernel, world_size=..., per_rank_inputs=...), or use rank-lists of one "
+            f"([[0]]) for the kernel's single-rank path")
+    limits.check(all(isinstance(r, int) and 0 <= r < size for r in group), instruction,
+                 f"replica group {getattr(replica_group, 'replica_groups', replica_group)} names ranks outside "
+                 f"the world of {size} rank(s) (0..{size - 1})")
+    return group
 
 
-def _pairs(instruction: str, srcs, dsts):
+def _gathered(instruction: str, group: list, mine: list) -> list:
+    """Each rank-list member's `mine`, in rank-list order: this rank's alone for a rank-list of one, its own
+    repeated in the checking pass (shapes only), else exchanged (nki/ranks.py)."""
+    if len(group) == 1:
+        return [mine]
+    tr = trace.current()
+    if tr.device == "meta":
+        return [mine] * len(group)
+    program = tr.launch.rank if tr.launch is not None else 0
+    n = tr.collectives.get((program, tuple(group)), 0)
+    tr.collectives[(program, tuple(group))] = n + 1
+    return ranks.exchange(instruction, group, (program, tuple(group), n), mine)
+
+
+def _pairs(instruction: str, srcs, dsts) -> list:
     srcs, dsts = list(srcs), list(dsts)
     limits.check(len(srcs) == len(dsts) and srcs, instruction,
                  f"takes one destination per source, got {len(srcs)} source(s) and {len(dsts)} destination(s)")
@@ -64,50 +90,93 @@ def _pairs(instruction: str, srcs, dsts):
                      f"sources and destinations are NKI tensors, got {s!r} and {d!r}")
         limits.check(s.buffer.on_chip == d.buffer.on_chip, instruction,
                      f"mixes memories ({s!r} -> {d!r}): all tensors are on HBM or all on SBUF")
-        limits.check(s.numel() == d.numel(), instruction,
-                     f"on one rank the destination {d!r} receives the source {s!r} whole: their sizes differ")
-    return zip(srcs, dsts)
+    return list(zip(srcs, dsts))
 
 
-def _copy(instruction: str, src: NkiTensor, dst: NkiTensor) -> None:
+def _land(instruction: str, dst: NkiTensor, value: torch.Tensor, what: str, source: NkiTensor | None = None) -> None:
+    """`value` into `dst`, element by element in row-major order (a DMA: the shapes may differ, the sizes not)."""
+    limits.check(value.numel() == dst.numel(), instruction,
+                 f"the destination {dst!r} receives {what}, {value.numel()} elements (shape {tuple(value.shape)}): "
+                 f"its size must be that")
     record(instruction, "dma", dst)
-    write(dst, read(src, instruction).reshape(dst.shape), instruction, source=src)
+    write(dst, value.reshape(dst.shape), instruction, source=source)
 
 
-def _each_to_itself(instruction: str, srcs, dsts, replica_group) -> None:
-    """A collective over a rank-list of one rank: each destination receives its source."""
-    _one_rank(instruction, replica_group)
-    for s, d in _pairs(instruction, srcs, dsts):
-        _copy(instruction, s, d)
+def _reduce(instruction: str, op, values: list) -> torch.Tensor:
+    limits.check(isinstance(op, Op), instruction, f"op must be an nl operator (nl.add, nl.minimum or nl.maximum), "
+                                                  f"got {op!r}")
+    total = values[0]
+    for v in values[1:]:
+        total, _ = compute(op, [total, v])
+    return total
+
+
+def _split(instruction: str, value: torch.Tensor, parts: int, dim: int) -> tuple:
+    limits.check(0 <= dim < value.dim() and value.shape[dim] % parts == 0, instruction,
+                 f"splits its source of shape {tuple(value.shape)} along dimension {dim} into {parts} equal parts "
+                 f"(one per rank): that dimension must exist and be a multiple of {parts}")
+    return value.chunk(parts, dim)
+
+
+def _collective(instruction: str, srcs, dsts, replica_group, result) -> None:
+    """A collective over the running rank's rank-list: `result(all_sources, k, position)` is destination k's
+    value from every member's k-th source (rank-list order) and this rank's position in the rank-list."""
+    pairs = _pairs(instruction, srcs, dsts)
+    group = _rank_list(instruction, replica_group)
+    gathered = _gathered(instruction, group, [read(s, instruction) for s, _ in pairs])
+    me = group.index(ranks.rank())
+    for k, (s, d) in enumerate(pairs):
+        value = result([member[k] for member in gathered], k, me)
+        copied = len(group) == 1 and value is gathered[0][k]  # one rank: a copy of its source, as is
+        _land(instruction, d, value, f"the data of {len(group)} rank(s)", source=s if copied else None)
 
 
 def all_reduce(srcs, dsts, replica_group=None, op=None, **_kw) -> None:
-    """Each destination gets the op-reduction of its source over the group's ranks (one rank: the source)."""
-    _each_to_itself("nki.collectives.all_reduce", srcs, dsts, replica_group)
+    """Each destination gets the op-reduction of its source over the rank-list's ranks."""
+    ins = "nki.collectives.all_reduce"
+    _collective(ins, srcs, dsts, replica_group, lambda vals, k, me: vals[0] if len(vals) == 1 else _reduce(ins, op, vals))
 
 
 def all_gather(srcs, dsts, replica_group=None, collective_dim: int = 0, **_kw) -> None:
-    """Each destination gets the group's sources concatenated along collective_dim (one rank: its own)."""
-    _each_to_itself("nki.collectives.all_gather", srcs, dsts, replica_group)
+    """Each destination gets the rank-list's sources concatenated along collective_dim, in rank-list order."""
+    _collective("nki.collectives.all_gather", srcs, dsts, replica_group,
+                lambda vals, k, me: vals[0] if len(vals) == 1 else torch.cat(vals, int(collective_dim)))
 
 
 def reduce_scatter(srcs, dsts, replica_group=None, op=None, collective_dim: int = 0, **_kw) -> None:
-    """Each rank gets its slice of the reduction over the group (one rank: the whole source)."""
-    _each_to_itself("nki.collectives.reduce_scatter", srcs, dsts, replica_group)
+    """The sources reduced over the rank-list and split along collective_dim into one part per rank: the rank at
+    position i of the rank-list gets part i."""
+    ins = "nki.collectives.reduce_scatter"
+    _collective(ins, srcs, dsts, replica_group, lambda vals, k, me: vals[0] if len(vals) == 1 else
+                _split(ins, _reduce(ins, op, vals), len(vals), int(collective_dim))[me])
 
 
 def all_to_all(srcs, dsts, replica_group=None, collective_dim: int = 0, **_kw) -> None:
-    """Rank r's j-th slice goes to rank j's r-th slice (one rank: the source unchanged)."""
-    _each_to_itself("nki.collectives.all_to_all", srcs, dsts, replica_group)
+    """Each source split along collective_dim into one part per rank; the rank at position i gets part i of
+    every rank's source, concatenated in rank-list order."""
+    ins = "nki.collectives.all_to_all"
+    _collective(ins, srcs, dsts, replica_group, lambda vals, k, me: vals[0] if len(vals) == 1 else torch.cat(
+        [_split(ins, v, len(vals), int(collective_dim))[me] for v in vals], int(collective_dim)))
 
 
-def collective_permute(srcs, dsts, replica_group=None, source_target_pairs=None, **_kw) -> None:
-    """Data sent between ranks along explicit (source, target) pairs (one rank: (0, 0), a copy)."""
-    _one_rank("nki.collectives.collective_permute", replica_group)
-    pairs = [tuple(p) for p in (source_target_pairs or [(RANK, RANK)])]
-    limits.check(all(p == (RANK, RANK) for p in pairs), "nki.collectives.collective_permute",
-                 f"source-target pairs {pairs} name ranks other than {RANK}, the one rank a kernel runs on here")
-    _each_to_itself("nki.collectives.collective_permute", srcs, dsts, replica_group)
+def collective_permute(srcs, dsts, source_target_pairs=None, replica_group=None, **_kw) -> None:
+    """Data sent between ranks along explicit (source, target) pairs: a rank that is some pair's target
+    receives that pair's source rank's data; one that is no target keeps its destination."""
+    ins = "nki.collectives.collective_permute"
+    me = ranks.rank()
+    pairs_st = [tuple(int(r) for r in p) for p in (source_target_pairs or [(me, me)])]
+    targets = [t for _, t in pairs_st]
+    limits.check(len(targets) == len(set(targets)), ins,
+                 f"source-target pairs {pairs_st} send to one rank twice (each rank receives from one source)")
+    members = sorted({r for p in pairs_st for r in p})
+    group = _rank_list(ins, ReplicaGroup([members]) if members != [me] else replica_group)
+    pairs = _pairs(ins, srcs, dsts)
+    gathered = _gathered(ins, group, [read(s, ins) for s, _ in pairs])
+    source = next((s for s, t in pairs_st if t == me), None)
+    if source is None:
+        return
+    for k, (s, d) in enumerate(pairs):
+        _land(ins, d, gathered[group.index(source)][k], f"rank {source}'s data")
 
 
 def _by_channel(instruction: str, *lists):
@@ -118,39 +187,64 @@ def _by_channel(instruction: str, *lists):
     return [[inner[0] for inner in lst] for lst in lists]
 
 
+def _ring(instruction: str, sent: list, dsts: list, replica_group) -> None:
+    """Each rank of the rank-list (a ring, in rank-list order) sends `sent` (a value per channel) to its successor
+    and receives its predecessor's into `dsts`."""
+    group = _rank_list(instruction, replica_group)
+    gathered = _gathered(instruction, group, sent)
+    before = gathered[(group.index(ranks.rank()) - 1) % len(group)]
+    for value, d in zip(before, dsts):
+        _land(instruction, d, value, "its ring predecessor's data")
+
+
 def collective_permute_implicit(srcs_by_channel, dsts_by_channel, replica_group=None, channel_ids=(0,),
                                 **_kw) -> None:
-    """Each rank sends to its ring successor and receives from its predecessor, per channel (a ring of one
-    rank: its own data)."""
+    """Each rank sends to its ring successor and receives from its predecessor, per channel."""
     ins = "nki.collectives.collective_permute_implicit"
-    _each_to_itself(ins, *_by_channel(ins, srcs_by_channel, dsts_by_channel), replica_group)
+    srcs, dsts = _by_channel(ins, srcs_by_channel, dsts_by_channel)
+    _pairs(ins, srcs, dsts)
+    _ring(ins, [read(s, ins) for s in srcs], dsts, replica_group)
 
 
 def collective_permute_implicit_reduce(srcs0_by_channel, srcs1_by_channel, dsts_by_channel, replica_group=None,
                                        op=None, channel_ids=(0,), **_kw) -> None:
-    """As collective_permute_implicit, each rank sending op(srcs0[i], srcs1[i]) (a ring of one: its own)."""
+    """As collective_permute_implicit, each rank sending op(srcs0[i], srcs1[i])."""
     ins = "nki.collectives.collective_permute_implicit_reduce"
-    _one_rank(ins, replica_group)
     limits.check(isinstance(op, Op), ins, f"op must be an nl operator (nl.add, nl.maximum, ...), got {op!r}")
     a, b, dsts = _by_channel(ins, srcs0_by_channel, srcs1_by_channel, dsts_by_channel)
+    sent = []
     for x, y, d in zip(a, b, dsts):
         if d.buffer.on_chip:
             on_chip(ins, x, y)
         value, _ = compute(op, [read(x, ins), read(y, ins)])
-        record(ins, "dma", d)
-        write(d, value.reshape(d.shape), ins)
+        sent.append(value.to(read(x, ins).dtype))
+    _ring(ins, sent, dsts, replica_group)
 
 
-def collective_permute_implicit_current_processing_rank_id(iteration_id: int = 0, channel_id: int = 0,
-                                                           replica_group=None, **_kw) -> int:
-    """The rank whose data a ring iteration processes (a ring of one: always this rank)."""
-    _one_rank("nki.collectives.collective_permute_implicit_current_processing_rank_id", replica_group)
-    return RANK
+def collective_permute_implicit_current_processing_rank_id(iteration_id: int = 0, replica_group=None,
+                                                           channel_id: int = 0, num_channels: int = 1,
+                                                           **_kw) -> VirtualRegister:
+    """The rank whose data a ring iteration processes: this rank's at iteration 0, then, one step further back
+    along the ring at each iteration, the data its predecessors sent on (the same ring on every channel)."""
+    ins = "nki.collectives.collective_permute_implicit_current_processing_rank_id"
+    group = _rank_list(ins, replica_group)
+    limits.check(isinstance(iteration_id, int) and not isinstance(iteration_id, bool), ins,
+                 f"iteration_id must be the ring step as an int, got {iteration_id!r}")
+    return _register(group[(group.index(ranks.rank()) - iteration_id) % len(group)])
+
+
+def _register(value: int) -> VirtualRegister:
+    """A rank id in a register: an immediate on a world of one (as a compiled kernel has always seen it); in
+    nki.multi_rank_simulate a value known at run time, as on the chip, where every rank runs one specialization
+    of the kernel: the checking pass, shared by the ranks, cannot branch on it (nki/tensor.py VirtualRegister)."""
+    if ranks.current() is None:
+        return VirtualRegister(value)
+    return VirtualRegister(torch.tensor([[value]], dtype=torch.int32, device=trace.device()))
 
 
 def rank_id() -> VirtualRegister:
-    """This rank's id, as a register (usable as an index and as a select's index): 0."""
-    return VirtualRegister(RANK)
+    """This rank's id, as a register (usable as .ap's scalar_offset, a select's index, a condition)."""
+    return _register(ranks.rank())
 
 
 for _name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",

@@ -192,6 +192,7 @@ class Trace:
     # a run on real values for the hazard checker: the bytes each write leaves in an HBM tensor that a launch
     # grid's programs write (storage id -> storage while running; nki/hazards.py compares programs' values)
     capture: dict | None = None
+    collectives: dict = field(default_factory=dict)  # (program, rank-list) -> collectives over it so far (nki/ranks.py)
     roller: object = None  # the recording pass's nki/rolling.py Roller (loops kept loops), or None
     loop_starts: dict = field(default_factory=dict)  # (loop id, iteration index) -> loops entered before it
     loop_ends: dict = field(default_factory=dict)  # loop id -> loops entered by its end
