@@ -207,3 +207,54 @@ def test_outside_multi_rank_simulate_a_group_of_several_ranks_says_where_to_run_
                                            r"nki.multi_rank_simulate"):
         nki.simulate(_all_reduce)(x, ncc.ReplicaGroup([[0, 1]]))
     np.testing.assert_array_equal(nki.simulate(_all_reduce)(x, ncc.ReplicaGroup([[0]])), x)  # a world of one
+
+
+# -- one rank a process: an initialized torch.distributed group ------------------------------------------------
+
+_WORKER = '''
+import os, sys
+import numpy as np, torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+import nativelab  # noqa: F401
+import nki, nki.collectives as ncc
+from test_nki_ranks import _all_reduce, _gather_scatter_exchange
+
+dist.init_process_group(os.environ["NKI_TEST_BACKEND"])
+r, n = dist.get_rank(), dist.get_world_size()
+everyone = ncc.ReplicaGroup([list(range(n))])
+# each process supplies its own rank's inputs only; the sum of 1..n on every rank
+out = nki.simulate(_all_reduce)(np.full((4, 8), r + 1, dtype=np.float32), everyone)
+np.testing.assert_array_equal(out, np.full((4, 8), n * (n + 1) / 2, dtype=np.float32))
+# a launch of the jitted kernel on torch tensors runs interpreted too (a graph cannot wait for other ranks)
+got = _all_reduce(torch.full((4, 8), float(r + 1), dtype=torch.bfloat16), everyone)
+assert got.dtype == torch.bfloat16 and torch.equal(got, torch.full((4, 8), n * (n + 1) / 2, dtype=torch.bfloat16))
+xs = [np.random.default_rng(k).standard_normal((2 * n, 4)).astype(np.float32) for k in range(n)]
+gathered, scattered, exchanged = nki.simulate(_gather_scatter_exchange)(xs[r], everyone, n)
+np.testing.assert_array_equal(gathered, np.concatenate(xs))
+np.testing.assert_array_equal(scattered, np.maximum.reduce(xs)[2 * r:2 * r + 2])
+np.testing.assert_array_equal(exchanged, np.concatenate([x[2 * r:2 * r + 2] for x in xs]))
+print(f"nki ranks ok on rank {{r}}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow  # two torchrun processes
+@pytest.mark.parametrize("backend", ["gloo", "neuron"])
+def test_in_a_torch_distributed_group_each_process_is_a_rank_and_collectives_cross_processes(tmp_path, backend):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(_WORKER.format(tests=str(Path(__file__).resolve().parent)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, NATIVELAB_QUIET="1", OMP_NUM_THREADS="1", NKI_TEST_BACKEND=backend)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--rdzv_backend",
+                        "c10d", "--rdzv_endpoint", f"localhost:{port}", str(worker)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "nki ranks ok on rank 0" in r.stdout and "nki ranks ok on rank 1" in r.stdout

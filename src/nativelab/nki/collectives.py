@@ -3,8 +3,9 @@
 collective_permute, the ring forms collective_permute_implicit[_reduce] with
 collective_permute_implicit_current_processing_rank_id, and rank_id, over a ReplicaGroup.
 
-Ranks: nki.multi_rank_simulate runs a kernel on several ranks, and there each collective gathers its rank-list's
-sources (nki/ranks.py) and every rank computes its own destinations from them. Elsewhere a kernel runs on one
+Ranks: nki.multi_rank_simulate runs a kernel on several ranks in one process, an initialized torch.distributed
+group runs it on one rank a process; there each collective gathers its rank-list's sources (nki/ranks.py) and
+every rank computes its own destinations from them. Elsewhere a kernel runs on one
 rank, rank 0: a collective whose rank-list is that rank alone (`[[0]]`, or no group) is exact (a copy, the
 reductions over one operand), one that needs other ranks is an NkiError naming the group and
 nki.multi_rank_simulate. The checking pass (meta tensors) computes each collective as if every rank of the
@@ -51,16 +52,14 @@ class ReplicaGroup(NKIObject):
 
 def _rank_list(instruction: str, replica_group) -> list:
     """The running rank's rank-list in `replica_group` (no group: the rank alone), checked against the world."""
-    me = ranks.rank()
+    me, size = ranks.rank(), ranks.size()
     group = replica_group.ranks_with(me) if isinstance(replica_group, ReplicaGroup) else [me]
-    world = ranks.current()
-    size = world.size if world is not None else 1
-    if group != [me] and world is None:
+    if group != [me] and size == 1:
         raise limits.NkiError(
             f"{instruction}: replica group {getattr(replica_group, 'replica_groups', replica_group)} puts rank {me} "
             f"with ranks {group}, but this kernel runs on one rank (rank {me}): run it on {len(group)} or more ranks "
-            f"with nki.multi_rank_simulate(kernel, world_size=..., per_rank_inputs=...), or use rank-lists of one "
-            f"([[0]]) for the kernel's single-rank path")
+            f"with nki.multi_rank_simulate(kernel, world_size=..., per_rank_inputs=...) or in each process of a "
+            f"torch.distributed group, or use rank-lists of one ([[0]]) for the kernel's single-rank path")
     limits.check(all(isinstance(r, int) and 0 <= r < size for r in group), instruction,
                  f"replica group {getattr(replica_group, 'replica_groups', replica_group)} names ranks outside "
                  f"the world of {size} rank(s) (0..{size - 1})")
@@ -74,6 +73,9 @@ def _gathered(instruction: str, group: list, mine: list) -> list:
         return [mine]
     tr = trace.current()
     if tr.device == "meta":
+        if tr.runtime_control is None:  # a launch waits for other ranks' data: run it, a graph cannot hold that
+            tr.runtime_control = (f"{instruction} at {limits.kernel_line()} exchanges data with ranks {group} while "
+                                  f"the kernel runs, which a compiled graph cannot")
         return [mine] * len(group)
     program = tr.launch.rank if tr.launch is not None else 0
     n = tr.collectives.get((program, tuple(group)), 0)
@@ -237,7 +239,7 @@ def _register(value: int) -> VirtualRegister:
     """A rank id in a register: an immediate on a world of one (as a compiled kernel has always seen it); in
     nki.multi_rank_simulate a value known at run time, as on the chip, where every rank runs one specialization
     of the kernel: the checking pass, shared by the ranks, cannot branch on it (nki/tensor.py VirtualRegister)."""
-    if ranks.current() is None:
+    if ranks.size() == 1:
         return VirtualRegister(value)
     return VirtualRegister(torch.tensor([[value]], dtype=torch.int32, device=trace.device()))
 

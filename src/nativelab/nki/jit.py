@@ -457,8 +457,8 @@ class JitKernel:
             traced = self._traces[sig.key] = self._trace(sig)
         if traced.interpreted is not None:  # its instructions depend on the values: run it on copies of them
             if any(is_fake(t) or t.device.type == "meta" for t in sig.tensors):
-                raise limits.NkiError(f"nki: kernel {self.name} runs interpreted ({traced.interpreted} depends on "
-                                      f"a value read at run time): its estimate needs tensors with values")
+                raise limits.NkiError(f"nki: kernel {self.name} runs interpreted ({traced.interpreted}): its "
+                                      f"estimate needs tensors with values")
             return self._simulate(sig, [t.detach().cpu().clone() for t in sig.tensors], traced, estimate=True,
                                   target=target)[1]
         return traced.estimate(self.name, target)
@@ -472,8 +472,7 @@ class JitKernel:
         out_specs = [(st.shape, st.dtype) for st in tr.outputs]
         if tr.runtime_control is not None and not self.options.get("simulate"):
             warnings.warn(f"nki: kernel {self.name} runs interpreted for this signature ({_describe(sig)}): "
-                          f"{tr.runtime_control} depends on a value read at run time, and a graph cannot hold a "
-                          f"data-dependent trip count or branch; every launch executes its instructions one by one "
+                          f"{tr.runtime_control}; every launch executes its instructions one by one "
                           f"on CPU copies of its tensors (slower than a compiled launch)", limits.NkiWarning,
                           stacklevel=4)
         traced = _Traced(out_specs, sorted(tr.written_inputs), spec, tr.instructions, dict(tr.peak_bytes),
@@ -532,7 +531,7 @@ class JitKernel:
         traced.runs += interpreted
         tr = self._interpret(sig, host, traced, interpreted, first)
         if first:  # the checking pass ran no iterations of its runtime loops: this run's accesses are checked
-            self._check_hazards(traced, tr)
+            self._check_hazards(traced, tr, sig)
         for k, (t, h) in enumerate(zip(tensors, host)):
             if h is not t:
                 t.copy_(h)

@@ -11,16 +11,22 @@ collectives runs C + 1 times per rank. Replays keep one thread and one trace at 
 global), at the price of repeating work; a rank whose sources change between replays (a kernel that is not a
 function of its inputs) is an error, since its partners already used the old ones.
 
-A collective over a rank-list of one rank never waits. Outside multi_rank_simulate a kernel runs on one rank,
-rank 0, of a world of one (nki/collectives.py)."""
+A collective over a rank-list of one rank never waits. Outside multi_rank_simulate, in a process of an
+initialized torch.distributed group of several, a kernel is that process's rank and its collectives exchange
+data with the other processes over the group (AWS's NKI CPU Simulator page: "When torch.distributed is
+initialized, calls through nki.simulate use its process group for collective communication. Each process
+supplies only its own rank's inputs."), point to point between the rank-list's members. Otherwise a kernel
+runs on one rank, rank 0, of a world of one (nki/collectives.py)."""
 
 from __future__ import annotations
 
 import copy
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from . import limits
 
@@ -57,15 +63,30 @@ def current() -> World | None:
     return _world
 
 
+def _process_group() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def rank() -> int:
-    """The running rank: its index in the multi_rank_simulate world, else 0."""
-    return _world.rank if _world is not None else 0
+    """The running rank: its index in the multi_rank_simulate world, else this process's in its group, else 0."""
+    if _world is not None:
+        return _world.rank
+    return dist.get_rank() if _process_group() else 0
+
+
+def size() -> int:
+    """How many ranks there are (1: this kernel runs alone)."""
+    if _world is not None:
+        return _world.size
+    return dist.get_world_size() if _process_group() else 1
 
 
 def exchange(instruction: str, group: list, key: tuple, mine: list) -> list:
     """Every rank of `group` (a rank-list holding the running rank) posts `mine` (tensors) at the collective
     `key` ((program, group, n): the n-th collective over this rank-list in this run of this program); returns
     each member's list, in rank-list order, or suspends this rank until all have posted."""
+    if _world is None:
+        return _over_process_group(instruction, group, mine)
     w = _world
     r = w.rank
     slot = w.sources.setdefault(key, {})
@@ -88,6 +109,30 @@ def exchange(instruction: str, group: list, key: tuple, mine: list) -> list:
                  + ", ".join(f"rank {m} at {slot[m][0]}" for m in group)
                  + " (each rank of a rank-list must issue the same sequence of collectives over it)")
     return [slot[m][1] for m in group]
+
+
+def _over_process_group(instruction: str, group: list, mine: list) -> list:
+    """`mine` sent to, and the same collective's tensors received from, each other member of `group` over the
+    default process group (every process runs the same kernel specialization, so its sources have this rank's
+    shapes and dtypes; a header first checks that both sides are at the same collective)."""
+    me = dist.get_rank()
+    mine = [t.detach().contiguous() for t in mine]
+    header = torch.tensor([zlib.crc32(instruction.encode()), len(mine), sum(t.numel() for t in mine)], dtype=torch.int64)
+    peers = [m for m in group if m != me]
+    headers = {m: torch.empty_like(header) for m in peers}
+    _wait([dist.isend(header, m) for m in peers] + [dist.irecv(headers[m], m) for m in peers])
+    for m in peers:
+        limits.check(torch.equal(headers[m], header), instruction,
+                     f"rank {me} issues it over the ranks {group}, but rank {m} is at another collective (or the same "
+                     f"one with other sources): every rank of a rank-list must issue the same collectives over it")
+    got = {m: [torch.empty_like(t) for t in mine] for m in peers}
+    _wait([dist.isend(t, m) for m in peers for t in mine] + [dist.irecv(t, m) for m in peers for t in got[m]])
+    return [mine if m == me else got[m] for m in group]
+
+
+def _wait(requests: list) -> None:
+    for request in requests:
+        request.wait()
 
 
 def _arrays_and_statics(per_rank_inputs, world_size: int) -> list:

@@ -554,7 +554,8 @@ class VirtualRegister:
                      "a register loaded from memory (nisa.register_load) is known only at run time: a loop or a "
                      "condition on it cannot be recorded into a graph")
         if tr.runtime_control is None:
-            tr.runtime_control = f"{what} at {limits.kernel_line()}"
+            tr.runtime_control = (f"{what} at {limits.kernel_line()} depends on a value read at run time, and a graph "
+                                  f"cannot hold a data-dependent trip count or branch")
         return 0
 
     def __bool__(self):
