@@ -234,6 +234,8 @@ def main():
             print(f"{f.removeprefix('test/integration/')}: {c['collected']} collected, {c['slow']} skipped as slow,"
                   f" {c['skipped']} other skips, {c['run']} run, {c['passed']} passed, {c['failed']} failed,"
                   f" {c['timeout']} timeouts" + (f"; COLLECTION FAILED: {err}" if err else ""), flush=True)
+            for nodeid, outcome, error in failures[len(failures) - c["failed"] - c["timeout"]:]:
+                print(f"    {outcome}: {nodeid.rsplit('::', 1)[-1]}: {error}", flush=True)  # a partial run keeps them
     print("\nFailures (first error line; [nki-library file:line] where the traceback has it):")
     for nodeid, outcome, error in failures:
         print(f"  {nodeid}\n      {'TIMEOUT, no verdict: ' if outcome == 'timeout' else ''}{error}")
