@@ -29,14 +29,21 @@ What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank
 and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
 LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and
 the other seven cores' demand beyond their equal share of HBM; a kernel traced for trn3 (its MX instructions)
-is timed at NeuronCore-v3's clocks and bandwidth. No constant is fitted.
+is timed at NeuronCore-v3's clocks and bandwidth. One constant is fitted (FITTED below): how many of a NeuronCore-v2
+core's DMA queues its transfers keep busy at once.
 
 The target: NeuronCore-v3 (NEURONCORE_V3, the default) or NeuronCore-v2 (NEURONCORE_V2, trn1 / inf2, for AWS's
 published trn1 measurements), a `Target` of clocks and rates, each cited: [trn1] for v2's engine frequencies
 ("Data-path Width ... Frequency" table: Tensor 2.8, Vector 1.12, Scalar 1.4, GpSimd 1.4 GHz) and its device (2
 NeuronCore-v2 share 820 GB/s of HBM; 16 DMA engines per core at 27 GiB/s each, 464 GB/s, so HBM bounds a core at
 410 GB/s). v2 has no Vector performance mode (the bf16 speedups are [trn2]'s, NeuronCore-v3's) and its pages give
-no fixed DMA cost: v3's 600 ns is used for it too."""
+no fixed DMA cost: v3's 600 ns is used for it too. AWS's trn1 measurements of DMA-bound kernels ([mm] below) moved
+their bytes at 100-104 GB/s, a quarter of that share, in transfers of 2-8 KiB per queue: on v2 a core's transfers
+move at the rate of DMA_QUEUES_IN_USE_V2 queues of 27 GiB/s, the one fitted constant. v3 has no published kernel
+measurement to fit it to, and keeps its HBM share.
+
+  [mm]    the "Matrix multiplication" tutorial of Neuron SDK 2.26 (aws-neuron-sdk nki/tutorials/
+          matrix_multiplication.rst, commit 1db4d74e): [4096,8192] @ [8192,8192] BF16 on Trn1.32xlarge"""
 
 from __future__ import annotations
 
@@ -98,11 +105,14 @@ class Target:
     dma_fixed_s: float
     vector_bf16_copy_speedup: int = 1  # Vector perf mode (NeuronCore-v3 on)
     vector_bf16_tt_speedup: int = 1
+    dma_queues_in_use: int = 0  # DMA queues a core's transfers keep busy at once (0: as many as HBM allows) ...
+    dma_queue_bytes_per_s: float = 0.0  # ... each at this rate
 
     @property
     def dma_bytes_per_s(self) -> float:
-        """One core's share of the device's HBM bandwidth."""
-        return self.hbm_bytes_per_s / self.cores_per_chip
+        """One core's share of the device's HBM bandwidth, or what the queues its transfers use move, if less."""
+        share = self.hbm_bytes_per_s / self.cores_per_chip
+        return min(share, self.dma_queues_in_use * self.dma_queue_bytes_per_s) if self.dma_queues_in_use else share
 
 
 NEURONCORE_V3 = Target("NeuronCore-v3", "trn2", TENSOR_GHZ, VECTOR_GHZ, SCALAR_GHZ, GPSIMD_GHZ, HBM_BYTES_PER_S,
@@ -111,7 +121,13 @@ NEURONCORE_V3 = Target("NeuronCore-v3", "trn2", TENSOR_GHZ, VECTOR_GHZ, SCALAR_G
 # a device has "2 NeuronCores (v2)" and "2 HBM stacks with ... bandwidth of 820 GB/s"; each core's 16 DMA engines
 # drive 27 GiB/s each (464 GB/s, above its 410 GB/s share of HBM, which bounds it). No fixed DMA cost is published
 # for v2: [trn2]'s 600 ns per DMA instruction. No Vector performance mode on v2.
-NEURONCORE_V2 = Target("NeuronCore-v2", "trn1", 2.8, 1.12, 1.4, 1.4, 820e9, 2, DMA_FIXED_S)
+DMA_QUEUE_BYTES_PER_S_V2 = 27 * 2**30  # [trn1] a NeuronCore-v2 DMA engine (queue)
+# FITTED, the estimate's one fitted constant: [mm]'s Original Tiled version measured 51.80 ms on trn1 for 5.4 GB of
+# transfers (104 GB/s, 3.6 queues' worth at 27 GiB/s; hoisted 102, blocked 100 GB/s): its nearest count of queues
+DMA_QUEUES_IN_USE_V2 = 4
+FITTED = {"DMA_QUEUES_IN_USE_V2": "[mm] Original Tiled, 51.80 ms on Trn1.32xlarge (5.4 GB of transfers: 104 GB/s)"}
+NEURONCORE_V2 = Target("NeuronCore-v2", "trn1", 2.8, 1.12, 1.4, 1.4, 820e9, 2, DMA_FIXED_S,
+                       dma_queues_in_use=DMA_QUEUES_IN_USE_V2, dma_queue_bytes_per_s=DMA_QUEUE_BYTES_PER_S_V2)
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 _HALF = (torch.bfloat16, torch.float16)
