@@ -27,6 +27,7 @@ SIMULATOR = '''
 import sys, types
 import nativelab  # noqa: F401  (makes `import nki` nativelab's)
 import nki as _nki, nki.language as _nl, nki.isa as _nisa, nki.isa.constants, nki.typing, nki.compiler, nki.tensor
+import nki.collectives
 
 def _proxy(name, target, **extra):
     m = types.ModuleType(name)
@@ -39,7 +40,7 @@ _dtypes = _proxy(__name__ + ".nki.language.dtypes", _nl)
 _builtin = _proxy(__name__ + ".nki.builtin", _nki, lang=_nl, isa=_nisa)
 language = _proxy(__name__ + ".nki.language", _nl, dtypes=_dtypes)
 nki = _proxy(__name__ + ".nki", _nki, cpu_simulate=_nki.simulate, language=language, builtin=_builtin)
-for _sub in ("isa", "isa.constants", "typing", "compiler", "tensor"):
+for _sub in ("isa", "isa.constants", "typing", "compiler", "tensor", "collectives"):
     sys.modules[__name__ + ".nki." + _sub] = sys.modules["nki." + _sub]
 '''
 

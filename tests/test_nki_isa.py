@@ -4,8 +4,10 @@ its documented semantics (the NKI 0.5.0 API pages), its limits as the one error 
 the per-instruction formula AWS states."""
 
 import inspect
+import math
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -119,6 +121,34 @@ def test_range_select_masks_by_free_index_and_accumulates_the_max(dtype):
     torch.testing.assert_close(maxes[:, 0], ref[:, :20].amax(1))  # the first call's own rows
     torch.testing.assert_close(maxes[:, 1], ref.amax(1))  # reduce: the maximum over both calls
     torch.testing.assert_close(out[1], torch.where((j == lo) & (j <= hi), x, fmin).to(dtype))
+
+
+@nki.jit
+def _range_select_spelled(x, lo, hi):
+    t, b0, b1 = nl.load(x), nl.load(lo), nl.load(hi)
+    dst = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    # fp32's lowest value as a decimal literal: it rounds to FP32_MIN in fp32, which is what the engine gets
+    nisa.range_select(dst=dst, on_true_tile=t, comp_op0=nl.greater_equal, comp_op1=nl.less, bound0=b0, bound1=b1,
+                      on_false_value=-3.4028235e38)
+    out = _hbm(x.shape)
+    nl.store(out, dst)
+    return out
+
+
+def test_a_scalar_operand_is_rounded_to_fp32_as_the_engine_reads_it():
+    """nki.isa.range_select's page: on_false_value must be FP32_MIN. -3.4028235e38 is past fp32's largest magnitude
+    by less than half its spacing, so it rounds to it (IEEE 754 round to nearest), as NumPy and torch round it:
+    nki-library's attention_cte passes it (its _FLOAT32_MIN). Only what rounds past fp32's range is -inf."""
+    x = torch.randn(4, 16)
+    lo, hi = torch.full((4, 1), 2.0), torch.full((4, 1), 9.0)
+    out = sim(_range_select_spelled)(x, lo, hi)
+    j = torch.arange(16)[None, :]
+    lowest = torch.finfo(torch.float32).min
+    assert float(torch.tensor(-3.4028235e38, dtype=torch.float32)) == lowest
+    torch.testing.assert_close(out, torch.where((j >= 2) & (j < 9), x, torch.tensor(lowest)))
+    from nativelab.nki.isa import _f32
+
+    assert _f32(-3.4028235e38) == lowest and _f32(-3.5e38) == -math.inf and _f32(0.1) == float(torch.tensor(0.1))
 
 
 # --- nc_match_replace8

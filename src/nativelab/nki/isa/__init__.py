@@ -6,6 +6,7 @@ destination's dtype; the Tensor Engine accumulates in fp32 in PSUM."""
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -80,11 +81,18 @@ def _scalar_or_vector(instruction: str, x, data: NkiTensor, what: str):
     return _f32(x)
 
 
+_F32_OVERFLOW = 2.0**128 - 2.0**103  # halfway from fp32's largest value to the next power: rounds to inf from here
+
+
 def _f32(x) -> float:
-    """A scalar operand as the engines see it, an fp32 value (beyond fp32's range: +-inf)."""
+    """A scalar operand as the engines see it: rounded to fp32 (to nearest, ties to even), so -3.4028235e38, a
+    common spelling of fp32's lowest value, is that value, and only what rounds past fp32's range is +-inf."""
     x = float(x)
-    big = torch.finfo(torch.float32).max
-    return x if abs(x) <= big or x != x else math.copysign(math.inf, x)
+    if x != x:
+        return x
+    if abs(x) >= _F32_OVERFLOW:
+        return math.copysign(math.inf, x)
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _binary(op, x, y, reverse: bool):
