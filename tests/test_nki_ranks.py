@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import nki  # nativelab's stand-in (tests/conftest.py imports nativelab, which installs it)
 import nki.collectives as ncc
@@ -168,6 +169,11 @@ def test_arrays_a_rank_writes_are_written_back_once_not_once_per_replay():
                             per_rank_inputs=[((x, acc, group), {}) for x, acc in zip(xs, accs)])
     np.testing.assert_array_equal(accs[0], np.full((4, 8), 13, dtype=np.float32))  # 10 + (1 + 2), not 10 + 2 x 3
     np.testing.assert_array_equal(accs[1], np.full((4, 8), 23, dtype=np.float32))
+    # torch tensors are taken as arrays too
+    accs = [torch.full((4, 8), 10.0 * (r + 1)) for r in range(2)]
+    nki.multi_rank_simulate(_accumulate_into, world_size=2, per_rank_inputs=[
+        ((torch.from_numpy(x), acc, group), {}) for x, acc in zip(xs, accs)])
+    assert torch.equal(accs[0], torch.full((4, 8), 13.0)) and torch.equal(accs[1], torch.full((4, 8), 23.0))
 
 
 @nki.jit

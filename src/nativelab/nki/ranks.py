@@ -164,9 +164,9 @@ def _arrays_and_statics(per_rank_inputs, world_size: int) -> list:
         named = [(f"argument {k}", a, first_args[k]) for k, a in enumerate(args)]
         named += [(f"argument {name!r}", kwargs[name], first_kwargs[name]) for name in kwargs]
         for what, mine, rank0 in named:
-            if isinstance(mine, np.ndarray) or isinstance(rank0, np.ndarray):
-                if not (isinstance(mine, np.ndarray) and isinstance(rank0, np.ndarray)
-                        and mine.shape == rank0.shape and mine.dtype == rank0.dtype):
+            if _is_array(mine) or _is_array(rank0):
+                if not (_is_array(mine) and _is_array(rank0) and type(mine) is type(rank0)
+                        and tuple(mine.shape) == tuple(rank0.shape) and mine.dtype == rank0.dtype):
                     raise ValueError(f"nki.multi_rank_simulate: {what} is an array of one shape and dtype on every "
                                      f"rank; rank {r} has {_describe(mine)}, rank 0 {_describe(rank0)}")
             elif not _equal(mine, rank0):
@@ -175,8 +175,13 @@ def _arrays_and_statics(per_rank_inputs, world_size: int) -> list:
     return out
 
 
+def _is_array(x) -> bool:
+    """A dynamic argument: AWS's page says NumPy arrays; torch tensors are taken the same way."""
+    return isinstance(x, (np.ndarray, torch.Tensor))
+
+
 def _describe(x) -> str:
-    return f"{x.shape} {x.dtype}" if isinstance(x, np.ndarray) else type(x).__name__
+    return f"{tuple(x.shape)} {x.dtype}" if _is_array(x) else type(x).__name__
 
 
 def _equal(a, b) -> bool:
@@ -220,6 +225,8 @@ def multi_rank_simulate(kernel, *, world_size: int, per_rank_inputs) -> list:
         for given, ran in [*zip(given_args, args), *((given_kwargs[k], kwargs[k]) for k in kwargs)]:
             if isinstance(given, np.ndarray) and given.flags.writeable and not np.array_equal(given, ran):
                 np.copyto(given, ran)
+            elif isinstance(given, torch.Tensor) and not torch.equal(given, ran):
+                given.copy_(ran)
     return [results[r][0] for r in range(world_size)]
 
 
