@@ -130,6 +130,36 @@ def test_without_core_barrier_rank_0_reads_before_rank_1_writes():
 
 
 @nki.jit
+def _count_blocks_in_step(x):
+    """Both cores step an SBUF block counter and meet at a barrier on it after each block (the pattern of
+    nki-library's moe_cte, bwmm_shard_on_I.py: core_barrier(block_idx, (0, 1)) on an SBUF tile)."""
+    r = nl.program_id(0)
+    out = nl.ndarray((2, 1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    block = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(block, value=0.0)
+    for _ in range(x.shape[0]):
+        nisa.tensor_scalar(dst=block, data=block, op0=nl.add, operand0=1.0)
+        nisa.core_barrier(block, (0, 1))
+    nl.store(out[r], block)
+    return out
+
+
+def test_core_barrier_on_an_sbuf_tile_synchronizes_and_anything_but_a_tensor_is_an_error():
+    out = sim(_count_blocks_in_step)[2](torch.zeros(3, 1))
+    torch.testing.assert_close(out, torch.full((2, 1, 1), 3.0))  # each core's own counter, 3 blocks
+
+    @nki.jit
+    def no_tensor(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x))
+        nisa.core_barrier(None, (0, 1))
+        return out
+
+    with pytest.raises(nki.NkiError, match=r"data must be the tensor the cores synchronize on"):
+        sim(no_tensor)[2](torch.zeros(2, 2))
+
+
+@nki.jit
 def _one_core_barrier(x):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     nl.store(out, nl.load(x))
