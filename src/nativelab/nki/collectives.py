@@ -121,43 +121,45 @@ def _split(instruction: str, value: torch.Tensor, parts: int, dim: int) -> tuple
 
 
 def _collective(instruction: str, srcs, dsts, replica_group, result) -> None:
-    """A collective over the running rank's rank-list: `result(all_sources, k, position)` is destination k's
-    value from every member's k-th source (rank-list order) and this rank's position in the rank-list."""
+    """A collective over the running rank's rank-list: `result(all_sources, position)` is a destination's value
+    from every member's matching source (rank-list order) and this rank's position in the rank-list. Over a
+    rank-list of one, every collective copies its source (a reduction of one operand, a gather of one part)."""
     pairs = _pairs(instruction, srcs, dsts)
     group = _rank_list(instruction, replica_group)
     gathered = _gathered(instruction, group, [read(s, instruction) for s, _ in pairs])
     me = group.index(ranks.rank())
     for k, (s, d) in enumerate(pairs):
-        value = result([member[k] for member in gathered], k, me)
-        copied = len(group) == 1 and value is gathered[0][k]  # one rank: a copy of its source, as is
-        _land(instruction, d, value, f"the data of {len(group)} rank(s)", source=s if copied else None)
+        if len(group) == 1:
+            _land(instruction, d, gathered[0][k], "its source", source=s)
+        else:
+            _land(instruction, d, result([member[k] for member in gathered], me), f"the data of {len(group)} ranks")
 
 
 def all_reduce(srcs, dsts, replica_group=None, op=None, **_kw) -> None:
     """Each destination gets the op-reduction of its source over the rank-list's ranks."""
     ins = "nki.collectives.all_reduce"
-    _collective(ins, srcs, dsts, replica_group, lambda vals, k, me: vals[0] if len(vals) == 1 else _reduce(ins, op, vals))
+    _collective(ins, srcs, dsts, replica_group, lambda vals, me: _reduce(ins, op, vals))
 
 
 def all_gather(srcs, dsts, replica_group=None, collective_dim: int = 0, **_kw) -> None:
     """Each destination gets the rank-list's sources concatenated along collective_dim, in rank-list order."""
     _collective("nki.collectives.all_gather", srcs, dsts, replica_group,
-                lambda vals, k, me: vals[0] if len(vals) == 1 else torch.cat(vals, int(collective_dim)))
+                lambda vals, me: torch.cat(vals, int(collective_dim)))
 
 
 def reduce_scatter(srcs, dsts, replica_group=None, op=None, collective_dim: int = 0, **_kw) -> None:
     """The sources reduced over the rank-list and split along collective_dim into one part per rank: the rank at
     position i of the rank-list gets part i."""
     ins = "nki.collectives.reduce_scatter"
-    _collective(ins, srcs, dsts, replica_group, lambda vals, k, me: vals[0] if len(vals) == 1 else
-                _split(ins, _reduce(ins, op, vals), len(vals), int(collective_dim))[me])
+    _collective(ins, srcs, dsts, replica_group,
+                lambda vals, me: _split(ins, _reduce(ins, op, vals), len(vals), int(collective_dim))[me])
 
 
 def all_to_all(srcs, dsts, replica_group=None, collective_dim: int = 0, **_kw) -> None:
     """Each source split along collective_dim into one part per rank; the rank at position i gets part i of
     every rank's source, concatenated in rank-list order."""
     ins = "nki.collectives.all_to_all"
-    _collective(ins, srcs, dsts, replica_group, lambda vals, k, me: vals[0] if len(vals) == 1 else torch.cat(
+    _collective(ins, srcs, dsts, replica_group, lambda vals, me: torch.cat(
         [_split(ins, v, len(vals), int(collective_dim))[me] for v in vals], int(collective_dim)))
 
 
@@ -218,8 +220,9 @@ def collective_permute_implicit_reduce(srcs0_by_channel, srcs1_by_channel, dsts_
     for x, y, d in zip(a, b, dsts):
         if d.buffer.on_chip:
             on_chip(ins, x, y)
-        value, _ = compute(op, [read(x, ins), read(y, ins)])
-        sent.append(value.to(read(x, ins).dtype))
+        xv = read(x, ins)
+        value, _ = compute(op, [xv, read(y, ins)])
+        sent.append(value.to(xv.dtype))
     _ring(ins, sent, dsts, replica_group)
 
 
