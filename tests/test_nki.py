@@ -897,3 +897,28 @@ def test_find_index8_gives_first_occurrences_and_all_ones_where_absent(run):
     want = [[int(np.flatnonzero(r == v)[0]) if (r == v).any() else 2 ** 32 - 1 for v in vs]
             for r, vs in zip(data.numpy(), vals.numpy())]
     assert got.to(torch.int64).tolist() == want
+
+
+@nki.jit
+def _add_to_a_copy(x, where):
+    """tensor_tensor(copy of x, x): the copy in `where` (nl.psum or nl.sbuf)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    c = nl.ndarray(x.shape, dtype=x.dtype, buffer=where)
+    nisa.tensor_copy(dst=c, src=a)
+    s = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=s, data1=c, data2=a, op=nl.add)
+    nisa.dma_copy(dst=out, src=s)
+    return out
+
+
+def test_tensor_tensor_with_one_input_in_psum_takes_n_vector_cycles_and_2n_from_sbuf():
+    """The nki.isa.tensor_tensor page (SDK 2.26): 'max(MIN_II, N)' Vector cycles when 'one input tile is in PSUM
+    and the other is in SBUF', 'max(MIN_II, 2N)' otherwise (fp32 here: no bf16 row)."""
+    x = torch.randn(128, 512)
+    for where, cycles in ((nl.psum, 512), (nl.sbuf, 1024)):
+        est = _add_to_a_copy.estimate(x, where)
+        (start, end), = [(e[2], e[3]) for e in est.events if e[0] == "tensor_tensor"]
+        assert end - start == pytest.approx(cycles / 0.96e9)
+        torch.testing.assert_close(_add_to_a_copy(x, where), 2 * x)

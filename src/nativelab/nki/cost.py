@@ -24,7 +24,9 @@ An LNC-2 launch (kernel[2]) runs its two programs on two cores in parallel, each
 its own share of HBM bandwidth; the launch takes as long as the slower core. A sendrecv moves its bytes
 over its core's DMA share plus the fixed DMA cost, starting when both cores have reached it; a core_barrier
 costs nothing of its own but holds its engine until both cores reach it, and whatever reads or writes the
-barrier's HBM tensor afterwards waits for it.
+barrier's HBM tensor afterwards waits for it. Where a kernel's SBUF tiles live at once fit by their area but
+not on every partition of the target's SBUF, the compiler's spills and reloads are added, on the DMA lane, and
+the engine that needs them waits (nki/spills.py, from the Fused Mamba tutorial's profile).
 What it ignores: semaphore and sequencer latency between engines, SBUF/PSUM bank conflicts, DMA descriptor
 and access-pattern efficiency (a DMA moves its bytes at the full share of HBM bandwidth however strided),
 LoadStationary (hidden by background loading for tiles up to 128 x 128, [trn1]), PSUM-to-SBUF bandwidth, and
@@ -55,6 +57,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
+from . import limits, spills
 from .hazards import box
 
 TENSOR_GHZ = 2.4  # [trn2] engine frequencies
@@ -107,6 +110,7 @@ class Target:
     vector_bf16_tt_speedup: int = 1
     dma_queues_in_use: int = 0  # DMA queues a core's transfers keep busy at once (0: as many as HBM allows) ...
     dma_queue_bytes_per_s: float = 0.0  # ... each at this rate
+    sbuf_partition_bytes: int = limits.SBUF_PARTITION_BYTES  # what the compiler places tiles in (nki/spills.py)
 
     @property
     def dma_bytes_per_s(self) -> float:
@@ -126,8 +130,10 @@ DMA_QUEUE_BYTES_PER_S_V2 = 27 * 2**30  # [trn1] a NeuronCore-v2 DMA engine (queu
 # transfers (104 GB/s, 3.6 queues' worth at 27 GiB/s; hoisted 102, blocked 100 GB/s): its nearest count of queues
 DMA_QUEUES_IN_USE_V2 = 4
 FITTED = {"DMA_QUEUES_IN_USE_V2": "[mm] Original Tiled, 51.80 ms on Trn1.32xlarge (5.4 GB of transfers: 104 GB/s)"}
+SBUF_PARTITION_BYTES_V2 = 192 * 1024  # [trn1] "a 24MiB SBUF ... one SBUF partitions has 192KiB of memory"
 NEURONCORE_V2 = Target("NeuronCore-v2", "trn1", 2.8, 1.12, 1.4, 1.4, 820e9, 2, DMA_FIXED_S,
-                       dma_queues_in_use=DMA_QUEUES_IN_USE_V2, dma_queue_bytes_per_s=DMA_QUEUE_BYTES_PER_S_V2)
+                       dma_queues_in_use=DMA_QUEUES_IN_USE_V2, dma_queue_bytes_per_s=DMA_QUEUE_BYTES_PER_S_V2,
+                       sbuf_partition_bytes=SBUF_PARTITION_BYTES_V2)
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 _HALF = (torch.bfloat16, torch.float16)
@@ -137,7 +143,7 @@ def instruction_seconds(ins, target: Target = NEURONCORE_V3) -> tuple[float, flo
     """(time the instruction occupies its engine, extra latency before its result is ready) on `target`."""
     t = target
     n = ins.elements
-    if ins.name == "sendrecv":  # bytes over the core's DMA share, on the DMA queues or GpSimd's DMA
+    if ins.name in ("sendrecv", "spill", "reload"):  # bytes over the core's DMA share (a spill: nki/spills.py)
         return n / t.dma_bytes_per_s, t.dma_fixed_s
     if ins.engine == "tensor":
         if ins.name == "nc_matmul":  # double_row: n counts both rows of the moving tile, streamed at once
@@ -182,6 +188,8 @@ class Estimate:
     cores: int = 1  # physical cores the launch runs on: 2 for an LNC-2 launch (kernel[2])
     event_cores: list = field(repr=False, default_factory=list)  # each event's core, when there are two
     target: Target = NEURONCORE_V3  # the NeuronCore generation it is timed on
+    spills: int = 0  # SBUF tiles the compiler spills to HBM and reloads (nki/spills.py) ...
+    spill_bytes: int = 0  # ... and the bytes those stores and reloads move
 
     @property
     def bound(self) -> str:
@@ -192,8 +200,10 @@ class Estimate:
         core = self.target.name
         where = f"one {core}" if self.cores == 1 else f"{self.cores} {core} (LNC-{self.cores})"
         whose = "busy us" if self.cores == 1 else "the slower core's busy us"
+        spilled = (f"; SBUF spills: {self.spills} tiles, {self.spill_bytes / 2**20:.1f} MiB stored and reloaded"
+                   if self.spills else "")
         return (f"nki {self.kernel}: est. {self.target.instance} {self.seconds * 1e6:.2f} us on {where}, "
-                f"{self.bound}-bound ({whose}: {busy}; {len(self.events)} instructions)")
+                f"{self.bound}-bound ({whose}: {busy}; {len(self.events)} instructions{spilled})")
 
     def chrome_trace(self) -> dict:
         """The timeline as a Chrome / Perfetto trace: one lane (thread) per engine, one process per core."""
@@ -240,7 +250,9 @@ class _Bandwidth:
 def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3, storages: dict | None = None) -> Estimate:
     """Schedule the instructions on their cores' engines (see the module docstring) and time them on `target`.
     storages: the trace's allocations (Trace.storages: shape and element size at [4], [5]), to compare two
-    accesses of one tile block by block; without them, by their first and last elements."""
+    accesses of one tile block by block, and to place its SBUF tiles (the spills a compiler adds where they do
+    not fit: nki/spills.py); without them, by their first and last elements, and nothing spills."""
+    instructions, n_spills, spill_bytes = spills.with_spills(instructions, storages, target.sbuf_partition_bytes)
     cores = sorted({ins.core for ins in instructions}) or [0]
     free = {(c, e): 0.0 for c in cores for e in ENGINES}
     busy = {c: dict.fromkeys(ENGINES, 0.0) for c in cores}
@@ -268,6 +280,8 @@ def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3, storages
 
     def ready_of(ins):
         ready = free[(ins.core, ins.engine)] if ins.engine != "dma" else 0.0
+        for j in ins.after:  # a spill's issuing engine, the stores that free its space (nki/spills.py)
+            ready = max(ready, events[j][3])
         for sid, lo, hi, view in ins.reads:  # read after write
             for a_lo, a_hi, end, a_view in writes.get(sid, ()):
                 if lo <= a_hi and a_lo <= hi and end > ready and meet(sid, view, a_view):
@@ -320,4 +334,5 @@ def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3, storages
     slowest = max(cores, key=lambda c: ends[c])
     total = ends[slowest]
     return Estimate(kernel, total, {e: b for e, b in busy[slowest].items() if b}, events,
-                    cores=len(cores), event_cores=event_cores if len(cores) > 1 else [], target=target)
+                    cores=len(cores), event_cores=event_cores if len(cores) > 1 else [], target=target,
+                    spills=n_spills, spill_bytes=spill_bytes)

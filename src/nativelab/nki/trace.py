@@ -54,6 +54,7 @@ class Instruction:
     written: list | None = None  # with Trace.capture: per region of `writes`, the bytes it left there (or None)
     pairs: int = 1  # Tensor Engine: contraction rows each PE multiplies per cycle (2: nc_matmul's double_row)
     immediates: tuple = ()  # the call's non-tile arguments (nki/rolling.py compares iterations by them too)
+    after: tuple = ()  # instructions (stream indices) it waits for besides its data: a spill's space (nki/spills.py)
 
 
 # what each program instance's core has of its own (Trace attributes swapped at a program switch)

@@ -396,7 +396,9 @@ def tensor_tensor(dst, data1: NkiTensor, data2: NkiTensor, op, engine=None, name
     out, dtype = compute(as_op(op), [read(data1, ins), read(data2, ins).reshape(data1.shape)])
     dst = _out(dst, data1.shape, dtype)
     _tile(ins, dst, "dst", eng, _memories(eng))
-    record(ins, eng, data1, inputs=2)
+    # its page's cost (SDK 2.26, nki/cost.py's [isa226]): on the Vector Engine, N cycles when one input tile is in
+    # PSUM and the other in SBUF, otherwise 2N (the bf16 row: the Vector performance mode, nki/cost.py)
+    record(ins, eng, data1, inputs=1 if eng == "vector" and psum in (data1.buffer, data2.buffer) else 2)
     write(dst, out, ins)
     return dst
 
