@@ -20,6 +20,7 @@ import torch
 from nativelab import nki
 from nativelab.device import cpu_info
 from nativelab.nki import language as nl
+from nativelab.nki import rolling
 
 
 def tensor_add(a_input, b_input):
@@ -35,8 +36,7 @@ def tensor_add(a_input, b_input):
 
 
 def _has_loop(kernel) -> bool:
-    gm = next(iter(kernel._traces.values())).source
-    return any(n.target is torch.ops.higher_order.while_loop for n in gm.graph.nodes)
+    return bool(rolling.loop_bodies(next(iter(kernel._traces.values())).source))
 
 
 def main() -> None:
