@@ -267,7 +267,7 @@ class Roller:
 # --- the rolled loop at run time: its body compiled once, called per iteration
 
 
-_BODIES: dict = {}  # a body's key -> [its graph, example inputs, compiled artifact or None, lifted constants]
+_BODIES: dict = {}  # a body's key -> [its graph, example inputs, its compiled artifact or None]
 
 
 def _register_body(gm: torch.fx.GraphModule, inputs) -> str:
@@ -281,7 +281,7 @@ def _register_body(gm: torch.fx.GraphModule, inputs) -> str:
     key = h.hexdigest()
     if key not in _BODIES:
         examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in inputs]
-        _BODIES[key] = [gm, examples, None, None]
+        _BODIES[key] = [gm, examples, None]
     return key
 
 
@@ -316,17 +316,18 @@ def _compiled(key: str):
     entry = _BODIES[key]
     if entry[2] is None:
         from ..compiler.lowering import COMPILER_VERSION, compile_cached
-        from .jit import NKI_VERSION, _lift_constants
         graph = torch.fx.Graph()
         graph.output(graph.graph_copy(entry[0].graph, {}))
         for node in graph.nodes:  # the recording's unbacked integers: a compile of its own makes them afresh
             node.meta = {}
-        gm = torch.fx.GraphModule(entry[0], graph)  # a copy: its constants are lifted to inputs
-        entry[3] = _lift_constants(gm)
-        disk_key = hashlib.sha256(" ".join(["nki rolled loop", NKI_VERSION, COMPILER_VERSION, torch.__version__,
-                                            key]).encode()).hexdigest()
-        entry[2], _ = compile_cached(gm, entry[1] + entry[3], disk_key)
-    return entry[2], entry[3]
+        gm = torch.fx.GraphModule(entry[0], graph)
+        # a body that holds tensors (an nl.shared_constant's) is not cached on disk: a loaded artifact would
+        # take them as inputs (nki/jit.py's _lift_constants), the freshly compiled one holds them
+        constants = any(n.op == "get_attr" for n in graph.nodes)
+        disk_key = None if constants else hashlib.sha256(
+            " ".join(["nki rolled loop", COMPILER_VERSION, torch.__version__, key]).encode()).hexdigest()
+        entry[2], _ = compile_cached(gm, entry[1], disk_key)
+    return entry[2]
 
 
 @torch.library.custom_op("nativelab_nki::rolled_loop", mutates_args=("state",))
@@ -335,10 +336,10 @@ def _rolled_loop(body: str, first: int, stop: int, read: list[torch.Tensor], sta
     """Iterations first..stop-1 of a rolled loop: its compiled body called once per iteration on the counter,
     `state` (the tensors it writes in place, its first `written`, then the tiles it rebinds: they hold the
     first iteration's values and are given the last one's) and the tensors it only reads."""
-    fn, lifted = _compiled(body)
+    fn = _compiled(body)
     values = state[written:]
     for k in range(first, stop):
-        values = fn(torch.tensor(k), *state[:written], *values, *read, *lifted)
+        values = fn(torch.tensor(k), *state[:written], *values, *read)
     for t, v in zip(state[written:], values):
         t.copy_(v)
 
