@@ -92,7 +92,7 @@ from nativelab.kernels.ops.mlp import reference_mlp
 from nativelab.kernels.ops.qkv import reference_qkv
 from nativelab.kernels.ops.rope import reference_rope
 from nativelab.kernels.ops.transformer import reference_transformer_tkg_token
-from nativelab.nki import simulate
+from nativelab.nki import rolling, simulate
 from module_files import load  # public kernel files run as they are: their `import nki` is nativelab's
 
 sample_ops = importlib.import_module("nativelab.kernels.ops.sample")  # the module (the package exports its op)
@@ -250,7 +250,7 @@ def first_call_child(args) -> None:
     print(MARK + json.dumps({"seconds": seconds, "trace": sum(t for t, _ in spans) if spans else None,
                              "compile": sum(c for _, c in spans) if spans else None,
                              "nodes": sum(len(g.graph.nodes) for g in graphs) if graphs else None,
-                             "loops": sum(str(n.target) == "while_loop" for g in graphs for n in g.graph.nodes)}),
+                             "loops": sum(len(rolling.loop_bodies(g)) for g in graphs)}),
           flush=True)
 
 

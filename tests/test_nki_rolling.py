@@ -9,6 +9,8 @@ import torch
 
 from nativelab import nki
 from nativelab.nki import language as nl
+from nativelab.nki import rolling
+from nativelab.nki._private import is_view_op
 
 ROLL = 1  # any loop of MIN_TRIP or more iterations may roll, however few instructions it issues
 
@@ -23,7 +25,7 @@ def _graph(kernel) -> torch.fx.GraphModule:
 
 
 def _has_loop(gm) -> bool:
-    return any(n.target is torch.ops.higher_order.while_loop for n in gm.graph.nodes)
+    return bool(rolling.loop_bodies(gm))
 
 
 def exp_add(a, b):
@@ -128,3 +130,41 @@ def test_a_tile_carried_between_iterations_and_one_read_after_the_loop(read_last
     want = torch.exp(a).reshape(12, 128, 32).sum(0) + (a[-128:] if read_last else 0)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert _has_loop(_graph(kernel)) is not read_last  # the carried tile rolls; the tile read after unrolls
+
+
+def tensor_add(a, b):  # AWS's tensor_addition example's pattern: the rolled loop's body stores three tiles
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    for m in nl.affine_range(a.shape[0] // 128):
+        for n in nl.affine_range(a.shape[1] // 64):
+            x = nl.load(a[m * 128:(m + 1) * 128, n * 64:(n + 1) * 64])
+            y = nl.load(b[m * 128:(m + 1) * 128, n * 64:(n + 1) * 64])
+            nl.store(out[m * 128:(m + 1) * 128, n * 64:(n + 1) * 64], nl.add(x, y))
+    return out
+
+
+def test_a_rolled_body_writes_its_tiles_in_place_without_copying_the_output():
+    a, b = torch.randn(128 * 12, 192), torch.randn(128 * 12, 192)
+    kernel = nki.jit(tensor_add, roll=ROLL)
+    torch.testing.assert_close(kernel(a, b), a + b, rtol=0, atol=0)
+    (body,) = rolling.loop_bodies(_graph(kernel))
+    # nothing in an iteration is as large as the output: no copy of it carried from one iteration to the next
+    sizes = [n.meta["val"].numel() for n in body.graph.nodes
+             if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor) and not is_view_op(n.target)]
+    assert sizes and max(sizes) <= 128 * 64
+    assert sum(n.target is torch.ops.aten.copy_.default for n in body.graph.nodes) == 3
+
+
+def block_prefix_sum(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out[0:128, :], nl.load(a[0:128, :]))
+    for i in nl.sequential_range(1, a.shape[0] // 128):
+        before = nl.load(out[(i - 1) * 128:i * 128, :])  # what the previous iteration wrote
+        nl.store(out[i * 128:(i + 1) * 128, :], nl.add(before, nl.load(a[i * 128:(i + 1) * 128, :])))
+    return out
+
+
+def test_a_rolled_iteration_reads_what_the_one_before_wrote():
+    a = torch.randn(128 * 12, 32)
+    kernel = nki.jit(block_prefix_sum, roll=ROLL)
+    torch.testing.assert_close(kernel(a), a.reshape(12, 128, 32).cumsum(0).reshape(-1, 32), rtol=1e-5, atol=1e-5)
+    assert _has_loop(_graph(kernel))

@@ -317,9 +317,10 @@ def test_nki_private_apis():
 
 
 def test_nki_private_apis_of_the_loop_roller():
-    """What nki/rolling.py reads of make_fx and builds with while_loop (src/nativelab/nki/_private.py): the graph
-    being recorded, a tensor's node in it, the tracked tensors, schema alias annotations, the while_loop op with
-    an unbacked counter whose range is told to the shape environment."""
+    """What nki/rolling.py reads of make_fx and traces with it (src/nativelab/nki/_private.py): the graph being
+    recorded, a tensor's node in it, the tracked tensors, schema alias annotations, a loop body traced into a
+    graph of its own (an unbacked counter whose range is told to the shape environment, a tensor made untracked
+    written in place) while the outer graph records nothing of it."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from nativelab.nki import _private as nki_private
@@ -339,18 +340,25 @@ def test_nki_private_apis_of_the_loop_roller():
         def body(k, o, src):
             s = k.item()
             nki_private.check_range(s, 0, 4)
-            o = o.clone()
             o.narrow(0, s * 2, 2).copy_(src.narrow(0, s * 2, 2))
-            return k + 1, o
+            return ()
 
-        _, o = nki_private.while_loop(lambda k, o, src: k < 4, body, (torch.zeros((), dtype=torch.int64), out), (b,))
-        out.copy_(o)
+        with nki_private.untracked():
+            inputs = (torch.zeros((), dtype=torch.int64), out.clone())
+        n_before = len(seen["graph"].nodes)
+        seen["body"] = nki_private.trace_subgraph(body, *inputs, b)
+        seen["outer unchanged"] = len(seen["graph"].nodes) == n_before
         return (out,)
 
-    gm = make_fx(f, tracing_mode="fake")(torch.ones(8), torch.zeros(8))
+    make_fx(f, tracing_mode="fake")(torch.ones(8), torch.zeros(8))
     assert seen["node"].graph is seen["graph"] and seen["node"].target is aten.mul.Tensor and seen["tracked"]
-    assert any(n.target is torch.ops.higher_order.while_loop for n in gm.graph.nodes)
-    assert torch.equal(gm(torch.arange(8.0), torch.zeros(8))[0], torch.arange(8.0) * 2)
+    assert seen["outer unchanged"]
+    body = seen["body"]
+    assert [n.op for n in body.graph.nodes].count("placeholder") == 3
+    o = torch.zeros(8)
+    for k in range(4):
+        body(torch.tensor(k), o, torch.arange(8.0))
+    assert torch.equal(o, torch.arange(8.0))
 
 
 def test_kernel_ops_bump_versions_without_fill_defaults(monkeypatch):

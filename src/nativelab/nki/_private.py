@@ -43,15 +43,24 @@ def tracked_tensors() -> list:
     return [(t, slot.proxy.node) for t, slot in list(tracer.tensor_tracker.items())] if tracer is not None else []
 
 
-def while_loop(cond_fn, body_fn, carried: tuple, additional: tuple):
-    """torch's while_loop higher-order op itself (not torch.while_loop, which first runs Dynamo over the body):
-    under make_fx, one while_loop node and two subgraphs; cond_fn and body_fn take (*carried, *additional)."""
-    from torch._higher_order_ops.while_loop import while_loop_op
-    return while_loop_op(cond_fn, body_fn, tuple(carried), tuple(additional))
+def trace_subgraph(fn, *args) -> torch.fx.GraphModule:
+    """`fn(*args)` traced into a graph of its own while make_fx records another (the way torch's loop
+    higher-order ops trace their bodies): one placeholder per argument, in the recording's fake mode and shape
+    environment; nothing is recorded in the outer graph. Give it tensors the outer graph does not track (made
+    under `untracked()`) where `fn` writes them in place."""
+    from torch._higher_order_ops.utils import reenter_make_fx
+    with untracked():  # as while_loop traces its body: the outer tracer must not see the body's integers
+        return reenter_make_fx(fn)(*args)
+
+
+def untracked():
+    """A context in which tensor ops under make_fx run on fake tensors without being recorded."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    return disable_proxy_modes_tracing()
 
 
 def check_range(s, lo: int, stop: int) -> None:
-    """Tell the shape environment lo <= s < stop for an unbacked integer (a while_loop body's .item() of its
+    """Tell the shape environment lo <= s < stop for an unbacked integer (a rolled loop body's .item() of its
     counter), so slices at offsets affine in it need no guard."""
     torch._check(s >= lo)
     torch._check(s < stop)
