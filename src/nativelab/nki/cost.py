@@ -280,8 +280,9 @@ def estimate(kernel: str, instructions, target: Target = NEURONCORE_V3, storages
 
     def ready_of(ins):
         ready = free[(ins.core, ins.engine)] if ins.engine != "dma" else 0.0
-        for j in ins.after:  # a spill's issuing engine, the stores that free its space (nki/spills.py)
-            ready = max(ready, events[j][3])
+        for j in ins.after:  # a spill's issuing engine, the stores that free its space (nki/spills.py); a
+            if events[j] is not None:  # rendezvous still waiting for the other core is not timed yet
+                ready = max(ready, events[j][3])
         for sid, lo, hi, view in ins.reads:  # read after write
             for a_lo, a_hi, end, a_view in writes.get(sid, ()):
                 if lo <= a_hi and a_lo <= hi and end > ready and meet(sid, view, a_view):
