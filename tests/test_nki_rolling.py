@@ -1,5 +1,5 @@
 """Loops kept loops in the compiled graph (nki/rolling.py): a large regular nl.affine_range /
-nl.sequential_range loop is compiled as a while_loop over one iteration's graph, so what is compiled does not
+nl.sequential_range loop is compiled as one iteration's graph called per iteration, so what is compiled does not
 grow with the trip count, and every kernel still computes what nki.simulate (the interpreter, which runs every
 iteration as written) computes. Where iterations differ (a last tile, Python state carried between them, a
 tile used after the loop) the compile falls back to tracing them as written; the results are the reference."""

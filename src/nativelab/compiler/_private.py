@@ -111,7 +111,7 @@ def recompute_meta(gm: torch.fx.GraphModule, example_inputs) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    # a shape environment for the unbacked integers a while_loop's body reads its offsets into (nki/rolling.py)
+    # a shape environment for the unbacked integers a rolled loop's body reads its offsets into (nki/rolling.py)
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     with mode, torch.no_grad():
