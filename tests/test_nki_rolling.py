@@ -168,26 +168,3 @@ def test_a_rolled_iteration_reads_what_the_one_before_wrote():
     kernel = nki.jit(block_prefix_sum, roll=ROLL)
     torch.testing.assert_close(kernel(a), a.reshape(12, 128, 32).cumsum(0).reshape(-1, 32), rtol=1e-5, atol=1e-5)
     assert _has_loop(_graph(kernel))
-
-
-def test_a_tile_stored_into_an_output_writes_only_its_region():
-    """Unrolled, each of the 36 tiles is stored through one as_strided view of the output: Inductor compiles a
-    store through slices of a graph input as a masked pass over the whole input (bench/nki_roll.py: 248 ms a
-    launch for AWS's tensor_addition at 2048x4096, 3.1 ms with this). A store that covers its output whole stays
-    a plain copy (one such as_strided write, the step kernel's logits, compiled wrong)."""
-    a, b = torch.randn(128 * 12, 192), torch.randn(128 * 12, 192)
-    kernel = nki.jit(tensor_add, roll=False)
-    torch.testing.assert_close(kernel(a, b), a + b, rtol=0, atol=0)
-    gm = _graph(kernel)
-    writes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]
-    assert len(writes) == 36 and all(w.args[0].target is torch.ops.aten.as_strided.default for w in writes)
-    whole = nki.jit(lambda x: _copy_whole(x), roll=False)
-    torch.testing.assert_close(whole(a[:128]), a[:128], rtol=0, atol=0)
-    (write,) = [n for n in _graph(whole).graph.nodes if n.target is torch.ops.aten.copy_.default]
-    assert write.args[0].target is not torch.ops.aten.as_strided.default
-
-
-def _copy_whole(x):
-    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    nl.store(out, nl.load(x))
-    return out

@@ -854,23 +854,11 @@ def assign(t: NkiTensor, value: torch.Tensor, instruction: str, accumulate: bool
         _write_through_access_pattern(t, value)
     else:
         st.before_in_place_write()
-        _write_target(st, t.data).copy_(value)
+        t.data.copy_(value)
     tr = trace.active()
     if tr is not None and tr.fuser is not None and st.buffer.on_chip:
         tr.fuser.copied(t, source if source is not None and value.numel() == source.numel() else None)
         tr.fuser.copied_gemm(t, written_value, copied_from, rounded)
-
-
-def _write_target(st: Storage, view: torch.Tensor) -> torch.Tensor:
-    """Where an in-place write into `view` goes: for a part of a kernel argument or output (pinned: a tensor of
-    the launch) being recorded, the same elements as one as_strided view of it. Inductor compiles a write through
-    slices of a graph input as a masked pass over the whole input, so each tile stored into an output read and
-    wrote all of it (AWS's tensor_addition at 2048x4096 bf16: 128 tiles, 248 ms a launch; through as_strided,
-    3.1 ms, bench/nki_roll.py). A write covering the whole tensor stays a plain copy: the compiled graph got one such
-    as_strided write wrong (the step kernel's logits: a wrong token, tests/test_nki_kernels.py)."""
-    if not st.pinned or view.dim() == 0 or view.dtype != st.tensor.dtype or view.numel() == st.tensor.numel():
-        return view
-    return st.tensor.as_strided(view.size(), view.stride(), view.storage_offset())
 
 
 def read_float(t: NkiTensor, instruction: str) -> torch.Tensor:
