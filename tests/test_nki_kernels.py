@@ -384,3 +384,24 @@ def test_top_p_op_on_neuron_advances_the_seed_like_the_library_sampler():
             got = run(logits, mine, 0.8, 0.9)
             assert got.cpu().tolist() == sample_ops.sample(logits, theirs, 0.8, 0, 0.9).cpu().tolist()
             assert mine.cpu().tolist() == theirs.cpu().tolist()
+
+
+def test_transformer_step_compiled_unlowered_for_two_sequences_draws_the_simulated_tokens(monkeypatch):
+    """The step kernel's own compiled code (no lowering) for a batch of two: the tokens and logits nki.simulate
+    gives. Writing its outputs' rows through as_strided views compiled a wrong token here (2**31 for both rows)
+    while its logits were right."""
+    monkeypatch.setenv("NATIVELAB_NKI_LOWER", "0")
+    dtype = torch.bfloat16
+    w, rope_cos, rope_sin, heads, kv_heads = _decode_weights(dtype, n_layers=1, b=2)
+    tokens, pos = torch.tensor([[5], [9]]), torch.tensor([17])
+    results = []
+    for run in (nki.simulate(nki_kernels.transformer_step_kernel), nki_kernels.transformer_step_kernel):
+        on = _with_cache_copies(w)
+        weights, caches = nki_kernels.DecodeStack.prepare(on, rope_cos, rope_sin, heads).flat()
+        args = [tokens.clone(), pos.clone(), torch.tensor([0, 0]), *weights, *caches]
+        stack = nki_kernels.DecodeStack.unflatten(list(args[3:-len(caches)]), list(args[-len(caches):]))
+        token, logits = run(args[0], args[1], args[2], *stack, heads, kv_heads, 1e-5)
+        results.append((token.reshape(-1).tolist(), logits.float()))
+    (want, want_logits), (got, got_logits) = results
+    assert got == want == want_logits.argmax(-1).tolist() == got_logits.argmax(-1).tolist()
+    torch.testing.assert_close(got_logits, want_logits, rtol=0.05, atol=0.05)  # bf16, GEMMs rounded elsewhere
